@@ -1,0 +1,125 @@
+package policy
+
+import "time"
+
+// Config is the configuration file, field for field. Field names are the contract with users:
+// add fields, never rename them. Every field's doc says (Required) or (Optional) and its default.
+type Config struct {
+	// Listen is the proxy's address. (Optional) default 127.0.0.1:8080.
+	Listen string `mapstructure:"listen"`
+	// AdminListen serves /metrics, /healthz and /readyz. (Optional) default 127.0.0.1:9090.
+	AdminListen string `mapstructure:"admin_listen"`
+	// Upstream is the URL of the guarded service. (Required)
+	Upstream string `mapstructure:"upstream"`
+	// TrustedProxies are the CIDRs (or single addresses) whose X-Forwarded-For / Forwarded headers
+	// are believed. (Optional) default: none.
+	TrustedProxies []string       `mapstructure:"trusted_proxies"`
+	Identity       IdentityConfig `mapstructure:"identity"`
+	Headers        HeadersConfig  `mapstructure:"headers"`
+	Store          StoreConfig    `mapstructure:"store"`
+	Server         ServerConfig   `mapstructure:"server"`
+	Log            LogConfig      `mapstructure:"log"`
+	// Policies are evaluated in order, coarse to fine. (Required) at least one.
+	Policies []PolicyConfig `mapstructure:"policies"`
+}
+
+// IdentityConfig says where API keys and users come from.
+type IdentityConfig struct {
+	// APIKeyHeader carries the API key. (Optional) default X-Api-Key.
+	APIKeyHeader string `mapstructure:"api_key_header"`
+	// UserHeader carries a user id set by a trusted auth sidecar. (Optional) exclusive with JWT.
+	UserHeader string     `mapstructure:"user_header"`
+	JWT        *JWTConfig `mapstructure:"jwt"`
+}
+
+// JWTConfig verifies `Authorization: Bearer` tokens and takes the user from a claim.
+type JWTConfig struct {
+	// Claim names the user claim. (Optional) default sub.
+	Claim string `mapstructure:"claim"`
+	// HS256SecretEnv names the environment variable holding the HMAC secret.
+	HS256SecretEnv string `mapstructure:"hs256_secret_env"`
+	// RS256PublicKeyFile is a PEM file with the RSA public key. At least one of the two is required.
+	RS256PublicKeyFile string `mapstructure:"rs256_public_key_file"`
+	// Issuer and Audience, when set, must match the token's iss / aud. (Optional)
+	Issuer   string `mapstructure:"issuer"`
+	Audience string `mapstructure:"audience"`
+	// Leeway tolerates clock skew on exp/nbf. (Optional) default 0s.
+	Leeway time.Duration `mapstructure:"leeway"`
+}
+
+// HeadersConfig shapes the X-RateLimit-* response headers.
+type HeadersConfig struct {
+	// Reset is unix (epoch seconds) or delta (seconds until). (Optional) default unix.
+	Reset string `mapstructure:"reset"`
+	// IETFDraft adds RateLimit-Policy and RateLimit. (Optional) default false.
+	IETFDraft bool `mapstructure:"ietf_draft"`
+}
+
+// StoreConfig selects where bucket state lives.
+type StoreConfig struct {
+	// Backend is memory or dynamodb. (Optional) default memory.
+	Backend string `mapstructure:"backend"`
+	// OnError is allow (fail open) or deny (fail closed, 503). (Optional) default allow.
+	OnError string `mapstructure:"on_error"`
+	// Timeout bounds each decision's store calls. (Optional) default 50ms.
+	Timeout time.Duration `mapstructure:"timeout"`
+	// MaxKeys bounds the memory store; idle keys are evicted first. (Optional) default 1000000.
+	MaxKeys int `mapstructure:"max_keys"`
+}
+
+// ServerConfig holds the proxy listener's timeouts.
+type ServerConfig struct {
+	// ReadHeaderTimeout bounds slow clients sending headers. (Optional) default 10s.
+	ReadHeaderTimeout time.Duration `mapstructure:"read_header_timeout"`
+	// IdleTimeout closes idle keep-alive connections. (Optional) default 120s.
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
+	// DrainTimeout is the upper bound on finishing in-flight requests at shutdown. (Optional) default 30s.
+	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
+	// MaxHeaderBytes bounds request headers. (Optional) default 65536.
+	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
+}
+
+// LogConfig shapes the zap logger.
+type LogConfig struct {
+	// Level is debug, info, warn or error. (Optional) default info.
+	Level string `mapstructure:"level"`
+}
+
+// PolicyConfig is one policy as written in the file.
+type PolicyConfig struct {
+	// Name is unique among policies. (Required) letters, digits, '-', '_', '.'.
+	Name string `mapstructure:"name"`
+	// Key is ip, api_key, user, global or header:NAME. (Required)
+	Key string `mapstructure:"key"`
+	// Algorithm is token_bucket, leaky_bucket, fixed_window or sliding_window. (Required)
+	Algorithm string `mapstructure:"algorithm"`
+	// Rate is N/s, N/m or N/h (buckets).
+	Rate string `mapstructure:"rate"`
+	// Burst is the capacity (token bucket) or queue length (leaky bucket).
+	Burst int64 `mapstructure:"burst"`
+	// Limit is requests per Window (windows).
+	Limit int64 `mapstructure:"limit"`
+	// Window is a Go duration (windows).
+	Window time.Duration `mapstructure:"window"`
+	Match  MatchConfig   `mapstructure:"match"`
+	// Mode is enforce or shadow. (Optional) default enforce.
+	Mode      string           `mapstructure:"mode"`
+	Overrides []OverrideConfig `mapstructure:"overrides"`
+}
+
+// MatchConfig restricts a policy to some requests; empty matches everything.
+type MatchConfig struct {
+	Methods    []string `mapstructure:"methods"`
+	PathPrefix string   `mapstructure:"path_prefix"`
+}
+
+// OverrideConfig replaces a policy's limit for some keys, or exempts them.
+type OverrideConfig struct {
+	// Key is "sha256:<lowercase hex of the raw key value>", or for ip policies an address or CIDR.
+	Key       string        `mapstructure:"key"`
+	Rate      string        `mapstructure:"rate"`
+	Burst     int64         `mapstructure:"burst"`
+	Limit     int64         `mapstructure:"limit"`
+	Window    time.Duration `mapstructure:"window"`
+	Unlimited bool          `mapstructure:"unlimited"`
+}
