@@ -1,0 +1,94 @@
+package bucket
+
+import (
+	"math"
+	"time"
+)
+
+// maxSpan caps every span the algorithms derive from a Limit (emission interval, tolerance,
+// window) at 2^60 ns, about 36 years. State only ever holds instants up to now+maxSpan, so for
+// instants before 2116 (now < 2^62 ns) no sum in this package can overflow int64. A bucket that
+// refills in 36 years is indistinguishable from one that refills in longer.
+//
+// Instants are Unix nanoseconds from 1970 to 2116. The zero state is a fresh key only from 1970
+// on; an earlier instant sees it as state from the future, i.e. as a clock that stepped back,
+// which is safe (never admits more) but stricter than a fresh key.
+const maxSpan int64 = 1 << 60
+
+// GCRAParams returns, in nanoseconds, the emission interval T of a token- or leaky-bucket Limit
+// (the time one request's worth of quota takes to come back) and its tolerance tau (how far the
+// theoretical arrival time may run ahead of now after a conforming request).
+//
+// T is 1e9/Rate computed in float64 and rounded to the nearest nanosecond, then clamped to
+// [1ns, 2^60ns]: a rate above 1e9/s acts as 1e9/s, a zero, negative or NaN rate as one that never
+// refills. Rounding moves the effective rate by less than 0.5ns per request (a relative error
+// below 5e-7 at 1000 req/s).
+//
+// tau is Burst*T for a token bucket and (Burst+1)*T for a leaky bucket (the request in service
+// plus Burst waiting behind it), saturating at 2^60ns; a negative Burst counts as 0.
+func GCRAParams(l Limit) (t, tau int64) {
+	t = maxSpan
+	// The comparison is false for NaN, which keeps the "never refills" default.
+	if l.Rate > 0 {
+		f := math.Round(1e9 / l.Rate)
+		switch {
+		case f < 1:
+			t = 1
+		case f < float64(maxSpan):
+			t = int64(f)
+		}
+	}
+	n := max(l.Burst, 0)
+	if l.Algorithm == LeakyBucket {
+		n++
+	}
+	if n > maxSpan/t {
+		return t, maxSpan
+	}
+	return t, n * t
+}
+
+// GCRA takes one request at instant now (Unix ns) from the token or leaky bucket whose state is
+// tat, its theoretical arrival time in Unix ns (0, or any instant <= now, is a fresh bucket). It
+// returns the state to store if the request is taken, and the verdict. It reads no clock and keeps
+// no state, so the DynamoDB store can use the same arithmetic.
+//
+// With T and tau from GCRAParams, the request conforms when max(tat, now)+T-now <= tau; the
+// new state is then max(tat, now)+T. Otherwise tat is returned unchanged.
+//
+// Token bucket (l.Algorithm == TokenBucket): a fresh key admits exactly Burst requests at one
+// instant, then one per T. Result.Limit is Burst; Remaining is what may still pass at this instant;
+// Reset is when the bucket is full again; a rejection's RetryAfter is when one request conforms
+// again and its Reset is when the bucket is full (tat-now).
+//
+// Leaky bucket (l.Algorithm == LeakyBucket, shaping): the request waits for its turn instead of
+// being rejected. Wait = max(tat, now)-now; it is admitted while Wait <= Burst*T, so a fresh key at
+// one instant admits Burst+1 requests with waits 0, T, ..., Burst*T. Limit is Burst (the queue
+// length); Remaining is the queue places still free; Reset is when the queue is empty; a
+// rejection's RetryAfter is when a queue place frees.
+//
+// A clock that steps backwards (now below an earlier call's now) cannot admit more: tat stays
+// where the later instant put it, so max(tat, now) only grows the computed wait.
+func GCRA(tat, now int64, l Limit) (newTat int64, r Result) {
+	t, tau := GCRAParams(l)
+	start := max(tat, now)
+	next := start + t
+	r.Limit = l.Burst
+	if next-now > tau {
+		r.RetryAfter = time.Duration(next - tau - now)
+		r.Reset = time.Duration(max(tat-now, 0))
+		return tat, r
+	}
+	r.Allowed = true
+	// tau-(next-now) is the slack left at this instant; each further request uses T of it.
+	r.Remaining = (tau - (next - now)) / t
+	r.Reset = time.Duration(next - now)
+	if l.Algorithm == LeakyBucket {
+		r.Wait = time.Duration(start - now)
+	}
+	return next, r
+}
+
+// GCRAIdle reports whether a bucket with state tat is indistinguishable from a fresh one at now,
+// so a store may forget it.
+func GCRAIdle(tat, now int64) bool { return tat <= now }

@@ -1,0 +1,354 @@
+package bucket
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// MemoryOptions configures NewMemory. The zero value selects every default.
+type MemoryOptions struct {
+	// Shards is the number of independently locked shards, rounded up to a power of two.
+	// (Optional) default 8*GOMAXPROCS rounded up, at least 256.
+	Shards int
+	// MaxKeys caps the tracked keys, all algorithms together. The cap is split evenly across
+	// shards (rounded up), so with unevenly spread keys evictions can begin a few percent below
+	// MaxKeys. (Optional) default 1_000_000.
+	MaxKeys int
+}
+
+// Memory is the in-process Store: keyed algorithm state in a sharded map, each shard under its
+// own mutex. Decisions are exact under concurrency: a group's shards are locked (in ascending
+// order, so concurrent groups cannot deadlock) for the whole evaluate-and-commit.
+//
+// State is small: a token- or leaky-bucket key is one int64 (its tat), a fixed-window key a
+// FixedState, a sliding-window key a SlidingState, each in a map of its own.
+//
+// Memory stays bounded without a background goroutine. A key is idle when its state equals a
+// fresh key's (the bucket is full, every counted request has left its window); a shard forgets
+// its idle keys when it has grown to twice its size after the previous sweep, which costs O(1)
+// amortised per new key. Each shard also has a hard cap (MemoryOptions.MaxKeys split across
+// shards): when a sweep leaves a shard within 1/16 of its cap, arbitrary live keys are evicted
+// down to 15/16 of it and counted in Evicted. Forgetting a live key resets that client's quota,
+// so the cap can only make a limit more lenient, never stricter.
+//
+// The zero Memory is not usable; create one with NewMemory. A Memory is safe for concurrent use.
+type Memory struct {
+	shards  []paddedShard
+	mask    uint64
+	evicted atomic.Uint64
+}
+
+var _ Store = (*Memory)(nil)
+
+// minSweep is the smallest size at which a shard sweeps, so that small shards are not swept on
+// every insert.
+const minSweep = 64
+
+// rebuildPeak is the smallest peak size from which a shard's maps are rebuilt to return memory.
+const rebuildPeak = 8 * minSweep
+
+type shard struct {
+	mu      sync.Mutex
+	gcra    map[Key]int64
+	fixed   map[Key]FixedState
+	sliding map[Key]SlidingState
+	maxKeys int // hard cap on this shard's keys
+	sweepAt int // sweep before inserting a new key when the shard holds this many
+	peak    int // most keys seen by a sweep since the maps were last rebuilt
+}
+
+// paddedShard keeps neighbouring shards' mutexes off each other's cache lines (128 bytes: the
+// adjacent-line prefetcher pairs 64-byte lines).
+type paddedShard struct {
+	shard
+	_ [(128 - unsafe.Sizeof(shard{})%128) % 128]byte
+}
+
+// NewMemory returns an empty Memory store configured by o.
+func NewMemory(o MemoryOptions) *Memory {
+	n := o.Shards
+	if n <= 0 {
+		n = max(256, 8*runtime.GOMAXPROCS(0))
+	}
+	n = 1 << bits.Len(uint(n-1))
+	maxKeys := o.MaxKeys
+	if maxKeys <= 0 {
+		maxKeys = 1_000_000
+	}
+	perShard := (maxKeys + n - 1) / n
+	m := &Memory{shards: make([]paddedShard, n), mask: uint64(n - 1)}
+	for i := range m.shards {
+		m.shards[i].shard = shard{
+			gcra:    make(map[Key]int64),
+			fixed:   make(map[Key]FixedState),
+			sliding: make(map[Key]SlidingState),
+			maxKeys: perShard,
+			sweepAt: min(minSweep, perShard),
+		}
+	}
+	return m
+}
+
+// shardOf picks a key's shard from its first 8 bytes: keys are already uniform digests.
+func (m *Memory) shardOf(k Key) uint32 {
+	return uint32(binary.LittleEndian.Uint64(k[:8]) & m.mask)
+}
+
+// groupStack is the group size Take handles without allocating.
+const groupStack = 8
+
+// pending is one charge's evaluated state, committed only if the group is admitted.
+type pending struct {
+	existed bool // the key was already stored, so committing it adds no key
+	tat     int64
+	fixed   FixedState
+	sliding SlidingState
+}
+
+// Take implements Store. It evaluates the group at now and commits it as the Store contract
+// describes. Charges on the same key (and the same kind of state) within one group are taken one
+// after the other, so two such charges spend two requests. When the group is not admitted, the
+// results of conforming charges still describe them as if taken, although nothing was committed.
+// It returns an error only for a done ctx, too few results or an unknown algorithm.
+func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, results []Result) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("bucket: memory take: %w", err)
+	}
+	if len(results) < len(charges) {
+		return false, fmt.Errorf("bucket: memory take: %d results for %d charges", len(results), len(charges))
+	}
+	for i := range charges {
+		if a := charges[i].Limit.Algorithm; a < TokenBucket || a > SlidingWindow {
+			return false, fmt.Errorf("bucket: memory take: charge %d: unknown algorithm %d", i, a)
+		}
+	}
+	ns := now.UnixNano()
+	if len(charges) == 1 {
+		return m.takeOne(&charges[0], ns, &results[0]), nil
+	}
+
+	var (
+		shardBuf, lockBuf [groupStack]uint32
+		pendBuf           [groupStack]pending
+	)
+	// idx[i] is charge i's shard; locks holds the distinct shards in ascending order.
+	idx, locks, pend := shardBuf[:0], lockBuf[:0], pendBuf[:0]
+	if len(charges) > groupStack {
+		idx = make([]uint32, 0, len(charges))
+		locks = make([]uint32, 0, len(charges))
+		pend = make([]pending, 0, len(charges))
+	}
+	for i := range charges {
+		s := m.shardOf(charges[i].Key)
+		idx = append(idx, s)
+		if j, found := slices.BinarySearch(locks, s); !found {
+			locks = slices.Insert(locks, j, s)
+		}
+	}
+	pend = pend[:len(charges)]
+
+	for _, s := range locks {
+		m.shards[s].mu.Lock()
+	}
+	admitted := true
+	for i := range charges {
+		c := &charges[i]
+		var prev *pending
+		for j := i - 1; j >= 0; j-- {
+			if results[j].Allowed && charges[j].Key == c.Key && sameState(charges[j].Limit.Algorithm, c.Limit.Algorithm) {
+				prev = &pend[j]
+				break
+			}
+		}
+		results[i] = m.shards[idx[i]].eval(c, ns, &pend[i], prev)
+		admitted = admitted && (results[i].Allowed || c.Shadow)
+	}
+	var evicted uint64
+	if admitted {
+		for i := range charges {
+			if results[i].Allowed {
+				evicted += m.shards[idx[i]].commit(&charges[i], ns, &pend[i])
+			}
+		}
+	}
+	for _, s := range locks {
+		m.shards[s].mu.Unlock()
+	}
+	if evicted > 0 {
+		m.evicted.Add(evicted)
+	}
+	return admitted, nil
+}
+
+// takeOne is Take for a group of one charge, the common case, without the group bookkeeping.
+func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
+	sh := &m.shards[m.shardOf(c.Key)]
+	var p pending
+	sh.mu.Lock()
+	*r = sh.eval(c, now, &p, nil)
+	var evicted uint64
+	if r.Allowed {
+		evicted = sh.commit(c, now, &p)
+	}
+	sh.mu.Unlock()
+	if evicted > 0 {
+		m.evicted.Add(evicted)
+	}
+	return r.Allowed || c.Shadow
+}
+
+// sameState reports whether two algorithms keep their state in the same map.
+func sameState(a, b Algorithm) bool {
+	gcra := func(x Algorithm) bool { return x == TokenBucket || x == LeakyBucket }
+	return a == b || gcra(a) && gcra(b)
+}
+
+// eval evaluates c at now against the stored state, or against prev (an earlier conforming
+// charge of the same group on the same key) when it is not nil, and leaves the new state in p.
+// The caller holds sh.mu.
+func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
+	var r Result
+	switch c.Limit.Algorithm {
+	case TokenBucket, LeakyBucket:
+		var tat int64
+		var ok bool
+		if prev != nil {
+			tat, ok = prev.tat, true
+		} else {
+			tat, ok = sh.gcra[c.Key]
+		}
+		p.existed = ok
+		p.tat, r = GCRA(tat, now, c.Limit)
+	case FixedWindow:
+		var s FixedState
+		var ok bool
+		if prev != nil {
+			s, ok = prev.fixed, true
+		} else {
+			s, ok = sh.fixed[c.Key]
+		}
+		p.existed = ok
+		p.fixed, r = Fixed(s, now, c.Limit)
+	case SlidingWindow:
+		var s SlidingState
+		var ok bool
+		if prev != nil {
+			s, ok = prev.sliding, true
+		} else {
+			s, ok = sh.sliding[c.Key]
+		}
+		p.existed = ok
+		p.sliding, r = Sliding(s, now, c.Limit)
+	}
+	return r
+}
+
+// commit stores c's evaluated state p, making room first when c adds a key, and returns the
+// number of live keys the shard's cap evicted. The caller holds sh.mu.
+func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
+	// p.existed is stale when a sweep for an earlier charge of the group forgot this (then
+	// idle, so fresh-equivalent) key: storing p is still right, and the shard exceeds its cap
+	// by at most the group's size.
+	if !p.existed && sh.len() >= sh.sweepAt {
+		evicted = sh.sweep(now)
+	}
+	switch c.Limit.Algorithm {
+	case TokenBucket, LeakyBucket:
+		sh.gcra[c.Key] = p.tat
+	case FixedWindow:
+		sh.fixed[c.Key] = p.fixed
+	case SlidingWindow:
+		sh.sliding[c.Key] = p.sliding
+	}
+	return evicted
+}
+
+func (sh *shard) len() int { return len(sh.gcra) + len(sh.fixed) + len(sh.sliding) }
+
+// sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap it
+// evicts arbitrary live keys down to 15/16 of the cap, and returns how many. Maps do not shrink
+// when keys are deleted, so after a sweep that leaves under an eighth of a large peak the maps are
+// rebuilt. The caller holds sh.mu.
+func (sh *shard) sweep(now int64) (evicted uint64) {
+	before := sh.len()
+	for k, tat := range sh.gcra {
+		if GCRAIdle(tat, now) {
+			delete(sh.gcra, k)
+		}
+	}
+	for k, s := range sh.fixed {
+		if s.Idle(now) {
+			delete(sh.fixed, k)
+		}
+	}
+	for k, s := range sh.sliding {
+		if s.Idle(now) {
+			delete(sh.sliding, k)
+		}
+	}
+	n := sh.len()
+	// Evicting to a low-water mark rather than to just below the cap keeps a shard full of live
+	// keys from sweeping on every insert.
+	if low := sh.maxKeys - max(sh.maxKeys/16, 1); n > low {
+		evicted = uint64(n - low)
+		evict(sh.gcra, &n, low)
+		evict(sh.fixed, &n, low)
+		evict(sh.sliding, &n, low)
+	}
+	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
+	// requests each) they would be rebuilt and regrown on every sweep, allocating on the hot path,
+	// to return a few kilobytes.
+	sh.peak = max(sh.peak, before)
+	if sh.peak >= rebuildPeak && n < sh.peak/8 {
+		sh.gcra = rebuilt(sh.gcra)
+		sh.fixed = rebuilt(sh.fixed)
+		sh.sliding = rebuilt(sh.sliding)
+		sh.peak = n
+	}
+	sh.sweepAt = min(max(2*n, minSweep), sh.maxKeys)
+	return evicted
+}
+
+// evict deletes entries of m in map iteration order (arbitrary) until *n <= low.
+func evict[V any](m map[Key]V, n *int, low int) {
+	for k := range m {
+		if *n <= low {
+			return
+		}
+		delete(m, k)
+		*n--
+	}
+}
+
+// rebuilt returns a copy of m sized for its current length.
+func rebuilt[V any](m map[Key]V) map[Key]V {
+	c := make(map[Key]V, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// Len returns the number of keys tracked, for metrics.
+func (m *Memory) Len() int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += sh.len()
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Evicted returns the number of live keys evicted by the MaxKeys cap since creation, for
+// metrics. Idle keys forgotten by sweeps are not counted: forgetting them changes nothing.
+func (m *Memory) Evicted() uint64 { return m.evicted.Load() }

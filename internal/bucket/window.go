@@ -1,0 +1,169 @@
+package bucket
+
+import "time"
+
+// windowSpan is l.Window in nanoseconds, clamped to [1ns, 2^60ns].
+func windowSpan(l Limit) int64 {
+	return min(max(int64(l.Window), 1), maxSpan)
+}
+
+// floorDiv is a/b rounded towards minus infinity (b > 0), so instants before the epoch fall into
+// the right window too.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
+}
+
+// FixedState is a fixed window's state. The zero value is a fresh key.
+type FixedState struct {
+	// End is the end (exclusive, Unix ns) of the window Count belongs to. Storing the end rather
+	// than the start lets a store tell an idle key without knowing its Limit.
+	End   int64
+	Count int64
+}
+
+// Fixed takes one request at instant now (Unix ns) from a fixed window. Windows are aligned to
+// multiples of l.Window since the Unix epoch; a request is admitted while fewer than l.Count
+// were admitted in its window. It returns the state to store if the request is taken, and the
+// verdict: Limit is Count, Remaining is Count minus the window's count, Reset is the time until
+// the window ends, and a rejection's RetryAfter is the same time.
+//
+// As documented for fixed windows, up to 2*Count requests can pass within a short interval
+// around a window boundary (Count at the end of one window, Count at the start of the next);
+// SlidingWindow does not allow that.
+//
+// A clock that steps back into an earlier window (or a Window made shorter by a reload) keeps
+// counting in the newer stored window, which can only reject more, never admit more.
+func Fixed(s FixedState, now int64, l Limit) (FixedState, Result) {
+	w := windowSpan(l)
+	if end := floorDiv(now, w)*w + w; end > s.End {
+		s = FixedState{End: end}
+	}
+	r := Result{Limit: l.Count, Reset: time.Duration(s.End - now)}
+	if s.Count >= l.Count {
+		r.RetryAfter = r.Reset
+		return s, r
+	}
+	s.Count++
+	r.Allowed = true
+	r.Remaining = l.Count - s.Count
+	return s, r
+}
+
+// Idle reports whether the state is indistinguishable from a fresh key's at now (its window has
+// ended), so a store may forget it.
+func (s FixedState) Idle(now int64) bool { return s.End <= now }
+
+// SlidingSlots is the number K of slots a sliding window is divided into.
+const SlidingSlots = 10
+
+// slidingRing is the number of counters a SlidingState keeps: the K slots of a window plus the
+// one the trailing window's oldest part falls into.
+const slidingRing = SlidingSlots + 1
+
+// SlidingState is a sliding window's state: per-slot counters for the newest slot and the K
+// before it, in a ring. The zero value is a fresh key. It takes 64 bytes.
+type SlidingState struct {
+	// Width is the slot width S (ns) the counters were built with; 0 for a fresh key. A state
+	// built with another width (the policy's Window changed) is discarded rather than
+	// misread.
+	Width int64
+	// Slot is the newest slot number, floor(t/Width), the ring covers.
+	Slot int64
+	// Counts[j mod (K+1)] counts the requests taken in slot j, for Slot-K <= j <= Slot.
+	Counts [slidingRing]uint32
+}
+
+// SlidingWidth returns the slot width S of a sliding-window Limit in nanoseconds: Window/K rounded
+// up, so that K*S >= Window (a Window not divisible by K widens by less than K ns, never narrows).
+func SlidingWidth(l Limit) int64 {
+	return (windowSpan(l) + SlidingSlots - 1) / SlidingSlots
+}
+
+// ring maps a slot number to its counter.
+func ring(slot int64) int {
+	i := slot % slidingRing
+	if i < 0 {
+		i += slidingRing
+	}
+	return int(i)
+}
+
+// Sliding takes one request at instant now (Unix ns) from a sliding window. It is an exact upper
+// bound: in any interval of length l.Window at most l.Count requests pass.
+//
+// Time is cut into slots of width S = SlidingWidth(l), aligned to multiples of S since the Unix
+// epoch. For now in slot s, the trailing interval (now-Window, now] touches slots s-K .. s, and
+// all K+1 are counted, the oldest in full although part of it is older than Window. The request is
+// admitted when that sum is below l.Count. The price of being exact without a log of requests:
+// a request may be rejected because of requests up to S older than Window, i.e. the effective
+// window lies between Window and Window+S (plus the < K ns of rounding S up).
+//
+// It returns the state to store if the request is taken, and the verdict: Limit is Count,
+// Remaining is Count minus the counted sum after this request, Reset is the time until every
+// counted request has left (end of the newest non-empty slot plus K slots), and a rejection's
+// RetryAfter is the time until enough of the oldest slots have left that the sum is below Count.
+//
+// A clock that steps back to an older slot counts the request in the newest stored slot, which can
+// only reject more, never admit more.
+func Sliding(s SlidingState, now int64, l Limit) (SlidingState, Result) {
+	w := SlidingWidth(l)
+	cur := floorDiv(now, w)
+	switch {
+	case s.Width != w:
+		s = SlidingState{Width: w, Slot: cur}
+	case cur-s.Slot >= slidingRing:
+		s.Counts = [slidingRing]uint32{}
+		s.Slot = cur
+	case cur > s.Slot:
+		for j := s.Slot + 1; j <= cur; j++ {
+			s.Counts[ring(j)] = 0
+		}
+		s.Slot = cur
+	}
+	var sum int64 // int64: K+1 counters of up to 1e9 overflow uint32
+	for _, c := range s.Counts {
+		sum += int64(c)
+	}
+	// A request in slot j stops being counted when slot j+K+1 starts.
+	leaves := func(j int64) time.Duration { return time.Duration((j+slidingRing)*w - now) }
+	r := Result{Limit: l.Count}
+	if sum < l.Count {
+		s.Counts[ring(s.Slot)]++
+		r.Allowed = true
+		r.Remaining = l.Count - sum - 1
+		r.Reset = leaves(s.Slot)
+		return s, r
+	}
+	for j := s.Slot; j > s.Slot-slidingRing; j-- {
+		if s.Counts[ring(j)] != 0 {
+			r.Reset = leaves(j)
+			break
+		}
+	}
+	// The loop finds a slot unless Count <= 0 (invalid), where no wait helps; say "a window".
+	r.RetryAfter = leaves(s.Slot)
+	rest := sum
+	for j := s.Slot - SlidingSlots; j <= s.Slot; j++ {
+		rest -= int64(s.Counts[ring(j)])
+		if rest < l.Count {
+			r.RetryAfter = leaves(j)
+			break
+		}
+	}
+	return s, r
+}
+
+// Idle reports whether the state is indistinguishable from a fresh key's at now (every counted
+// request has left), so a store may forget it.
+func (s *SlidingState) Idle(now int64) bool {
+	for j := s.Slot; j > s.Slot-slidingRing; j-- {
+		if s.Counts[ring(j)] != 0 {
+			return (j+slidingRing)*s.Width <= now
+		}
+	}
+	return true
+}
