@@ -57,7 +57,8 @@ func (p *Plan) Reset() {
 	p.Policies = p.Policies[:0]
 }
 
-// Now is how a Set reads the clock for JWT exp/nbf checks; tests replace it through SetOptions.
+// Now is how a Set reads the clock for JWT exp/nbf checks; tests replace it through
+// CompileOptions.Now.
 type Now func() time.Time
 
 // Interface check for the proxy's consumer-side view of a Set.

@@ -1,27 +1,395 @@
 package policy
 
 import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"net/http"
 	"net/netip"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
-// Set is a compiled, immutable policy set. It is safe for concurrent use; reload builds a new Set.
-//
-// TEMPORARY STUB: replaced by the real implementation.
+// CompileOptions are the inputs of Compile besides the Config.
+type CompileOptions struct {
+	// Getenv reads the HS256 secret's variable. nil means os.Getenv. Read once, at compile time.
+	Getenv func(string) string
+	// Now is the clock for JWT exp and nbf checks. nil means time.Now.
+	Now func() time.Time
+}
+
+// Set is a compiled, immutable policy set, built by Compile. It is safe for concurrent use;
+// reload builds a new Set beside the running one and swaps it in. The zero Set plans nothing.
 type Set struct {
 	policies []*Policy
+	rules    []rule // rules[i] compiles policies[i]
 	headers  Headers
+	trusted  []netip.Prefix
+
+	userHeader string    // canonical name; "" when users come from JWT or nowhere
+	jwt        *verifier // nil without identity.jwt
+	needIP     bool      // some policy is keyed by ip
+}
+
+// rule is the request-time side of one policy.
+type rule struct {
+	pol     *Policy
+	kind    keyKind
+	header  string   // canonical header name for api_key and header:NAME keys
+	methods []string // empty: any method
+	prefix  string   // empty: any path
+	// keyPrefix is `name 0x00 algorithm 0x00 key-kind 0x00`: the bucket key hashes it before
+	// the value, so two policies never share a bucket.
+	keyPrefix []byte
+	hashed    map[[sha256.Size]byte]*override // sha256 overrides; nil when there are none
+	cidrs     []cidrOverride                  // ip overrides, most specific prefix first
+}
+
+// override is one compiled override: no charge at all, or another limit.
+type override struct {
+	unlimited bool
+	limit     bucket.Limit
+}
+
+type cidrOverride struct {
+	prefix netip.Prefix
+	o      *override
+}
+
+// Compile validates cfg (returning its Errors) and builds the immutable Set. cfg is not
+// retained or modified.
+func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
+	errs, keys := cfg.check(opts.Getenv)
+	if err := errs.err(); err != nil {
+		return nil, err
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	s := &Set{headers: Headers{Reset: ResetUnix, IETF: cfg.Headers.IETFDraft}}
+	if cfg.Headers.Reset == "delta" {
+		s.headers.Reset = ResetDelta
+	}
+	for _, tp := range cfg.TrustedProxies {
+		p, _ := parsePrefix(tp) // validated
+		s.trusted = append(s.trusted, p)
+	}
+	switch id := cfg.Identity; {
+	case id.JWT != nil:
+		s.jwt = newVerifier(id.JWT, keys, now)
+	case id.UserHeader != "":
+		s.userHeader = http.CanonicalHeaderKey(id.UserHeader)
+	}
+	apiKeyHeader := http.CanonicalHeaderKey(cfg.Identity.APIKeyHeader)
+
+	s.policies = make([]*Policy, len(cfg.Policies))
+	s.rules = make([]rule, len(cfg.Policies))
+	for i := range cfg.Policies {
+		pc := &cfg.Policies[i]
+		alg := algorithms[pc.Algorithm]
+		kind, hdr, _ := parseKey(pc.Key)
+		pol := &Policy{
+			Name:   pc.Name,
+			Index:  i,
+			Shadow: pc.Mode == modeShadow,
+			Limit:  limitOf(alg, limitFields{pc.Rate, pc.Burst, pc.Limit, pc.Window}),
+		}
+		pol.Summary = summary(pc)
+		pol.IETFPolicy = ietfPolicy(pol)
+		ru := rule{
+			pol:       pol,
+			kind:      kind,
+			methods:   slices.Clone(pc.Match.Methods),
+			prefix:    pc.Match.PathPrefix,
+			keyPrefix: keyPrefix(pc.Name, alg, kind, hdr),
+		}
+		switch kind {
+		case keyAPIKey:
+			ru.header = apiKeyHeader
+		case keyHeader:
+			ru.header = http.CanonicalHeaderKey(hdr)
+		case keyIP:
+			s.needIP = true
+		}
+		for j := range pc.Overrides {
+			oc := &pc.Overrides[j]
+			o := &override{unlimited: oc.Unlimited}
+			if !o.unlimited {
+				o.limit = limitOf(alg, effective(pc, oc))
+			}
+			if h, ok := strings.CutPrefix(oc.Key, "sha256:"); ok && isSHA256Key(oc.Key) {
+				var sum [sha256.Size]byte
+				_, _ = hex.Decode(sum[:], []byte(h)) // validated: 64 hex digits
+				if ru.hashed == nil {
+					ru.hashed = make(map[[sha256.Size]byte]*override)
+				}
+				ru.hashed[sum] = o
+				continue
+			}
+			p, _ := parsePrefix(oc.Key) // validated: ip policies only
+			ru.cidrs = append(ru.cidrs, cidrOverride{prefix: p, o: o})
+		}
+		slices.SortStableFunc(ru.cidrs, func(a, b cidrOverride) int { return cmp.Compare(b.prefix.Bits(), a.prefix.Bits()) })
+		s.policies[i] = pol
+		s.rules[i] = ru
+	}
+	return s, nil
+}
+
+// limitOf builds the bucket limit from validated fields.
+func limitOf(alg bucket.Algorithm, f limitFields) bucket.Limit {
+	if isBucket(alg) {
+		r, _ := ParseRate(f.rate)
+		return bucket.Limit{Algorithm: alg, Rate: r, Burst: f.burst}
+	}
+	return bucket.Limit{Algorithm: alg, Count: f.limit, Window: f.window}
+}
+
+// kindName is the key kind as hashed into bucket keys; header names are folded to lower case so
+// that respelling a header's case in the file keeps its buckets.
+func kindName(kind keyKind, header string) string {
+	switch kind {
+	case keyIP:
+		return "ip"
+	case keyAPIKey:
+		return "api_key"
+	case keyUser:
+		return "user"
+	case keyGlobal:
+		return "global"
+	}
+	return "header:" + strings.ToLower(header)
+}
+
+func keyPrefix(name string, alg bucket.Algorithm, kind keyKind, header string) []byte {
+	b := make([]byte, 0, len(name)+len(header)+32)
+	b = append(b, name...)
+	b = append(b, 0)
+	b = append(b, algorithmName[alg]...)
+	b = append(b, 0)
+	b = append(b, kindName(kind, header)...)
+	return append(b, 0)
+}
+
+func summary(pc *PolicyConfig) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: key=%s %s", pc.Name, pc.Key, pc.Algorithm)
+	if isBucket(algorithms[pc.Algorithm]) {
+		fmt.Fprintf(&b, " rate=%s burst=%d", pc.Rate, pc.Burst)
+	} else {
+		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, shortDuration(pc.Window))
+	}
+	mode := pc.Mode
+	if mode == "" {
+		mode = modeEnforce
+	}
+	b.WriteString(" " + mode)
+	if len(pc.Match.Methods) > 0 {
+		b.WriteString(" methods=" + strings.Join(pc.Match.Methods, ","))
+	}
+	if pc.Match.PathPrefix != "" {
+		b.WriteString(" path_prefix=" + pc.Match.PathPrefix)
+	}
+	if n := len(pc.Overrides); n > 0 {
+		fmt.Fprintf(&b, " overrides=%d", n)
+	}
+	return b.String()
+}
+
+// shortDuration drops the zero tails of time.Duration.String: 1m rather than 1m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+// ietfPolicy is the RateLimit-Policy item: quota q over w seconds. A bucket's quota is its burst,
+// refilled in burst/rate seconds.
+func ietfPolicy(p *Policy) string {
+	q, w := p.Limit.Count, ceilSeconds(p.Limit.Window.Seconds())
+	if isBucket(p.Limit.Algorithm) {
+		q, w = p.Limit.Burst, ceilSeconds(float64(p.Limit.Burst)/p.Limit.Rate)
+	}
+	return `"` + p.Name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
 }
 
 // Plan fills p with the charges for r. It returns an error wrapping ErrUnauthorized for a bearer
-// token that fails verification.
-func (s *Set) Plan(r *http.Request, p *Plan) error { p.Reset(); return nil }
+// token that fails verification: such a request must be answered 401 and charged nothing.
+//
+// With identity.jwt configured every request that carries `Authorization: Bearer` is verified,
+// whichever policies match, so a bad token is refused the same way on every path. Policies
+// whose match fails, or whose key the request lacks (no API key, no user, an empty header), are
+// skipped; ip and global keys are always present. An unlimited override skips its policy.
+//
+// A key's raw value, hashed into the bucket key and compared with sha256 overrides, is the header
+// value as received, the user id, or for ip keys the address's text form (netip.Addr.String:
+// 192.0.2.1, 2001:db8::1). A request whose RemoteAddr is no address (a Unix socket) has the
+// empty ip value, so all such requests share one ip bucket.
+//
+// Plan does not allocate for ip, api_key, global and header keys when p has capacity, except
+// for key values longer than about 200 bytes.
+func (s *Set) Plan(r *http.Request, p *Plan) error {
+	p.Reset()
+	var user string
+	if s.jwt != nil {
+		if tok, ok := BearerToken(r.Header); ok {
+			u, err := s.jwt.user(tok)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrUnauthorized, err)
+			}
+			user = u
+		}
+	} else if s.userHeader != "" {
+		user = headerValue(r.Header, s.userHeader)
+	}
+
+	var client netip.Addr
+	var ipBuf [64]byte
+	var ipText []byte
+	if s.needIP {
+		client = ClientIP(peerAddr(r.RemoteAddr), r.Header, s.Trusted)
+		ipText = client.AppendTo(ipBuf[:0])
+	}
+	reqPath := ""
+	if r.URL != nil {
+		reqPath = r.URL.Path
+	}
+
+	for i := range s.rules {
+		ru := &s.rules[i]
+		if !ru.matches(r.Method, reqPath) {
+			continue
+		}
+		var c bucket.Charge
+		var ok bool
+		switch ru.kind {
+		case keyIP:
+			c, ok = charge(ru, ipText, client)
+		case keyGlobal:
+			c, ok = charge(ru, "", client)
+		case keyUser:
+			c, ok = charge(ru, user, client)
+		default:
+			c, ok = charge(ru, headerValue(r.Header, ru.header), client)
+		}
+		if ok {
+			p.Charges = append(p.Charges, c)
+			p.Policies = append(p.Policies, ru.pol)
+		}
+	}
+	return nil
+}
+
+// charge builds the charge of one policy for the key value v. ok is false when the request lacks
+// the key or an unlimited override exempts it.
+func charge[V string | []byte](ru *rule, v V, client netip.Addr) (bucket.Charge, bool) {
+	if len(v) == 0 && ru.kind != keyGlobal && ru.kind != keyIP {
+		return bucket.Charge{}, false
+	}
+	lim := ru.pol.Limit
+	if o := findOverride(ru, v, client); o != nil {
+		if o.unlimited {
+			return bucket.Charge{}, false
+		}
+		lim = o.limit
+	}
+	sum := digest(ru.keyPrefix, v)
+	var key bucket.Key
+	copy(key[:], sum[:])
+	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow}, true
+}
+
+// findOverride finds the override for a key value: a CIDR containing the client (ip policies,
+// most specific first), else a sha256 override of the raw value, hashed only for policies that
+// have such overrides.
+func findOverride[V string | []byte](ru *rule, v V, client netip.Addr) *override {
+	for _, c := range ru.cidrs {
+		if c.prefix.Contains(client) {
+			return c.o
+		}
+	}
+	if ru.hashed != nil {
+		return ru.hashed[digest(nil, v)]
+	}
+	return nil
+}
+
+// digest is SHA-256(prefix || v) over a stack buffer, so that hashing allocates nothing.
+func digest[V string | []byte](prefix []byte, v V) [sha256.Size]byte {
+	var buf [256]byte
+	b := append(buf[:0], prefix...)
+	b = append(b, v...)
+	return sha256.Sum256(b)
+}
+
+func (ru *rule) matches(method, reqPath string) bool {
+	if len(ru.methods) > 0 && !slices.Contains(ru.methods, method) {
+		return false
+	}
+	return ru.prefix == "" || pathHasPrefix(reqPath, ru.prefix)
+}
+
+// pathHasPrefix matches the path as sent and, when it has dot segments or doubled slashes, also
+// as the upstream may resolve it: `/public/../api/x` must not slip past an /api/ policy.
+func pathHasPrefix(p, prefix string) bool {
+	if strings.HasPrefix(p, prefix) {
+		return true
+	}
+	if !strings.Contains(p, "//") && !strings.Contains(p, "/.") {
+		return false
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return strings.HasPrefix(clean, prefix)
+}
+
+// headerValue is the first value of a header, by canonical name (no allocation).
+func headerValue(h http.Header, canonical string) string {
+	if vs := h[canonical]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+// peerAddr parses http.Request.RemoteAddr. A RemoteAddr that is no address (a Unix socket) gives
+// the zero Addr, and all such requests share one ip bucket.
+func peerAddr(remote string) netip.Addr {
+	if ap, err := netip.ParseAddrPort(remote); err == nil {
+		return ap.Addr().WithZone("").Unmap()
+	}
+	if a, err := netip.ParseAddr(remote); err == nil {
+		return a.WithZone("").Unmap()
+	}
+	return netip.Addr{}
+}
 
 // Headers returns the response-header settings.
 func (s *Set) Headers() Headers { return s.headers }
 
-// Policies returns the compiled policies in evaluation order.
+// Policies returns the compiled policies in evaluation order. Callers must not modify them.
 func (s *Set) Policies() []*Policy { return s.policies }
 
 // Trusted reports whether peer is one of trusted_proxies, whose forwarding headers are believed.
-func (s *Set) Trusted(peer netip.Addr) bool { return false }
+func (s *Set) Trusted(peer netip.Addr) bool {
+	peer = peer.WithZone("").Unmap()
+	for _, p := range s.trusted {
+		if p.Contains(peer) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,55 @@
+package policy
+
+import (
+	"strconv"
+	"strings"
+)
+
+// FieldError is one problem with one configuration field.
+type FieldError struct {
+	// Path locates the field, e.g. `policies[2].rate`; an environment override's problem is
+	// located by the variable's name, e.g. `RATELIMIT_STORE_TIMEOUT`.
+	Path string
+	// Value is the offending value as written; empty when there is none to show.
+	Value string
+	// Msg says what is wrong, e.g. `unit must be s, m or h`.
+	Msg string
+}
+
+// Error formats the problem as `policies[2].rate: "10/x": unit must be s, m or h`, or
+// `upstream: required` when there is no value to show.
+func (e FieldError) Error() string {
+	if e.Value == "" {
+		return e.Path + ": " + e.Msg
+	}
+	return e.Path + ": " + strconv.Quote(e.Value) + ": " + e.Msg
+}
+
+// Errors is every problem found in a configuration, in file order. Parse and Validate return it
+// (possibly wrapped) so that a user fixes all problems in one edit; find it with errors.As.
+type Errors []FieldError
+
+// Error puts one problem on each line.
+func (es Errors) Error() string {
+	var b strings.Builder
+	for i, e := range es {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(e.Error())
+	}
+	return b.String()
+}
+
+// add records a problem; value may be empty.
+func (es *Errors) add(path, value, msg string) {
+	*es = append(*es, FieldError{Path: path, Value: value, Msg: msg})
+}
+
+// err returns es as an error, or nil when there is no problem (never a typed nil).
+func (es Errors) err() error {
+	if len(es) == 0 {
+		return nil
+	}
+	return es
+}

@@ -1,0 +1,336 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"reflect"
+	"testing"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// newRequest builds a request to target from remote with header pairs kv.
+func newRequest(method, target, remote string, kv ...string) *http.Request {
+	r, err := http.NewRequest(method, "http://proxy"+target, nil)
+	if err != nil {
+		panic(err)
+	}
+	r.RemoteAddr = remote
+	for i := 0; i+1 < len(kv); i += 2 {
+		r.Header.Add(kv[i], kv[i+1])
+	}
+	return r
+}
+
+func mustCompile(t testing.TB, yaml string) *Set {
+	t.Helper()
+	cfg, err := Parse([]byte(yaml), LoadOptions{Getenv: noEnv})
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	set, err := Compile(cfg, CompileOptions{Getenv: noEnv})
+	if err != nil {
+		t.Fatalf("Compile: %v", err)
+	}
+	return set
+}
+
+func sha256Key(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// keyOf is the documented bucket key recipe, computed independently of the package.
+func keyOf(policy, alg, kind, value string) bucket.Key {
+	sum := sha256.Sum256([]byte(policy + "\x00" + alg + "\x00" + kind + "\x00" + value))
+	var k bucket.Key
+	copy(k[:], sum[:16])
+	return k
+}
+
+var planConfig = `upstream: http://h
+trusted_proxies: [10.0.0.0/8]
+identity: {user_header: X-User-Id}
+policies:
+  - name: per-ip
+    key: ip
+    algorithm: token_bucket
+    rate: 10/s
+    burst: 20
+    overrides:
+      - {key: 198.51.100.0/24, burst: 50}
+      - {key: 198.51.100.128/25, unlimited: true}
+      - {key: 198.51.100.200, burst: 7}
+  - name: per-key
+    key: api_key
+    algorithm: fixed_window
+    limit: 100
+    window: 1m
+    overrides:
+      - {key: "` + sha256Key("premium") + `", limit: 1000}
+      - {key: "` + sha256Key("internal") + `", unlimited: true}
+  - name: per-user-writes
+    key: user
+    algorithm: sliding_window
+    limit: 5
+    window: 1m
+    match: {methods: [POST, PUT], path_prefix: /api/}
+  - name: per-tenant
+    key: header:X-Tenant
+    algorithm: leaky_bucket
+    rate: 5/m
+    burst: 3
+    mode: shadow
+  - name: account
+    key: global
+    algorithm: token_bucket
+    rate: 1000/s
+    burst: 2000
+`
+
+// charged maps policy name to charge for one planned request.
+func plan(t *testing.T, set *Set, r *http.Request) map[string]bucket.Charge {
+	t.Helper()
+	var p Plan
+	if err := set.Plan(r, &p); err != nil {
+		t.Fatalf("Plan: %v", err)
+	}
+	if len(p.Charges) != len(p.Policies) {
+		t.Fatalf("got %d charges for %d policies", len(p.Charges), len(p.Policies))
+	}
+	out := map[string]bucket.Charge{}
+	for i, pol := range p.Policies {
+		out[pol.Name] = p.Charges[i]
+	}
+	return out
+}
+
+func names(m map[string]bucket.Charge) []string {
+	var out []string
+	for _, n := range []string{"per-ip", "per-key", "per-user-writes", "per-tenant", "account"} {
+		if _, ok := m[n]; ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func TestPlanMatchingAndAbsentKeys(t *testing.T) {
+	set := mustCompile(t, planConfig)
+	tests := []struct {
+		name string
+		r    *http.Request
+		want []string
+	}{
+		{"bare GET: ip and global", newRequest("GET", "/", "192.0.2.1:1"), []string{"per-ip", "account"}},
+		{"api key", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "k1"), []string{"per-ip", "per-key", "account"}},
+		{"empty api key is absent", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", ""), []string{"per-ip", "account"}},
+		{"user on GET: method does not match", newRequest("GET", "/api/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
+		{"user on POST /api/", newRequest("POST", "/api/orders", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"user on PUT /api/", newRequest("PUT", "/api/orders/1", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"POST outside the prefix", newRequest("POST", "/public/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
+		{"POST /api without slash", newRequest("POST", "/api", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
+		{"dot segments resolved", newRequest("POST", "/public/../api/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"double slash resolved", newRequest("POST", "//api//x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"escaped path decoded", newRequest("POST", "/%61pi/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"POST /api/ without user", newRequest("POST", "/api/x", "192.0.2.1:1"), []string{"per-ip", "account"}},
+		{"tenant header", newRequest("GET", "/", "192.0.2.1:1", "X-Tenant", "acme"), []string{"per-ip", "per-tenant", "account"}},
+		{"internal key is unlimited", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "internal"), []string{"per-ip", "account"}},
+		{"unlimited CIDR", newRequest("GET", "/", "198.51.100.130:1"), []string{"account"}},
+		{"unix socket peer still has an ip key", newRequest("GET", "/", "@"), []string{"per-ip", "account"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := names(plan(t, set, tt.r)); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanLimitsAndOverrides(t *testing.T) {
+	set := mustCompile(t, planConfig)
+	ipDefault := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 20}
+	tests := []struct {
+		name   string
+		r      *http.Request
+		policy string
+		want   bucket.Limit
+	}{
+		{"ip default", newRequest("GET", "/", "192.0.2.1:1"), "per-ip", ipDefault},
+		{"ip in /24 override, rate inherited", newRequest("GET", "/", "198.51.100.5:1"), "per-ip", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 50}},
+		{"most specific prefix wins over the /25", newRequest("GET", "/", "198.51.100.200:1"), "per-ip", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 7}},
+		{"override on the forwarded client", newRequest("GET", "/", "10.0.0.1:1", "X-Forwarded-For", "198.51.100.5"), "per-ip", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 50}},
+		{"key default", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "basic"), "per-key", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 100, Window: 60e9}},
+		{"premium key", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "premium"), "per-key", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1000, Window: 60e9}},
+		{"leaky bucket rate per minute", newRequest("GET", "/", "192.0.2.1:1", "X-Tenant", "acme"), "per-tenant", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 5.0 / 60, Burst: 3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, ok := plan(t, set, tt.r)[tt.policy]
+			if !ok {
+				t.Fatalf("%s not charged", tt.policy)
+			}
+			if c.Limit != tt.want {
+				t.Errorf("got %+v, want %+v", c.Limit, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanKeys(t *testing.T) {
+	set := mustCompile(t, planConfig)
+	m := plan(t, set, newRequest("POST", "/api/x", "192.0.2.1:1", "X-Api-Key", "k1", "X-User-Id", "alice", "X-Tenant", "acme"))
+	want := map[string]bucket.Key{
+		"per-ip":          keyOf("per-ip", "token_bucket", "ip", "192.0.2.1"),
+		"per-key":         keyOf("per-key", "fixed_window", "api_key", "k1"),
+		"per-user-writes": keyOf("per-user-writes", "sliding_window", "user", "alice"),
+		"per-tenant":      keyOf("per-tenant", "leaky_bucket", "header:x-tenant", "acme"),
+		"account":         keyOf("account", "token_bucket", "global", ""),
+	}
+	for name, k := range want {
+		if got := m[name].Key; got != k {
+			t.Errorf("%s: got key %s, want %s", name, got, k)
+		}
+	}
+	// Shadow is the policy's mode.
+	for name, c := range m {
+		if wantShadow := name == "per-tenant"; c.Shadow != wantShadow {
+			t.Errorf("%s: got Shadow %v, want %v", name, c.Shadow, wantShadow)
+		}
+	}
+	// The same client through a trusted proxy lands in the same ip bucket.
+	via := plan(t, set, newRequest("GET", "/", "10.0.0.7:1", "X-Forwarded-For", "192.0.2.1"))
+	if via["per-ip"].Key != m["per-ip"].Key {
+		t.Errorf("via proxy: got key %s, want the direct client's %s", via["per-ip"].Key, m["per-ip"].Key)
+	}
+	// A spoofed header from an untrusted peer does not move the bucket.
+	spoof := plan(t, set, newRequest("GET", "/", "203.0.113.9:1", "X-Forwarded-For", "192.0.2.1"))
+	if spoof["per-ip"].Key == m["per-ip"].Key {
+		t.Errorf("spoofed XFF from an untrusted peer reached the client's bucket")
+	}
+}
+
+func TestPlanTwoPoliciesNeverShareABucket(t *testing.T) {
+	set := mustCompile(t, `upstream: http://h
+policies:
+  - {name: a, key: api_key, algorithm: token_bucket, rate: 1/s, burst: 1}
+  - {name: b, key: api_key, algorithm: token_bucket, rate: 1/s, burst: 1}
+  - {name: c, key: header:X-Api-Key, algorithm: token_bucket, rate: 1/s, burst: 1}
+`)
+	m := plan(t, set, newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "same"))
+	if len(m) != 3 {
+		t.Fatalf("got %d charges, want 3", len(m))
+	}
+	if m["a"].Key == m["b"].Key || m["a"].Key == m["c"].Key || m["b"].Key == m["c"].Key {
+		t.Errorf("got keys %s %s %s, want three different keys", m["a"].Key, m["b"].Key, m["c"].Key)
+	}
+}
+
+func TestPlanReusesAndResets(t *testing.T) {
+	set := mustCompile(t, planConfig)
+	var p Plan
+	if err := set.Plan(newRequest("POST", "/api/x", "192.0.2.1:1", "X-Api-Key", "k", "X-User-Id", "u", "X-Tenant", "t"), &p); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Charges) != 5 {
+		t.Fatalf("got %d charges, want 5", len(p.Charges))
+	}
+	if err := set.Plan(newRequest("GET", "/", "198.51.100.130:1"), &p); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Charges) != 1 || len(p.Policies) != 1 || p.Policies[0].Name != "account" {
+		t.Errorf("got %d charges %v, want only account", len(p.Charges), p.Policies)
+	}
+}
+
+func TestPolicyDescriptions(t *testing.T) {
+	set := mustCompile(t, planConfig+`  - name: daily
+    key: api_key
+    algorithm: fixed_window
+    limit: 10000
+    window: 24h
+  - name: fast
+    key: ip
+    algorithm: sliding_window
+    limit: 3
+    window: 250ms
+`)
+	want := []struct{ summary, ietf string }{
+		{"per-ip: key=ip token_bucket rate=10/s burst=20 enforce overrides=3", `"per-ip";q=20;w=2`},
+		{"per-key: key=api_key fixed_window limit=100 window=1m enforce overrides=2", `"per-key";q=100;w=60`},
+		{"per-user-writes: key=user sliding_window limit=5 window=1m enforce methods=POST,PUT path_prefix=/api/", `"per-user-writes";q=5;w=60`},
+		{"per-tenant: key=header:X-Tenant leaky_bucket rate=5/m burst=3 shadow", `"per-tenant";q=3;w=36`},
+		{"account: key=global token_bucket rate=1000/s burst=2000 enforce", `"account";q=2000;w=2`},
+		{"daily: key=api_key fixed_window limit=10000 window=24h enforce", `"daily";q=10000;w=86400`},
+		{"fast: key=ip sliding_window limit=3 window=250ms enforce", `"fast";q=3;w=1`},
+	}
+	pols := set.Policies()
+	if len(pols) != len(want) {
+		t.Fatalf("got %d policies, want %d", len(pols), len(want))
+	}
+	for i, p := range pols {
+		if p.Index != i || p.Summary != want[i].summary || p.IETFPolicy != want[i].ietf {
+			t.Errorf("policy %d: got %d %q %q, want %d %q %q", i, p.Index, p.Summary, p.IETFPolicy, i, want[i].summary, want[i].ietf)
+		}
+	}
+	if h := set.Headers(); h != (Headers{Reset: ResetUnix}) {
+		t.Errorf("got headers %+v, want unix reset without IETF", h)
+	}
+}
+
+func TestSetHeadersAndTrusted(t *testing.T) {
+	set := mustCompile(t, minimal+"headers: {reset: delta, ietf_draft: true}\ntrusted_proxies: [10.0.0.0/8, '2001:db8::1']\n")
+	if h := set.Headers(); h != (Headers{Reset: ResetDelta, IETF: true}) {
+		t.Errorf("got %+v, want delta reset with IETF", h)
+	}
+	for addr, want := range map[string]bool{
+		"10.1.2.3": true, "::ffff:10.1.2.3": true, "11.0.0.1": false,
+		"2001:db8::1": true, "2001:db8::2": false, "fe80::1%eth0": false,
+	} {
+		if got := set.Trusted(mustAddr(t, addr)); got != want {
+			t.Errorf("Trusted(%s): got %v, want %v", addr, got, want)
+		}
+	}
+}
+
+func TestPlanAllocations(t *testing.T) {
+	set := mustCompile(t, planConfig)
+	reqs := map[string]*http.Request{
+		"direct":           newRequest("GET", "/", "192.0.2.1:1234", "X-Api-Key", "premium", "X-Tenant", "acme"),
+		"via proxy chain":  newRequest("GET", "/", "10.0.0.1:1234", "X-Forwarded-For", "198.51.100.9, 203.0.113.7, 10.0.0.2", "X-Api-Key", "k"),
+		"forwarded":        newRequest("GET", "/", "10.0.0.1:1234", "Forwarded", `for="[2001:db8::1]:80";proto=https, for=10.0.0.2`),
+		"IPv6 CIDR lookup": newRequest("GET", "/", "[2001:db8::5]:1234"),
+		"override CIDR":    newRequest("GET", "/", "198.51.100.5:1"),
+	}
+	for name, r := range reqs {
+		p := Plan{Charges: make([]bucket.Charge, 0, 8), Policies: make([]*Policy, 0, 8)}
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := set.Plan(r, &p); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: got %v allocations per Plan, want 0", name, allocs)
+		}
+		if len(p.Charges) == 0 {
+			t.Errorf("%s: no charges", name)
+		}
+	}
+}
+
+func BenchmarkPlan(b *testing.B) {
+	set := mustCompile(b, planConfig)
+	r := newRequest("POST", "/api/orders", "10.0.0.1:1234", "X-Forwarded-For", "203.0.113.7, 10.0.0.2",
+		"X-Api-Key", "premium", "X-User-Id", "alice", "X-Tenant", "acme")
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var p Plan
+		for pb.Next() {
+			if err := set.Plan(r, &p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

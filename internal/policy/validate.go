@@ -1,0 +1,593 @@
+package policy
+
+import (
+	"crypto/rsa"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// Bounds of the values a policy may hold. They keep every derived duration (burst/rate, the
+// window) far inside time.Duration's range, so the bucket arithmetic cannot overflow.
+const (
+	maxCount   = 1_000_000_000         // burst and limit
+	maxRate    = 1_000_000_000         // requests per second: one per nanosecond
+	maxRefill  = 366 * 24 * time.Hour  // burst/rate: time for an empty bucket to fill
+	minWindow  = time.Millisecond      // finer windows are noise next to the store's latency
+	maxWindow  = 7 * 24 * time.Hour    // daily and weekly quotas, not monthly ones
+	minSecret  = 32                    // RFC 7518 §3.2: an HS256 key is at least 256 bits
+	maxNameLen = 64                    // names end up in metric labels and log lines
+	hexSHA256  = len("sha256:") + 2*32 // "sha256:" and 64 hex digits
+)
+
+// algorithms maps the file's names to bucket algorithms.
+var algorithms = map[string]bucket.Algorithm{
+	"token_bucket":   bucket.TokenBucket,
+	"leaky_bucket":   bucket.LeakyBucket,
+	"fixed_window":   bucket.FixedWindow,
+	"sliding_window": bucket.SlidingWindow,
+}
+
+// algorithmName is the inverse of algorithms, indexed by bucket.Algorithm.
+var algorithmName = [...]string{
+	bucket.TokenBucket:   "token_bucket",
+	bucket.LeakyBucket:   "leaky_bucket",
+	bucket.FixedWindow:   "fixed_window",
+	bucket.SlidingWindow: "sliding_window",
+}
+
+func isBucket(a bucket.Algorithm) bool { return a == bucket.TokenBucket || a == bucket.LeakyBucket }
+
+// methods are the request methods a match may name. A closed list catches typos such as PSOT
+// that would otherwise make a policy silently match nothing.
+var methods = map[string]bool{
+	"GET": true, "HEAD": true, "POST": true, "PUT": true, "PATCH": true,
+	"DELETE": true, "CONNECT": true, "OPTIONS": true, "TRACE": true,
+}
+
+// ParseRate parses "N/s", "N/m" or "N/h" into requests per second. N is a positive decimal
+// number such as 50 or 0.5; at most 1e9 per second. Errors read like `unit must be s, m or h`,
+// ready to follow a field path and value.
+func ParseRate(s string) (float64, error) {
+	num, unit, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, fmt.Errorf("must be N/s, N/m or N/h")
+	}
+	var per float64
+	switch unit {
+	case "s":
+		per = 1
+	case "m":
+		per = 60
+	case "h":
+		per = 3600
+	default:
+		return 0, fmt.Errorf("unit must be s, m or h")
+	}
+	if !isDecimal(num) {
+		return 0, fmt.Errorf("count must be a decimal number such as 50 or 0.5")
+	}
+	n, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		// Only range errors are possible after isDecimal.
+		return 0, fmt.Errorf("count is out of range")
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("count must be positive")
+	}
+	r := n / per
+	if r > maxRate {
+		return 0, fmt.Errorf("must be at most %d/s", maxRate)
+	}
+	return r, nil
+}
+
+// isDecimal accepts digits with an optional fraction ("50", "0.5"), nothing ParseFloat also
+// takes (exponents, hex, "Inf", underscores, signs).
+func isDecimal(s string) bool {
+	intPart, frac, hasDot := strings.Cut(s, ".")
+	return allDigits(intPart) && (!hasDot || allDigits(frac))
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isDigit(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate checks every field and returns Errors listing all problems, or nil. getenv reads the
+// variable named by identity.jwt.hs256_secret_env (nil means os.Getenv); the public key file is
+// read too, so a valid Config compiles.
+func (c *Config) Validate(getenv func(string) string) error {
+	errs, _ := c.check(getenv)
+	return errs.err()
+}
+
+// jwtKeys is the key material found while validating, handed to Compile so that the
+// environment and the key file are read once.
+type jwtKeys struct {
+	secret []byte
+	rsa    *rsa.PublicKey
+}
+
+// check is Validate, also returning the JWT key material.
+func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var es Errors
+	var keys jwtKeys
+
+	checkUpstream(&es, c.Upstream)
+	checkHostPort(&es, "listen", c.Listen)
+	checkHostPort(&es, "admin_listen", c.AdminListen)
+	if c.Listen != "" && c.AdminListen != "" && sameListener(c.Listen, c.AdminListen) {
+		es.add("admin_listen", c.AdminListen, "must differ from listen: metrics and health never share the proxy's port")
+	}
+	for i, tp := range c.TrustedProxies {
+		if _, ok := parsePrefix(tp); !ok {
+			es.add(fmt.Sprintf("trusted_proxies[%d]", i), tp, "must be an IP address or CIDR")
+		}
+	}
+
+	id := c.Identity
+	checkHeaderName(&es, "identity.api_key_header", id.APIKeyHeader, true)
+	checkHeaderName(&es, "identity.user_header", id.UserHeader, false)
+	if j := id.JWT; j != nil {
+		if id.UserHeader != "" {
+			es.add("identity.jwt", "", "cannot be combined with identity.user_header: the user comes from one of them")
+		}
+		keys = checkJWT(&es, j, getenv)
+	}
+
+	switch c.Headers.Reset {
+	case "unix", "delta":
+	default:
+		es.add("headers.reset", c.Headers.Reset, "must be unix or delta")
+	}
+	switch c.Store.Backend {
+	case "memory", "dynamodb":
+	default:
+		es.add("store.backend", c.Store.Backend, "must be memory or dynamodb")
+	}
+	switch c.Store.OnError {
+	case "allow", "deny":
+	default:
+		es.add("store.on_error", c.Store.OnError, "must be allow or deny")
+	}
+	positiveDuration(&es, "store.timeout", c.Store.Timeout)
+	positiveInt(&es, "store.max_keys", int64(c.Store.MaxKeys))
+	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
+	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
+	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
+	positiveInt(&es, "server.max_header_bytes", int64(c.Server.MaxHeaderBytes))
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		es.add("log.level", c.Log.Level, "must be debug, info, warn or error")
+	}
+
+	if len(c.Policies) == 0 {
+		es.add("policies", "", "at least one policy is required")
+	}
+	seen := make(map[string]int, len(c.Policies))
+	hasUser := id.UserHeader != "" || id.JWT != nil
+	for i := range c.Policies {
+		checkPolicy(&es, fmt.Sprintf("policies[%d]", i), &c.Policies[i], hasUser)
+		name := c.Policies[i].Name
+		if first, dup := seen[name]; dup && name != "" {
+			es.add(fmt.Sprintf("policies[%d].name", i), name, fmt.Sprintf("duplicate of policies[%d]", first))
+		} else {
+			seen[name] = i
+		}
+	}
+	return es, keys
+}
+
+func checkUpstream(es *Errors, s string) {
+	if s == "" {
+		es.add("upstream", "", "required")
+		return
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil, u.Scheme != "http" && u.Scheme != "https", u.Opaque != "":
+		es.add("upstream", s, "must be an absolute http or https URL")
+	case u.Host == "":
+		es.add("upstream", s, "must name a host")
+	case u.User != nil:
+		// Credentials in a URL end up in logs and in `validate` output.
+		es.add("upstream", s, "must not carry credentials")
+	}
+}
+
+func checkHostPort(es *Errors, path, s string) {
+	if s == "" {
+		es.add(path, "", "required")
+		return
+	}
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		es.add(path, s, "must be host:port, such as 127.0.0.1:8080 or :8080")
+		return
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		es.add(path, s, "port must be a number from 0 to 65535")
+	}
+}
+
+// sameListener reports whether two host:port addresses would collide. Port 0 (any free port,
+// used by tests) never collides.
+func sameListener(a, b string) bool {
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa != pb || pa == "0" {
+		return false
+	}
+	return ha == hb || isWildcard(ha) || isWildcard(hb)
+}
+
+func isWildcard(host string) bool {
+	return host == "" || host == "0.0.0.0" || host == "::"
+}
+
+func checkHeaderName(es *Errors, path, name string, required bool) {
+	switch {
+	case name == "" && required:
+		es.add(path, "", "required")
+	case name != "" && !httpguts.ValidHeaderFieldName(name):
+		es.add(path, name, "must be a valid header name")
+	}
+}
+
+func checkJWT(es *Errors, j *JWTConfig, getenv func(string) string) jwtKeys {
+	var keys jwtKeys
+	if j.HS256SecretEnv == "" && j.RS256PublicKeyFile == "" {
+		es.add("identity.jwt", "", "needs hs256_secret_env or rs256_public_key_file (or both)")
+	}
+	if name := j.HS256SecretEnv; name != "" {
+		// The value is a secret: messages name the variable, never its content.
+		secret := getenv(name)
+		switch {
+		case secret == "":
+			es.add("identity.jwt.hs256_secret_env", name, "environment variable is not set or empty")
+		case len(secret) < minSecret:
+			es.add("identity.jwt.hs256_secret_env", name, fmt.Sprintf("secret must be at least %d bytes (RFC 7518 §3.2)", minSecret))
+		default:
+			keys.secret = []byte(secret)
+		}
+	}
+	if file := j.RS256PublicKeyFile; file != "" {
+		pemBytes, err := os.ReadFile(file)
+		if err != nil {
+			es.add("identity.jwt.rs256_public_key_file", file, fmt.Sprintf("cannot read: %v", err))
+		} else if key, err := jwt.ParseRSAPublicKeyFromPEM(pemBytes); err != nil {
+			es.add("identity.jwt.rs256_public_key_file", file, "must hold a PEM RSA public key (PKIX, PKCS #1 or a certificate)")
+		} else {
+			keys.rsa = key
+		}
+	}
+	if j.Leeway < 0 {
+		es.add("identity.jwt.leeway", j.Leeway.String(), "must not be negative")
+	}
+	return keys
+}
+
+func positiveDuration(es *Errors, path string, d time.Duration) {
+	if d <= 0 {
+		es.add(path, shortDuration(d), "must be positive")
+	}
+}
+
+func positiveInt(es *Errors, path string, n int64) {
+	if n <= 0 {
+		es.add(path, strconv.FormatInt(n, 10), "must be positive")
+	}
+}
+
+// keyKind is the source of a policy's key value.
+type keyKind uint8
+
+const (
+	keyIP keyKind = iota + 1
+	keyAPIKey
+	keyUser
+	keyGlobal
+	keyHeader
+)
+
+// parseKey splits a policy's key into its kind and, for header:NAME, the header name.
+func parseKey(s string) (keyKind, string, bool) {
+	switch s {
+	case "ip":
+		return keyIP, "", true
+	case "api_key":
+		return keyAPIKey, "", true
+	case "user":
+		return keyUser, "", true
+	case "global":
+		return keyGlobal, "", true
+	}
+	if name, ok := strings.CutPrefix(s, "header:"); ok {
+		return keyHeader, name, true
+	}
+	return 0, "", false
+}
+
+func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
+	switch {
+	case p.Name == "":
+		es.add(at+".name", "", "required")
+	case len(p.Name) > maxNameLen || !validName(p.Name):
+		es.add(at+".name", p.Name, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
+	}
+
+	kind, header, ok := parseKey(p.Key)
+	switch {
+	case p.Key == "":
+		es.add(at+".key", "", "required: ip, api_key, user, global or header:NAME")
+	case !ok:
+		es.add(at+".key", p.Key, "must be ip, api_key, user, global or header:NAME")
+	case kind == keyHeader && !httpguts.ValidHeaderFieldName(header):
+		es.add(at+".key", p.Key, "header:NAME needs a valid header name")
+	case kind == keyUser && !hasUser:
+		es.add(at+".key", p.Key, "needs identity.user_header or identity.jwt")
+	}
+
+	alg, algOK := algorithms[p.Algorithm]
+	switch {
+	case p.Algorithm == "":
+		es.add(at+".algorithm", "", "required: token_bucket, leaky_bucket, fixed_window or sliding_window")
+	case !algOK:
+		es.add(at+".algorithm", p.Algorithm, "must be token_bucket, leaky_bucket, fixed_window or sliding_window")
+	default:
+		before := len(*es)
+		checkLimit(es, at, alg, limitFields{p.Rate, p.Burst, p.Limit, p.Window}, true)
+		if len(*es) == before && isBucket(alg) {
+			r, _ := ParseRate(p.Rate)
+			checkRefill(es, at+".burst", r, p.Burst)
+		}
+	}
+
+	switch p.Mode {
+	case "", modeEnforce, modeShadow:
+	default:
+		es.add(at+".mode", p.Mode, "must be enforce or shadow")
+	}
+	for j, m := range p.Match.Methods {
+		if !methods[m] {
+			es.add(fmt.Sprintf("%s.match.methods[%d]", at, j), m, "must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE")
+		}
+	}
+	if pp := p.Match.PathPrefix; pp != "" && pp[0] != '/' {
+		es.add(at+".match.path_prefix", pp, `must start with "/"`)
+	}
+	checkOverrides(es, at, p, kind, ok, alg, algOK)
+}
+
+func validName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || isDigit(c) || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// limitFields are the limit fields common to a policy and an override.
+type limitFields struct {
+	rate   string
+	burst  int64
+	limit  int64
+	window time.Duration
+}
+
+// checkLimit checks one algorithm's fields at `at`. For a policy (full) the algorithm's fields
+// are required; an override may set any subset, the rest being inherited. Fields of the other
+// algorithm family are errors either way.
+func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full bool) {
+	name := algorithmName[alg]
+	if isBucket(alg) {
+		if f.limit != 0 {
+			es.add(at+".limit", strconv.FormatInt(f.limit, 10), "not used by "+name+": set rate and burst")
+		}
+		if f.window != 0 {
+			es.add(at+".window", shortDuration(f.window), "not used by "+name+": set rate and burst")
+		}
+		if f.rate == "" && full {
+			es.add(at+".rate", "", "required for "+name+": N/s, N/m or N/h")
+		} else if f.rate != "" {
+			if _, err := ParseRate(f.rate); err != nil {
+				es.add(at+".rate", f.rate, err.Error())
+			}
+		}
+		checkCount(es, at+".burst", f.burst, name, full)
+		return
+	}
+	if f.rate != "" {
+		es.add(at+".rate", f.rate, "not used by "+name+": set limit and window")
+	}
+	if f.burst != 0 {
+		es.add(at+".burst", strconv.FormatInt(f.burst, 10), "not used by "+name+": set limit and window")
+	}
+	checkCount(es, at+".limit", f.limit, name, full)
+	switch w := f.window; {
+	case w == 0 && full:
+		es.add(at+".window", "", "required for "+name+": a duration such as 1m")
+	case w == 0:
+	case w < minWindow:
+		es.add(at+".window", shortDuration(w), "must be at least "+shortDuration(minWindow))
+	case w > maxWindow:
+		es.add(at+".window", shortDuration(w), "must be at most "+shortDuration(maxWindow))
+	}
+}
+
+func checkCount(es *Errors, path string, n int64, alg string, full bool) {
+	switch {
+	case n == 0 && full:
+		es.add(path, "", "required for "+alg+": at least 1")
+	case n == 0:
+	case n < 1:
+		es.add(path, strconv.FormatInt(n, 10), "must be at least 1")
+	case n > maxCount:
+		es.add(path, strconv.FormatInt(n, 10), fmt.Sprintf("must be at most %d", maxCount))
+	}
+}
+
+// checkRefill rejects a bucket whose refill time burst/rate would not fit the bucket arithmetic.
+// Called on the effective limit, after the fields themselves passed.
+func checkRefill(es *Errors, path string, rate float64, burst int64) {
+	if rate > 0 && burst > 0 && float64(burst)/rate > maxRefill.Seconds() {
+		es.add(path, strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most "+shortDuration(maxRefill))
+	}
+}
+
+func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK bool, alg bucket.Algorithm, algOK bool) {
+	if len(p.Overrides) == 0 {
+		return
+	}
+	if kind == keyGlobal {
+		es.add(at+".overrides", "", "a global policy has a single key: change its limit instead")
+		return
+	}
+	seen := make(map[string]int, len(p.Overrides))
+	for j := range p.Overrides {
+		o := &p.Overrides[j]
+		oat := fmt.Sprintf("%s.overrides[%d]", at, j)
+		norm, ok := overrideKey(o.Key, kind)
+		switch {
+		case o.Key == "":
+			es.add(oat+".key", "", `required: "sha256:" and the hex SHA-256 of the key value`)
+		case ok:
+			if first, dup := seen[norm]; dup {
+				es.add(oat+".key", o.Key, fmt.Sprintf("duplicate of overrides[%d]", first))
+			} else {
+				seen[norm] = j
+			}
+		case kindOK && kind == keyIP:
+			es.add(oat+".key", o.Key, `must be "sha256:" and 64 lower-case hex digits, or an IP address or CIDR`)
+		case isAddrOrPrefix(o.Key):
+			es.add(oat+".key", o.Key, `addresses and CIDRs are keys of ip policies only; use "sha256:" and the hex SHA-256 of the value`)
+		default:
+			es.add(oat+".key", o.Key, `must be "sha256:" and 64 lower-case hex digits`)
+		}
+		f := limitFields{o.Rate, o.Burst, o.Limit, o.Window}
+		setsLimit := f != (limitFields{})
+		switch {
+		case o.Unlimited && setsLimit:
+			es.add(oat+".unlimited", "", "cannot be combined with rate, burst, limit or window")
+		case !o.Unlimited && !setsLimit:
+			es.add(oat, "", "sets neither unlimited: true nor a limit")
+		case setsLimit && algOK:
+			before := len(*es)
+			checkLimit(es, oat, alg, f, false)
+			if len(*es) == before && isBucket(alg) {
+				eff := effective(p, o)
+				if r, err := ParseRate(eff.rate); err == nil {
+					checkRefill(es, oat+".burst", r, eff.burst)
+				}
+			}
+		}
+	}
+}
+
+// effective is the override's limit: its own fields, the policy's for those it leaves unset.
+func effective(p *PolicyConfig, o *OverrideConfig) limitFields {
+	f := limitFields{p.Rate, p.Burst, p.Limit, p.Window}
+	if o.Rate != "" {
+		f.rate = o.Rate
+	}
+	if o.Burst != 0 {
+		f.burst = o.Burst
+	}
+	if o.Limit != 0 {
+		f.limit = o.Limit
+	}
+	if o.Window != 0 {
+		f.window = o.Window
+	}
+	return f
+}
+
+// overrideKey normalizes an override's key for duplicate detection: "sha256:<hex>" as is, an
+// address or CIDR (ip policies only) as its masked prefix.
+func overrideKey(s string, kind keyKind) (string, bool) {
+	if isSHA256Key(s) {
+		return s, true
+	}
+	if kind != keyIP {
+		return "", false
+	}
+	if p, ok := parsePrefix(s); ok {
+		return p.String(), true
+	}
+	return "", false
+}
+
+func isSHA256Key(s string) bool {
+	h, ok := strings.CutPrefix(s, "sha256:")
+	if !ok || len(s) != hexSHA256 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; !isDigit(c) && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func isAddrOrPrefix(s string) bool {
+	_, ok := parsePrefix(s)
+	return ok
+}
+
+// parsePrefix reads a CIDR or a single address (as a /32 or /128), unmapping IPv4-in-IPv6 so
+// that it matches the unmapped client addresses; the result is masked.
+func parsePrefix(s string) (netip.Prefix, bool) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, false
+		}
+		if a := p.Addr(); a.Is4In6() {
+			if p.Bits() < 96 {
+				return netip.Prefix{}, false
+			}
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		return p.Masked(), true
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, false
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), true
+}
+
+// ceilSeconds rounds a positive number of seconds up to a whole second, at least 1.
+func ceilSeconds(s float64) int64 {
+	if s <= 1 {
+		return 1
+	}
+	return int64(math.Ceil(s))
+}
