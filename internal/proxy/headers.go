@@ -1,0 +1,142 @@
+package proxy
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+// Canonical header keys, written into the map directly to skip canonicalisation on the hot path.
+const (
+	hdrLimit       = "X-Ratelimit-Limit"
+	hdrRemaining   = "X-Ratelimit-Remaining"
+	hdrReset       = "X-Ratelimit-Reset"
+	hdrIETFPolicy  = "Ratelimit-Policy"
+	hdrIETF        = "Ratelimit"
+	hdrRetryAfter  = "Retry-After"
+	hdrContentType = "Content-Type"
+)
+
+var wwwAuthenticate = []string{`Bearer error="invalid_token"`}
+
+// ceilSeconds rounds d up to whole seconds; negative durations count as zero.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// resetValue is X-RateLimit-Reset for a reset that is d after now.
+func resetValue(format policy.ResetFormat, now time.Time, d time.Duration) int64 {
+	if format == policy.ResetDelta {
+		return ceilSeconds(d)
+	}
+	// ResetUnix, also for the zero ResetFormat: it is the configuration's default.
+	if d < 0 {
+		d = 0
+	}
+	t := now.Add(d)
+	secs := t.Unix()
+	if t.Nanosecond() > 0 {
+		secs++
+	}
+	return secs
+}
+
+// setRateLimitHeaders writes X-RateLimit-Limit/-Remaining/-Reset (and with IETF, RateLimit-Policy
+// and RateLimit) for charge pick with verdict res. The numbers are appended to buf and converted
+// into one string, then sliced, so the three headers cost two allocations; buf is returned for
+// reuse.
+func setRateLimitHeaders(h http.Header, buf []byte, hc policy.Headers, st *reqState, pick int, res bucket.Result) []byte {
+	buf = strconv.AppendInt(buf, res.Limit, 10)
+	e1 := len(buf)
+	buf = strconv.AppendInt(buf, res.Remaining, 10)
+	e2 := len(buf)
+	buf = strconv.AppendInt(buf, resetValue(hc.Reset, st.now, res.Reset), 10)
+	s := string(buf)
+	vals := make([]string, 3)
+	vals[0], vals[1], vals[2] = s[:e1], s[e1:e2], s[e2:]
+	h[hdrLimit] = vals[0:1:1]
+	h[hdrRemaining] = vals[1:2:2]
+	h[hdrReset] = vals[2:3:3]
+	if !hc.IETF {
+		return buf
+	}
+
+	// RateLimit-Policy lists every enforced policy that matched, in evaluation order.
+	buf = buf[:0]
+	for i, c := range st.plan.Charges {
+		if c.Shadow {
+			continue
+		}
+		if len(buf) > 0 {
+			buf = append(buf, ", "...)
+		}
+		p := st.plan.Policies[i]
+		if c.Limit == p.Limit && p.IETFPolicy != "" {
+			buf = append(buf, p.IETFPolicy...)
+		} else {
+			// An override changed the limit: the precomputed item would advertise the wrong quota.
+			buf = appendIETFItem(buf, p.Name, c.Limit)
+		}
+	}
+	if len(buf) > 0 {
+		h[hdrIETFPolicy] = []string{string(buf)}
+	}
+	buf = buf[:0]
+	buf = appendSFString(buf, st.plan.Policies[pick].Name)
+	buf = append(buf, ";r="...)
+	buf = strconv.AppendInt(buf, res.Remaining, 10)
+	buf = append(buf, ";t="...)
+	buf = strconv.AppendInt(buf, ceilSeconds(res.Reset), 10)
+	h[hdrIETF] = []string{string(buf)}
+	return buf
+}
+
+// appendIETFItem appends a RateLimit-Policy item `"name";q=<quota>;w=<window seconds>`. Windows
+// advertise Count per Window; buckets advertise Burst per the time a full bucket takes to
+// refill (Burst/Rate), which is the window over which Burst requests are sustainable.
+func appendIETFItem(buf []byte, name string, l bucket.Limit) []byte {
+	var q, w int64
+	switch l.Algorithm {
+	case bucket.FixedWindow, bucket.SlidingWindow:
+		q, w = l.Count, ceilSeconds(l.Window)
+	default:
+		q = l.Burst
+		if l.Rate > 0 {
+			w = int64(math.Ceil(float64(l.Burst) / l.Rate))
+		}
+	}
+	if w < 1 {
+		w = 1
+	}
+	buf = appendSFString(buf, name)
+	buf = append(buf, ";q="...)
+	buf = strconv.AppendInt(buf, q, 10)
+	buf = append(buf, ";w="...)
+	return strconv.AppendInt(buf, w, 10)
+}
+
+// appendSFString appends s as a structured-field string (RFC 8941): quoted, with '"' and '\'
+// escaped. Policy names are restricted to [A-Za-z0-9._-], so this is belt and braces.
+func appendSFString(buf []byte, s string) []byte {
+	buf = append(buf, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			buf = append(buf, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			// Not representable in an sf-string; policy validation never lets one through.
+			buf = append(buf, '_')
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return append(buf, '"')
+}

@@ -1,0 +1,198 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Decision results, the values of ratelimit_decisions_total{result}. One per request.
+const (
+	decAllowed           = iota // admitted by the limiter (including requests later held or canceled)
+	decLimited                  // answered 429
+	decUnauthorized             // answered 401: bearer token failed verification
+	decStoreErrorAllowed        // limiter failed, forwarded (on_error allow)
+	decStoreErrorDenied         // limiter failed, answered 503 (on_error deny)
+	decUnmatched                // no policy matched: forwarded without charging
+	decError                    // the policy set failed to plan the request: answered 500
+	numDecisions
+)
+
+var decisionNames = [numDecisions]string{
+	"allowed", "limited", "unauthorized", "store_error_allowed", "store_error_denied", "unmatched", "error",
+}
+
+// Stages at which a client that went away is noticed: ratelimit_client_canceled_total{stage}.
+const (
+	stageStore    = iota // while the limiter decided
+	stageWait            // while a leaky-bucket request was held
+	stageUpstream        // while the upstream was being asked
+	numStages
+)
+
+var stageNames = [numStages]string{"store", "wait", "upstream"}
+
+// Upstream error reasons: ratelimit_upstream_errors_total{reason}.
+const (
+	upRefused = iota // connection refused, nothing listening
+	upTimeout        // dial, TLS or response-header timeout, or a context deadline
+	upReset          // the upstream closed or reset the connection before answering
+	upOther
+	numUpstreamReasons
+)
+
+var upstreamReasonNames = [numUpstreamReasons]string{"refused", "timeout", "reset", "other"}
+
+// Metrics are the proxy's Prometheus collectors. Labels hold only values from a small fixed set
+// or policy names from the configuration; never anything that identifies a client. Safe for
+// concurrent use; one Metrics may be shared by several Handlers (for instance across reloads).
+type Metrics struct {
+	requests         *prometheus.CounterVec
+	decisions        *prometheus.CounterVec
+	storeDuration    *prometheus.HistogramVec
+	storeErrors      *prometheus.CounterVec
+	upstreamDuration prometheus.Histogram
+	upstreamErrors   *prometheus.CounterVec
+	leakyWait        prometheus.Histogram
+	clientCanceled   *prometheus.CounterVec
+
+	// Resolved children, so the hot path does no label hashing.
+	decision    [numDecisions]prometheus.Counter
+	upstreamErr [numUpstreamReasons]prometheus.Counter
+	canceled    [numStages]prometheus.Counter
+
+	mu       sync.RWMutex
+	byPolicy map[string]*policyCounters
+}
+
+// policyCounters are one policy's ratelimit_requests_total children.
+type policyCounters struct {
+	allowed, limited, shadowLimited prometheus.Counter
+}
+
+// NewMetrics creates the collectors and registers them on reg (nil: not registered, for tests
+// and benchmarks). Registering twice on the same registry reuses the collectors already there,
+// so two Metrics from one registry update the same series. Like MustRegister, it panics when reg
+// holds a different collector under one of these names: that is a programming error.
+//
+// Series:
+//
+//	ratelimit_requests_total{policy,result}      result: allowed|limited|shadow_limited; one
+//	    increment per charge of an admitted request (allowed, or shadow_limited for a shadow
+//	    charge that did not conform), and on a rejected request one "limited" per enforced
+//	    charge that did not conform; the other charges of a rejected request consumed nothing
+//	    and are not counted.
+//	ratelimit_decisions_total{result}            one per request: allowed|limited|unauthorized|
+//	    store_error_allowed|store_error_denied|unmatched|error
+//	ratelimit_store_duration_seconds{backend}    time spent in Limiter.Take
+//	ratelimit_store_errors_total{backend,reason} reason: timeout|error
+//	ratelimit_upstream_duration_seconds          time until the upstream's response headers
+//	ratelimit_upstream_errors_total{reason}      reason: refused|timeout|reset|other
+//	ratelimit_leaky_wait_seconds                 how long leaky-bucket requests were held
+//	ratelimit_client_canceled_total{stage}       stage: store|wait|upstream
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_requests_total",
+			Help: "Charges evaluated per policy: allowed, limited (rejected the request) or shadow_limited (a shadow policy that would have rejected).",
+		}, []string{"policy", "result"})),
+		decisions: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_decisions_total",
+			Help: "Requests by decision.",
+		}, []string{"result"})),
+		storeDuration: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ratelimit_store_duration_seconds",
+			Help: "Time the rate-limit store took to decide one request.",
+			// 10µs (an in-memory shard) to 1s (a struggling remote store), ×√10 apart.
+			Buckets: prometheus.ExponentialBucketsRange(10e-6, 1, 11),
+		}, []string{"backend"})),
+		storeErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_store_errors_total",
+			Help: "Requests the rate-limit store could not decide, by reason (timeout, error).",
+		}, []string{"backend", "reason"})),
+		upstreamDuration: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimit_upstream_duration_seconds",
+			Help:    "Time from forwarding a request until the upstream's response headers arrived.",
+			Buckets: prometheus.ExponentialBucketsRange(1e-3, 60, 12),
+		})),
+		upstreamErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_upstream_errors_total",
+			Help: "Forwarded requests that got no response from the upstream, by reason.",
+		}, []string{"reason"})),
+		leakyWait: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimit_leaky_wait_seconds",
+			Help:    "How long leaky-bucket policies held admitted requests before forwarding them.",
+			Buckets: prometheus.ExponentialBucketsRange(1e-3, 60, 12),
+		})),
+		clientCanceled: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_client_canceled_total",
+			Help: "Requests abandoned by the client before they were answered, by stage.",
+		}, []string{"stage"})),
+		byPolicy: make(map[string]*policyCounters),
+	}
+	for i, n := range decisionNames {
+		m.decision[i] = m.decisions.WithLabelValues(n)
+	}
+	for i, n := range upstreamReasonNames {
+		m.upstreamErr[i] = m.upstreamErrors.WithLabelValues(n)
+	}
+	for i, n := range stageNames {
+		m.canceled[i] = m.clientCanceled.WithLabelValues(n)
+	}
+	return m
+}
+
+// register registers c on reg, or returns the equal collector reg already holds.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if reg == nil {
+		return c
+	}
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	panic(fmt.Sprintf("proxy: register metrics: %v", err))
+}
+
+// policyCounters returns name's counters, creating its series on first use. Policy names come from
+// the configuration, so the set stays small; a reload that renames a policy leaves the old
+// series in place with their final values, as Prometheus counters should.
+func (m *Metrics) policyCounters(name string) *policyCounters {
+	m.mu.RLock()
+	c := m.byPolicy[name]
+	m.mu.RUnlock()
+	if c != nil {
+		return c
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c = m.byPolicy[name]; c == nil {
+		c = &policyCounters{
+			allowed:       m.requests.WithLabelValues(name, "allowed"),
+			limited:       m.requests.WithLabelValues(name, "limited"),
+			shadowLimited: m.requests.WithLabelValues(name, "shadow_limited"),
+		}
+		m.byPolicy[name] = c
+	}
+	return c
+}
+
+// NewRegistry returns a registry with the Go runtime and process collectors, for NewMetrics and
+// AdminHandler.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return reg
+}

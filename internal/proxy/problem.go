@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"net/http"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Problem types (RFC 9457). They are stable identifiers, not links: clients may switch on them.
+// A specific type rather than "about:blank" is used because the bodies carry extension members
+// (policy, retry_after_seconds) whose meaning the type defines.
+const (
+	problemBase         = "https://ratelimit-proxy.dev/problems/"
+	problemRateLimited  = problemBase + "rate-limited"         // 429
+	problemUnauthorized = problemBase + "unauthorized"         // 401
+	problemUnavailable  = problemBase + "limiter-unavailable"  // 503
+	problemInternal     = problemBase + "internal"             // 500
+	problemBadGateway   = problemBase + "upstream-unavailable" // 502
+	problemTimeout      = problemBase + "upstream-timeout"     // 504
+)
+
+const contentTypeProblem = "application/problem+json"
+
+var (
+	problemContentType = []string{contentTypeProblem}
+	noStore            = []string{"no-store"}
+	nosniff            = []string{"nosniff"}
+	retryOne           = []string{"1"}
+)
+
+// problem is one problem+json body. Policy and RetryAfter are extension members, written only
+// when set.
+type problem struct {
+	Type   string
+	Status int
+	// Detail is the human explanation; for rate-limited problems it is generated from Policy.
+	Detail string
+	// Policy names the policy that decided (429).
+	Policy string
+	// RetryAfter in seconds; when > 0 it is also sent as the Retry-After header, with the same value.
+	RetryAfter int64
+}
+
+// writeProblem writes p as the whole response, building the body in buf (which may be nil), and
+// returns buf for reuse.
+func writeProblem(w http.ResponseWriter, buf []byte, p problem) []byte {
+	buf = append(buf, `{"type":`...)
+	buf = appendJSONString(buf, p.Type)
+	buf = append(buf, `,"title":`...)
+	buf = appendJSONString(buf, http.StatusText(p.Status))
+	buf = append(buf, `,"status":`...)
+	buf = strconv.AppendInt(buf, int64(p.Status), 10)
+	buf = append(buf, `,"detail":`...)
+	if p.Type == problemRateLimited {
+		// Built here rather than with fmt: this is the hot path of an attack.
+		buf = append(buf, `"Rate limit of policy \"`...)
+		buf = appendJSONStringBody(buf, p.Policy)
+		buf = append(buf, `\" exceeded; retry after `...)
+		buf = strconv.AppendInt(buf, p.RetryAfter, 10)
+		if p.RetryAfter == 1 {
+			buf = append(buf, ` second."`...)
+		} else {
+			buf = append(buf, ` seconds."`...)
+		}
+	} else {
+		buf = appendJSONString(buf, p.Detail)
+	}
+	if p.Policy != "" {
+		buf = append(buf, `,"policy":`...)
+		buf = appendJSONString(buf, p.Policy)
+	}
+	if p.RetryAfter > 0 {
+		buf = append(buf, `,"retry_after_seconds":`...)
+		buf = strconv.AppendInt(buf, p.RetryAfter, 10)
+	}
+	buf = append(buf, "}\n"...)
+
+	h := w.Header()
+	h[hdrContentType] = problemContentType
+	h["Cache-Control"] = noStore
+	h["X-Content-Type-Options"] = nosniff
+	if p.RetryAfter == 1 {
+		h[hdrRetryAfter] = retryOne
+	} else if p.RetryAfter > 0 {
+		h[hdrRetryAfter] = []string{strconv.FormatInt(p.RetryAfter, 10)}
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(buf) // the client may be gone; there is nobody left to tell
+	return buf
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(buf []byte, s string) []byte {
+	buf = append(buf, '"')
+	buf = appendJSONStringBody(buf, s)
+	return append(buf, '"')
+}
+
+// appendJSONStringBody appends s escaped for the inside of a JSON string. Invalid UTF-8 becomes
+// U+FFFD, so the body is always valid JSON.
+func appendJSONStringBody(buf []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				buf = append(buf, '\\', c)
+			case c < 0x20:
+				buf = append(buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				buf = append(buf, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			buf = append(buf, "\ufffd"...)
+		} else {
+			buf = append(buf, s[i:i+size]...)
+		}
+		i += size
+	}
+	return buf
+}

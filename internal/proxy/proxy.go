@@ -1,0 +1,399 @@
+// Package proxy is the request path of the gateway: an http.Handler that asks the compiled policy
+// set which buckets a request charges, asks the limiter whether they conform, and then answers
+// 401/429/503 itself (problem+json, RFC 9457) or forwards the request to the upstream through an
+// httputil.ReverseProxy. It also owns the Prometheus metrics of that path and the admin handler
+// (/metrics, /healthz, /readyz).
+//
+// The package knows nothing about YAML, DynamoDB or the algorithms: it consumes two small
+// interfaces, Policies and Limiter, declared here with only the methods it calls.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+// Policies is what the handler needs from a compiled policy set; *policy.Set satisfies it.
+// Implementations must be safe for concurrent use and immutable: the handler reads one value per
+// request and uses it for every decision about that request.
+type Policies interface {
+	// Plan fills p with the charges for r and the policy of each (p may hold an earlier
+	// request's plan; Plan resets it). An error wrapping policy.ErrUnauthorized means a bearer
+	// token failed verification.
+	Plan(r *http.Request, p *policy.Plan) error
+	// Headers says how rate-limit response headers are written.
+	Headers() policy.Headers
+	// Trusted reports whether the direct peer's forwarding headers are believed.
+	Trusted(peer netip.Addr) bool
+}
+
+// Limiter is what the handler needs from a store; every bucket.Store satisfies it. It must be safe
+// for concurrent use and honour ctx's deadline. See bucket.Store for the contract of Take.
+type Limiter interface {
+	Take(ctx context.Context, now time.Time, charges []bucket.Charge, results []bucket.Result) (bool, error)
+}
+
+var (
+	_ Policies = (*policy.Set)(nil)
+	_ Limiter  = bucket.Store(nil)
+)
+
+// OnError says what happens to a request when the limiter cannot decide (error or timeout).
+type OnError uint8
+
+const (
+	// Allow forwards the request without rate-limit headers (fail open). It is the zero value.
+	Allow OnError = iota
+	// Deny answers 503 with Retry-After: 1 (fail closed).
+	Deny
+)
+
+// DefaultStoreTimeout is used when Options.StoreTimeout is zero. It matches the config default.
+const DefaultStoreTimeout = 50 * time.Millisecond
+
+// Options configure New. Upstream, Policies and Limiter are required; the rest have defaults.
+type Options struct {
+	// Upstream is the guarded service; requests keep their path and query, appended to its path.
+	// The outbound Host header is the upstream's host (pr.SetURL), not the client's: the client's
+	// host travels in X-Forwarded-Host. (Required)
+	Upstream *url.URL
+	// Policies returns the set in force; a reload swaps what it returns. It is called once per
+	// request, so one request always sees one set. It must not return nil. (Required)
+	Policies func() Policies
+	// Limiter decides. (Required)
+	Limiter Limiter
+	// Backend labels the store metrics ("memory", "dynamodb"). (Optional) default "memory".
+	Backend string
+	// OnError applies when Take fails. (Optional) default Allow.
+	OnError OnError
+	// StoreTimeout is the context deadline around each Take. (Optional) default 50ms.
+	StoreTimeout time.Duration
+	// Logger receives sampled JSON log lines. (Optional) default: no logs.
+	Logger *zap.Logger
+	// Metrics are the collectors to update. (Optional) default: unregistered collectors.
+	Metrics *Metrics
+	// Now is the clock handed to the limiter. (Optional) default time.Now.
+	Now func() time.Time
+	// Wait holds a leaky-bucket request for d before it is forwarded; it must return early with an
+	// error when ctx ends. (Optional) default: a timer.
+	Wait func(ctx context.Context, d time.Duration) error
+	// Transport carries requests to the upstream. (Optional) default NewTransport().
+	Transport http.RoundTripper
+}
+
+// Handler enforces the policies on every request and forwards the admitted ones. It serves every
+// path: /metrics on the proxy port belongs to the upstream (the admin handler is separate). It is
+// safe for concurrent use. Create it with New; the zero Handler is not usable.
+//
+// Per request: one Policies value, Plan, Take (bounded by StoreTimeout), then
+//   - 401 problem for an invalid bearer token (not charged, not forwarded);
+//   - forward without rate-limit headers when no policy matched, or when the store failed and
+//     OnError is Allow; 503 problem with Retry-After: 1 when it failed and OnError is Deny;
+//   - 429 problem with Retry-After and X-RateLimit-* of the enforced policy that asks for the
+//     longest wait, when the group was not admitted;
+//   - otherwise X-RateLimit-* of the enforced charge with the least Remaining, an optional
+//     leaky-bucket hold, and the reverse proxy.
+//
+// The X-RateLimit-* (and RateLimit*) headers are set before the upstream's response headers are
+// copied, so an upstream that sends headers of the same names adds its values after ours.
+// Forwarded requests that the upstream does not answer get a 502 problem, or 504 on timeout.
+type Handler struct {
+	policies     func() Policies
+	limiter      Limiter
+	onError      OnError
+	storeTimeout time.Duration
+	now          func() time.Time
+	wait         func(ctx context.Context, d time.Duration) error
+	log          *zap.Logger // sampled
+	m            *Metrics
+	storeDur     prometheus.Observer
+	storeErr     [2]prometheus.Counter // reason timeout, error
+	rp           *httputil.ReverseProxy
+	states       sync.Pool // *reqState
+}
+
+// reqState is the per-request scratch space, pooled so the admitted path allocates little.
+type reqState struct {
+	plan    policy.Plan
+	results []bucket.Result
+	buf     []byte
+	now     time.Time // the instant handed to the limiter; headers are relative to it
+}
+
+// New builds a Handler. It returns an error when a required option is missing or the upstream URL
+// is not an absolute http(s) URL.
+func New(o Options) (*Handler, error) {
+	if o.Upstream == nil {
+		return nil, errors.New("proxy: upstream is required")
+	}
+	if o.Upstream.Scheme != "http" && o.Upstream.Scheme != "https" {
+		return nil, fmt.Errorf("proxy: upstream %q: scheme must be http or https", o.Upstream.Redacted())
+	}
+	if o.Upstream.Host == "" {
+		return nil, fmt.Errorf("proxy: upstream %q: host is required", o.Upstream.Redacted())
+	}
+	if o.Policies == nil {
+		return nil, errors.New("proxy: policies are required")
+	}
+	if o.Limiter == nil {
+		return nil, errors.New("proxy: limiter is required")
+	}
+	if o.OnError != Allow && o.OnError != Deny {
+		return nil, fmt.Errorf("proxy: on_error %d: want Allow or Deny", o.OnError)
+	}
+	if o.StoreTimeout < 0 {
+		return nil, fmt.Errorf("proxy: store timeout %v: must not be negative", o.StoreTimeout)
+	}
+	if o.StoreTimeout == 0 {
+		o.StoreTimeout = DefaultStoreTimeout
+	}
+	if o.Backend == "" {
+		o.Backend = "memory"
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Wait == nil {
+		o.Wait = sleep
+	}
+	if o.Transport == nil {
+		o.Transport = NewTransport()
+	}
+	h := &Handler{
+		policies:     o.Policies,
+		limiter:      o.Limiter,
+		onError:      o.OnError,
+		storeTimeout: o.StoreTimeout,
+		now:          o.Now,
+		wait:         o.Wait,
+		log:          sampled(o.Logger),
+		m:            o.Metrics,
+		storeDur:     o.Metrics.storeDuration.WithLabelValues(o.Backend),
+		storeErr: [2]prometheus.Counter{
+			o.Metrics.storeErrors.WithLabelValues(o.Backend, "timeout"),
+			o.Metrics.storeErrors.WithLabelValues(o.Backend, "error"),
+		},
+	}
+	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
+	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
+	return h, nil
+}
+
+// sleep is the default Wait: a timer that gives up when ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// policiesKey carries the request's Policies to the reverse proxy's Rewrite hook, so that the
+// X-Forwarded-For trust decision uses the same set as the rate-limit decision.
+type policiesKey struct{}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	pols := h.policies()
+	if pols == nil {
+		// Options.Policies broke its contract; fail closed rather than forward unlimited traffic.
+		h.m.decision[decError].Inc()
+		h.log.Error("no policy set in force")
+		writeProblem(w, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+			Detail: "No rate-limit policy set is loaded.", RetryAfter: 1})
+		return
+	}
+	st := h.states.Get().(*reqState)
+	defer h.states.Put(st)
+
+	st.plan.Reset()
+	if err := pols.Plan(r, &st.plan); err != nil {
+		if errors.Is(err, policy.ErrUnauthorized) {
+			h.m.decision[decUnauthorized].Inc()
+			w.Header()["Www-Authenticate"] = wwwAuthenticate
+			st.buf = writeProblem(w, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
+				Detail: "The bearer token is not valid."})
+			return
+		}
+		h.m.decision[decError].Inc()
+		h.log.Error("policy plan failed", zap.Error(err))
+		st.buf = writeProblem(w, st.buf[:0], problem{Type: problemInternal, Status: http.StatusInternalServerError,
+			Detail: "The request could not be matched against the rate-limit policies."})
+		return
+	}
+	charges := st.plan.Charges
+	if len(charges) == 0 {
+		h.m.decision[decUnmatched].Inc()
+		h.forward(w, r, pols)
+		return
+	}
+	if cap(st.results) < len(charges) {
+		st.results = make([]bucket.Result, len(charges))
+	}
+	results := st.results[:len(charges)]
+	clear(results)
+
+	ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
+	start := time.Now()
+	st.now = h.now()
+	admitted, err := h.limiter.Take(ctx, st.now, charges, results)
+	h.storeDur.Observe(time.Since(start).Seconds())
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	cancel()
+
+	if err != nil {
+		h.storeError(w, r, pols, err, timedOut)
+		return
+	}
+	if !admitted {
+		h.reject(w, st, pols)
+		return
+	}
+	h.admit(w, r, st, pols)
+}
+
+// storeError applies OnError to a request the limiter could not decide.
+func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Policies, err error, timedOut bool) {
+	if r.Context().Err() != nil && !timedOut {
+		// The client left while we asked the store: not the store's fault, nobody to answer.
+		h.m.canceled[stageStore].Inc()
+		return
+	}
+	reason := "error"
+	if timedOut || errors.Is(err, context.DeadlineExceeded) {
+		reason = "timeout"
+		h.storeErr[0].Inc()
+	} else {
+		h.storeErr[1].Inc()
+	}
+	if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
+		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", h.onError == Allow), zap.Error(err))
+	}
+	if h.onError == Allow {
+		h.m.decision[decStoreErrorAllowed].Inc()
+		h.forward(w, r, pols)
+		return
+	}
+	h.m.decision[decStoreErrorDenied].Inc()
+	writeProblem(w, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+		Detail: "The rate limiter is unavailable; retry shortly.", RetryAfter: 1})
+}
+
+// reject answers 429 for a group the limiter did not admit. Only the rejecting non-shadow
+// charges are counted (result="limited"): nothing was committed for the others, so counting them
+// as allowed would overstate what reached the upstream.
+func (h *Handler) reject(w http.ResponseWriter, st *reqState, pols Policies) {
+	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
+	pick := -1
+	for i := range charges {
+		if charges[i].Shadow || results[i].Allowed {
+			continue
+		}
+		h.m.policyCounters(ps[i].Name).limited.Inc()
+		if pick < 0 || results[i].RetryAfter > results[pick].RetryAfter {
+			pick = i
+		}
+	}
+	if pick < 0 {
+		// The store broke its contract (rejected with every enforced charge conforming); answer
+		// from the first enforced charge rather than forward.
+		for i := range charges {
+			if !charges[i].Shadow {
+				pick = i
+				break
+			}
+		}
+		if pick < 0 {
+			pick = 0
+		}
+	}
+	h.m.decision[decLimited].Inc()
+	res := results[pick]
+	retry := ceilSeconds(res.RetryAfter)
+	if retry < 1 {
+		retry = 1
+	}
+	name := ps[pick].Name
+	if ce := h.log.Check(zap.InfoLevel, "rate limited"); ce != nil {
+		ce.Write(zap.String("policy", name), zap.String("key", charges[pick].Key.String()),
+			zap.Int64("retry_after_seconds", retry))
+	}
+	res.Remaining = 0
+	st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, res)
+	st.buf = writeProblem(w, st.buf[:0], problem{Type: problemRateLimited, Status: http.StatusTooManyRequests,
+		Policy: name, RetryAfter: retry})
+}
+
+// admit counts, sets headers, holds a leaky-bucket request if needed and forwards.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
+	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
+	pick := -1
+	var wait time.Duration
+	for i := range charges {
+		c := h.m.policyCounters(ps[i].Name)
+		if !results[i].Allowed {
+			// Only a shadow charge can fail in an admitted group.
+			c.shadowLimited.Inc()
+			if ce := h.log.Check(zap.InfoLevel, "shadow limit exceeded"); ce != nil {
+				ce.Write(zap.String("policy", ps[i].Name), zap.String("key", charges[i].Key.String()))
+			}
+			continue
+		}
+		c.allowed.Inc()
+		if charges[i].Shadow {
+			// A shadow policy never shapes traffic either: its wait is ignored.
+			continue
+		}
+		if results[i].Wait > wait {
+			wait = results[i].Wait
+		}
+		if pick < 0 || results[i].Remaining < results[pick].Remaining {
+			pick = i
+		}
+	}
+	h.m.decision[decAllowed].Inc()
+	if pick >= 0 {
+		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, results[pick])
+	}
+	if wait > 0 {
+		h.m.leakyWait.Observe(wait.Seconds())
+		if err := h.wait(r.Context(), wait); err != nil {
+			if r.Context().Err() != nil {
+				h.m.canceled[stageWait].Inc()
+				return
+			}
+			h.log.Error("leaky-bucket wait failed", zap.Error(err))
+			writeProblem(w, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+				Detail: "The request could not be scheduled; retry shortly.", RetryAfter: 1})
+			return
+		}
+	}
+	h.forward(w, r, pols)
+}
+
+// forward hands the request to the reverse proxy with the request's policy set in its context.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies) {
+	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols)))
+}

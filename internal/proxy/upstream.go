@@ -1,0 +1,183 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// NewTransport returns the default upstream transport, tuned for a sidecar that multiplexes many
+// concurrent clients onto one upstream:
+//
+//   - a keep-alive pool sized for concurrency (MaxIdleConns 1024, MaxIdleConnsPerHost 512; the
+//     default of 2 per host means a new connection for most requests under load);
+//   - IdleConnTimeout 90s and a 5s dial timeout;
+//   - HTTP/1.1 only: upstreams of a sidecar are usually local plain-HTTP services, and one
+//     HTTP/2 connection would serialise every client behind one TCP window;
+//   - no ResponseHeaderTimeout: long polls and slow streams are legitimate, and a client that
+//     wants a bound sets it with its own deadline (the inbound request's context ends the call);
+//   - no proxy from the environment: a sidecar talks to its upstream directly.
+func NewTransport() *http.Transport {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	protos := new(http.Protocols)
+	protos.SetHTTP1(true)
+	return &http.Transport{
+		DialContext:           dialer.DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   512,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+		Protocols:             protos,
+	}
+}
+
+// newReverseProxy builds the forwarding half of the handler.
+func (h *Handler) newReverseProxy(upstream *url.URL, rt http.RoundTripper) *httputil.ReverseProxy {
+	errLog, _ := zap.NewStdLogAt(h.log.Named("reverseproxy"), zapcore.WarnLevel) // only fails for invalid levels
+	return &httputil.ReverseProxy{
+		Rewrite:      func(pr *httputil.ProxyRequest) { rewrite(pr, upstream) },
+		Transport:    timedTransport{next: rt, hist: h.m.upstreamDuration},
+		ErrorHandler: h.upstreamError,
+		ErrorLog:     errLog,
+		BufferPool:   copyBuffers{},
+		// FlushInterval 0: ReverseProxy already flushes text/event-stream and responses of
+		// unknown length after every write, which is what streaming clients need.
+	}
+}
+
+// rewrite points the outbound request at the upstream and sets the forwarding headers.
+//
+// Host: pr.SetURL makes the outbound Host the upstream's, which is what virtual-hosted upstreams
+// and TLS SNI expect; the client's Host travels in X-Forwarded-Host.
+//
+// X-Forwarded-For: ReverseProxy has already removed the inbound value. When the direct peer is a
+// trusted proxy (per the request's policy set) its list is kept and the peer appended, as
+// SetXForwarded would; otherwise the client could forge it, so it is replaced by the peer.
+// X-Forwarded-Host and -Proto are set as SetXForwarded sets them.
+func rewrite(pr *httputil.ProxyRequest, upstream *url.URL) {
+	pr.SetURL(upstream)
+	vals := make([]string, 2) // one allocation for both header values
+	vals[0] = pr.In.Host
+	pr.Out.Header["X-Forwarded-Host"] = vals[0:1:1]
+	host, _, err := net.SplitHostPort(pr.In.RemoteAddr)
+	if err == nil {
+		vals[1] = host
+		if prior := pr.In.Header["X-Forwarded-For"]; len(prior) > 0 && trustedPeer(pr.In, host) {
+			vals[1] = strings.Join(prior, ", ") + ", " + host
+		}
+		pr.Out.Header["X-Forwarded-For"] = vals[1:2:2]
+	}
+	if pr.In.TLS != nil {
+		pr.Out.Header["X-Forwarded-Proto"] = protoHTTPS
+	} else {
+		pr.Out.Header["X-Forwarded-Proto"] = protoHTTP
+	}
+}
+
+var (
+	protoHTTP  = []string{"http"}
+	protoHTTPS = []string{"https"}
+)
+
+// trustedPeer asks the request's own policy set whether host (the direct peer) is trusted.
+func trustedPeer(r *http.Request, host string) bool {
+	pols, ok := r.Context().Value(policiesKey{}).(Policies)
+	if !ok {
+		return false
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	return pols.Trusted(addr.Unmap())
+}
+
+// upstreamError answers a request the upstream did not answer. A client that went away gets
+// nothing (there is nobody to read it); a timeout gets 504; everything else 502.
+func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(r.Context().Err(), context.Canceled) {
+		h.m.canceled[stageUpstream].Inc()
+		return
+	}
+	reason := classifyUpstream(err)
+	h.m.upstreamErr[reason].Inc()
+	// Transport errors name the upstream, not the client; url.Error (if a custom Transport
+	// returns one) would add the request URL and its query, which may hold credentials.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	if ce := h.log.Check(zap.WarnLevel, "upstream error"); ce != nil {
+		ce.Write(zap.String("reason", upstreamReasonNames[reason]), zap.Error(err))
+	}
+	if reason == upTimeout {
+		writeProblem(w, nil, problem{Type: problemTimeout, Status: http.StatusGatewayTimeout,
+			Detail: "The upstream did not answer in time."})
+		return
+	}
+	writeProblem(w, nil, problem{Type: problemBadGateway, Status: http.StatusBadGateway,
+		Detail: "The upstream could not be reached."})
+}
+
+// classifyUpstream maps a transport error onto the fixed reason set of the metric.
+func classifyUpstream(err error) int {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return upTimeout
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return upRefused
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return upReset
+	default:
+		return upOther
+	}
+}
+
+// timedTransport observes the time until response headers (RoundTrip returns then; the body
+// streams afterwards).
+type timedTransport struct {
+	next http.RoundTripper
+	hist prometheus.Observer
+}
+
+func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	res, err := t.next.RoundTrip(r)
+	if err == nil {
+		t.hist.Observe(time.Since(start).Seconds())
+	}
+	return res, err
+}
+
+// copyBufSize is ReverseProxy's own copy buffer size.
+const copyBufSize = 32 << 10
+
+var copyBufPool = sync.Pool{New: func() any { return new([copyBufSize]byte) }}
+
+// copyBuffers lends ReverseProxy its body-copy buffers from a pool instead of allocating 32 KiB
+// per request. Arrays are pooled by pointer so Put does not allocate.
+type copyBuffers struct{}
+
+func (copyBuffers) Get() []byte { return copyBufPool.Get().(*[copyBufSize]byte)[:] }
+
+func (copyBuffers) Put(b []byte) {
+	if len(b) == copyBufSize {
+		copyBufPool.Put((*[copyBufSize]byte)(b))
+	}
+}

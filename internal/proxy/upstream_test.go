@@ -1,0 +1,314 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/websocket"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+const mUpstreamErrors = "ratelimit_upstream_errors_total"
+
+// failAfter bounds how long a test waits for something that a broken proxy would never deliver,
+// so that such a failure is reported rather than hanging the test binary.
+const failAfter = 10 * time.Second
+
+func TestSSE_FlushedAsItArrives(t *testing.T) {
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "data: one\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release: // the client has read the first event
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: two\n\n")
+	})
+	pol := (&fakePolicies{}).add("p", false, 1)
+	hs := newHarness(t, pol, newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 9, Remaining: 8}), up, nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), failAfter)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hs.srv.URL+"/events", nil)
+	res, err := hs.client.Do(req)
+	if err != nil {
+		t.Fatalf("GET /events: %v", err)
+	}
+	defer res.Body.Close()
+	wantHeader(t, res, "X-RateLimit-Remaining", "8")
+	br := bufio.NewReader(res.Body)
+	first, err := br.ReadString('\n')
+	if err != nil || first != "data: one\n" {
+		t.Fatalf("first line = %q, %v; want %q before the upstream sends the second event", first, err, "data: one\n")
+	}
+	close(release)
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != "\ndata: two\n\n" {
+		t.Errorf("rest = %q, %v; want %q", rest, err, "\ndata: two\n\n")
+	}
+}
+
+func TestRequestBody_Streamed(t *testing.T) {
+	gotFirst := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		br := bufio.NewReader(r.Body)
+		line, err := br.ReadString('\n')
+		if err != nil || line != "first\n" {
+			http.Error(w, "bad first line", http.StatusBadRequest)
+			return
+		}
+		close(gotFirst)
+		rest, _ := io.ReadAll(br)
+		_, _ = io.WriteString(w, line+string(rest))
+	})
+	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, nil)
+
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithTimeout(context.Background(), failAfter)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hs.srv.URL+"/upload", pr)
+	type result struct {
+		body string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := hs.client.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		done <- result{string(b), err}
+	}()
+	if _, err := io.WriteString(pw, "first\n"); err != nil {
+		t.Fatalf("write first: %v", err)
+	}
+	select {
+	case <-gotFirst:
+	case <-ctx.Done():
+		t.Fatal("the upstream did not get the first line before the body ended: the proxy buffers bodies")
+	}
+	_, _ = io.WriteString(pw, "second\n")
+	_ = pw.Close()
+	r := <-done
+	if r.err != nil || r.body != "first\nsecond\n" {
+		t.Errorf("response = %q, %v; want %q", r.body, r.err, "first\nsecond\n")
+	}
+}
+
+func TestWebSocket_UpgradePasses(t *testing.T) {
+	up := newUpstream(t, websocket.Handler(func(c *websocket.Conn) {
+		_, _ = io.Copy(c, c) // echo
+	}).ServeHTTP)
+	pol := (&fakePolicies{}).add("p", false, 1)
+	lim := newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 9, Remaining: 8})
+	hs := newHarness(t, pol, lim, up, nil)
+
+	wsURL := "ws" + strings.TrimPrefix(hs.srv.URL, "http") + "/ws"
+	cfg, err := websocket.NewConfig(wsURL, hs.srv.URL)
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), failAfter)
+	defer cancel()
+	conn, err := cfg.DialContext(ctx)
+	if err != nil {
+		t.Fatalf("dial through proxy: %v", err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(failAfter))
+	if err := websocket.Message.Send(conn, "hello"); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	var got string
+	if err := websocket.Message.Receive(conn, &got); err != nil || got != "hello" {
+		t.Errorf("echo = %q, %v; want hello", got, err)
+	}
+	if lim.calls.Load() != 1 || hs.up.hits.Load() != 1 {
+		t.Errorf("limiter calls = %d, upstream hits = %d; want 1 and 1", lim.calls.Load(), hs.up.hits.Load())
+	}
+}
+
+// closedPortURL returns an http URL on which nothing listens.
+func closedPortURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	return "http://" + addr
+}
+
+func TestUpstreamRefused_502(t *testing.T) {
+	pol := (&fakePolicies{}).add("p", false, 1)
+	hs := newHarness(t, pol, newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 3, Remaining: 2}), nil,
+		func(o *Options) { o.Upstream = mustURL(t, closedPortURL(t)) })
+
+	res, body := hs.get("/")
+
+	if res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status = %d, want 502", res.StatusCode)
+	}
+	if p := decodeProblem(t, res, body); p.Type != problemBadGateway {
+		t.Errorf("type = %q, want %q", p.Type, problemBadGateway)
+	}
+	// The request was charged, so the client still learns its quota.
+	wantHeader(t, res, "X-RateLimit-Remaining", "2")
+	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "refused")
+	if n := hs.logs.FilterMessage("upstream error").Len(); n != 1 {
+		t.Errorf("upstream error log lines = %d, want 1", n)
+	}
+}
+
+func TestUpstreamTimeout_504(t *testing.T) {
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) }) // runs before the upstream's Close
+	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, func(o *Options) {
+		tr := NewTransport()
+		tr.ResponseHeaderTimeout = 20 * time.Millisecond // the timeout under test, not a wait
+		t.Cleanup(tr.CloseIdleConnections)
+		o.Transport = tr
+	})
+
+	res, body := hs.get("/")
+
+	if res.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("status = %d, want 504", res.StatusCode)
+	}
+	if p := decodeProblem(t, res, body); p.Type != problemTimeout {
+		t.Errorf("type = %q, want %q", p.Type, problemTimeout)
+	}
+	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "timeout")
+}
+
+func TestUpstreamReset_502(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // close with RST
+		}
+		_ = conn.Close()
+	})
+	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, nil)
+
+	res, body := hs.get("/")
+
+	if res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status = %d, want 502", res.StatusCode)
+	}
+	decodeProblem(t, res, body)
+	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "reset")
+}
+
+func TestUpstream_ClientCanceled(t *testing.T) {
+	entered := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-r.Context().Done() // the proxy cancels its request when the client goes
+	})
+	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hs.srv.URL+"/slow", nil)
+	errc := make(chan error, 1)
+	go func() {
+		res, err := hs.client.Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("client error = %v, want context.Canceled", err)
+	}
+	hs.waitServed(1)
+	wantCounter(t, hs.reg, 1, "ratelimit_client_canceled_total", "stage", "upstream")
+	for _, r := range upstreamReasonNames {
+		wantCounter(t, hs.reg, 0, mUpstreamErrors, "reason", r)
+	}
+	if n := hs.logs.FilterMessage("upstream error").Len(); n != 0 {
+		t.Errorf("upstream error log lines = %d, want 0 for a client that left", n)
+	}
+}
+
+func TestClassifyUpstream(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{context.DeadlineExceeded, "timeout"},
+		{&net.OpError{Op: "dial", Err: timeoutErr{}}, "timeout"},
+		{&net.OpError{Op: "dial", Err: errors.New("x")}, "other"},
+		{io.ErrUnexpectedEOF, "reset"},
+		{errors.New("something else"), "other"},
+	}
+	for _, tt := range tests {
+		if got := upstreamReasonNames[classifyUpstream(tt.err)]; got != tt.want {
+			t.Errorf("classifyUpstream(%v) = %s, want %s", tt.err, got, tt.want)
+		}
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func TestNewTransport_Tuned(t *testing.T) {
+	tr := NewTransport()
+	if tr.MaxIdleConns != 1024 || tr.MaxIdleConnsPerHost != 512 || tr.IdleConnTimeout != 90*time.Second {
+		t.Errorf("pool = %d/%d/%v, want 1024/512/90s", tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.IdleConnTimeout)
+	}
+	if tr.ResponseHeaderTimeout != 0 {
+		t.Errorf("ResponseHeaderTimeout = %v, want unset", tr.ResponseHeaderTimeout)
+	}
+	if tr.Protocols == nil || !tr.Protocols.HTTP1() || tr.Protocols.HTTP2() || tr.Protocols.UnencryptedHTTP2() {
+		t.Errorf("protocols = %v, want HTTP/1 only", tr.Protocols)
+	}
+	if tr.Proxy != nil {
+		t.Error("Proxy is set, want direct connections")
+	}
+}
+
+func TestCopyBuffers(t *testing.T) {
+	var p copyBuffers
+	b := p.Get()
+	if len(b) != copyBufSize {
+		t.Fatalf("len = %d, want %d", len(b), copyBufSize)
+	}
+	p.Put(b)
+	p.Put(make([]byte, 10)) // a foreign size is dropped, not pooled
+	if got := len(p.Get()); got != copyBufSize {
+		t.Errorf("len after foreign Put = %d, want %d", got, copyBufSize)
+	}
+}
