@@ -1,0 +1,70 @@
+package dynamo
+
+import (
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// The arithmetic is the bucket package's pure functions, fed with the values DynamoDB returns:
+// the store never holds a key's state, it learns one number (tat or a count) from each
+// conditional write, and rebuilds the state the function needs around it.
+
+// k is the number of slots a sliding window is divided into.
+const k = bucket.SlidingSlots
+
+// gcraResult is the verdict of a GCRA request against a bucket whose tat was prior.
+func gcraResult(l bucket.Limit, prior, now int64) bucket.Result {
+	_, r := bucket.GCRA(prior, now, l)
+	return r
+}
+
+// fixedEnd returns the end (exclusive, Unix ns) of the fixed window holding now.
+func fixedEnd(l bucket.Limit, now int64) int64 {
+	s, _ := bucket.Fixed(bucket.FixedState{}, now, l)
+	return s.End
+}
+
+// fixedResult is the verdict of a fixed-window request when the window's count was prior.
+func fixedResult(l bucket.Limit, prior, now int64) bucket.Result {
+	_, r := bucket.Fixed(bucket.FixedState{End: fixedEnd(l, now), Count: prior}, now, l)
+	return r
+}
+
+// slotOf returns the sliding-window slot holding now.
+func slotOf(l bucket.Limit, now int64) int64 {
+	w := bucket.SlidingWidth(l)
+	q := now / w
+	if now%w < 0 {
+		q--
+	}
+	return q
+}
+
+// leaves returns when requests counted in slot stop counting: when slot+K+1 starts.
+func leaves(l bucket.Limit, slot int64) int64 {
+	return (slot + k + 1) * bucket.SlidingWidth(l)
+}
+
+// slotCounts holds a sliding window's K+1 counted slots before the request, oldest first:
+// [0] is slot cur-K and [K] the current slot cur.
+type slotCounts [k + 1]int64
+
+// closed returns the sum of the K closed slots (all but the current one).
+func (c *slotCounts) closed() int64 {
+	var n int64
+	for _, v := range c[:k] {
+		n += v
+	}
+	return n
+}
+
+// slidingResult is the verdict of a sliding-window request in slot cur against counts c.
+func slidingResult(l bucket.Limit, cur int64, c *slotCounts, now int64) bucket.Result {
+	s := bucket.SlidingState{Width: bucket.SlidingWidth(l), Slot: cur}
+	n := int64(len(s.Counts))
+	for i, v := range c {
+		slot := cur - k + int64(i)
+		s.Counts[((slot%n)+n)%n] = uint32(v)
+	}
+	_, r := bucket.Sliding(s, now, l)
+	return r
+}

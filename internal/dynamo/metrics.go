@@ -1,0 +1,64 @@
+package dynamo
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The op label's values: one per kind of DynamoDB call.
+const (
+	opUpdate   = "update"
+	opBatchGet = "batch_get"
+	opTransact = "transact"
+	opRefund   = "refund"
+)
+
+type metrics struct {
+	requests, errors *prometheus.CounterVec
+	denyHits         prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_store_requests_total",
+			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund).",
+		}, []string{"op"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_store_errors_total",
+			Help: "DynamoDB calls that failed with an error other than a condition failure, by operation.",
+		}, []string{"op"}),
+		denyHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_deny_cache_hits_total",
+			Help: "Charges rejected from the local deny cache without calling DynamoDB.",
+		}),
+	}
+	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund} {
+		m.requests.WithLabelValues(op)
+		m.errors.WithLabelValues(op)
+	}
+	if reg != nil {
+		m.requests = register(reg, m.requests)
+		m.errors = register(reg, m.errors)
+		m.denyHits = register(reg, m.denyHits)
+	}
+	return m
+}
+
+// register registers c, or returns the collector already registered under the same name so that
+// several stores (one per table, or replicas in a test) can share one registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	err := reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	if err != nil {
+		// A different collector under our name is a wiring bug that no caller can handle.
+		panic(err)
+	}
+	return c
+}

@@ -1,0 +1,822 @@
+// Package dynamo is the shared rate-limit store: every replica of the gateway updates the same
+// counters in one DynamoDB table, so a limit holds across all of them.
+//
+// # Algorithms as conditional writes
+//
+// Each charge is one conditional UpdateItem; no decision reads before it writes, and DynamoDB
+// serialises writes to one item, so counts are exact under any concurrency:
+//
+//   - token and leaky bucket (GCRA, one number tat in Unix ns): SET tat = now+T when the bucket
+//     is full or idle (tat absent or < now), else SET tat = tat+T while tat <= now+tau-T. A failed
+//     condition returns the current tat (ReturnValuesOnConditionCheckFailure ALL_OLD), which says
+//     exactly whether the other form applies or the request is over the limit and until when;
+//   - fixed window: ADD count 1 while count < Count, on the window's own item;
+//   - sliding window (K=10 slots per window, the bucket package's exact upper bound): one counter
+//     item per slot; the current slot gets ADD count 1 while count < Count - (sum of the K
+//     closed slots still counted). Closed slots never change again, so they are read once
+//     (BatchGetItem, ConsistentRead) and cached.
+//
+// Results (Remaining, Reset, RetryAfter, Wait) follow from the values the writes return with the
+// bucket package's arithmetic.
+//
+// # Clock skew
+//
+// Replicas take now from their own clocks. GCRA and fixed windows stay exact with skewed clocks
+// (skew only shifts when one replica thinks a window rolls or a token refills). The sliding
+// window's closed-slot cache assumes that once this replica has moved to slot s, nobody writes to
+// slot s-1 any more: a replica whose clock lags by d can still add to a slot up to d after others
+// consider it closed, and those late requests are not seen by replicas that cached the slot, so
+// the bound can be exceeded by what the lagging replica admits in that time. Keep clocks in sync
+// (NTP: milliseconds against slots of Window/10). A clock that steps back behaves the same way.
+//
+// # Group semantics
+//
+// A request rejected by one policy consumes nothing of the others. Mode selects how:
+//
+//   - Refund (default): all charges' conditional writes go out concurrently (one round trip);
+//     when the group is rejected, the writes that were applied are undone (GCRA tat -= T; windows
+//     count -= 1). Best effort: a failed refund leaves the limit stricter by one request, never
+//     looser, and is counted in ratelimit_store_errors_total{op="refund"}. Between the write and
+//     its refund another replica may see the extra request, so a concurrent request may be
+//     rejected that a single-node store would have admitted (again stricter, never looser).
+//   - Transaction: the non-shadow charges go in one TransactWriteItems (all or nothing, two write
+//     units per item). DynamoDB returns no values from a transaction, so Remaining and Reset of an
+//     admitted group come from a consistent read right after it (one more call; it may include
+//     other replicas' later requests, so it never overstates what is left). Groups of one charge,
+//     or with two charges on one item, use the Refund path.
+//
+// Shadow charges are never part of a transaction: they are written beside it (concurrently) and
+// refunded when the group is rejected, as in Refund mode.
+//
+// # Deny cache
+//
+// With Options.DenyCache, a charge that is rejected until instant U (now+RetryAfter) is answered
+// locally until U without calling DynamoDB. That is safe because shared state only moves towards
+// "more used" until U (refunds aside, which only make the cache stricter than the table). When a
+// non-shadow charge is rejected from the cache the group is rejected without any call; the other
+// charges of that group are then not evaluated and report Allowed with only Limit set.
+//
+// # Table
+//
+// One table, partition key pk (string), no sort key, on-demand billing, TTL on the numeric
+// attribute ttl (Unix seconds). Items (K = the charge's bucket.Key in hex, a digest: no raw client
+// value is ever stored):
+//
+//	pk = K#g           tat (N, Unix ns)   ttl    token and leaky bucket state
+//	pk = K#w<start>    count (N)          ttl    fixed window starting at <start> Unix ns
+//	pk = K#s<slot>     count (N)          ttl    sliding-window slot number <slot> (Unix ns / (Window/10))
+//
+// ttl is one hour after the item can last affect a decision (tat's latest value, the window's
+// end, the instant the slot stops being counted), so DynamoDB's lazy TTL deletion never removes
+// live state.
+//
+// Minimal IAM policy for the table's ARN: dynamodb:UpdateItem and dynamodb:BatchGetItem; with
+// Mode Transaction also dynamodb:TransactWriteItems (whose conditional updates need
+// dynamodb:UpdateItem, already listed); for create_table: true also dynamodb:CreateTable,
+// dynamodb:DescribeTable, dynamodb:DescribeTimeToLive and dynamodb:UpdateTimeToLive.
+package dynamo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// Attribute names. count and ttl are DynamoDB reserved words, so expressions name every
+// attribute through ExpressionAttributeNames.
+const (
+	attrPK    = "pk"
+	attrTat   = "tat"
+	attrCount = "count"
+	attrTTL   = "ttl"
+)
+
+// ttlMargin is how long an item is kept after it can no longer affect a decision.
+const ttlMargin = time.Hour
+
+// maxRounds bounds the rounds of one decision's conditional writes (a GCRA form switch, a
+// transaction conflict); the context deadline bounds their time.
+const maxRounds = 4
+
+// defaultCacheSize is the default number of entries of each local cache.
+const defaultCacheSize = 100_000
+
+// ErrContention is returned (wrapped) when a decision could not be made in maxRounds rounds
+// because other writers kept changing the items it conditions on.
+var ErrContention = errors.New("dynamo: too much contention")
+
+// API is the part of the DynamoDB client that Store calls; *dynamodb.Client implements it.
+type API interface {
+	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, optFns ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+}
+
+var _ API = (*dynamodb.Client)(nil)
+
+// Mode selects how a group of charges is made all or nothing (see the package documentation).
+type Mode uint8
+
+// The modes. The zero Mode is Refund.
+const (
+	Refund Mode = iota
+	Transaction
+)
+
+// String returns the mode's configuration name.
+func (m Mode) String() string {
+	switch m {
+	case Refund:
+		return "refund"
+	case Transaction:
+		return "transaction"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Options configures a Store.
+type Options struct {
+	// Table is the table name (Required).
+	Table string
+	// Mode is how groups are made all or nothing (Optional; default Refund).
+	Mode Mode
+	// DenyCache answers charges known to be rejected locally until they may conform
+	// (Optional; default off).
+	DenyCache bool
+	// CacheSize bounds each local cache (deny cache, GCRA hints, closed sliding-window slots)
+	// (Optional; default 100,000 entries each).
+	CacheSize int
+	// Registerer receives the store's metrics (Optional; nil = not exported). Stores sharing a
+	// registry share the collectors.
+	Registerer prometheus.Registerer
+}
+
+// Store is a bucket.Store backed by a DynamoDB table. It is safe for concurrent use; the zero
+// value is not usable (use New).
+type Store struct {
+	api   API
+	table string
+	mode  Mode
+	deny  *boundedCache[bucket.Key, denial] // nil when the deny cache is off
+	hints *boundedCache[bucket.Key, int64]  // GCRA keys whose tat is in the future: try form (b) first
+	slots *boundedCache[slotKey, int64]     // closed sliding-window slot counts
+	m     *metrics
+}
+
+var _ bucket.Store = (*Store)(nil)
+
+type denial struct {
+	limit            bucket.Limit
+	retryAt, resetAt int64
+}
+
+type slotKey struct {
+	key  bucket.Key
+	slot int64
+}
+
+// New returns a Store that keeps its state in o.Table through api.
+func New(api API, o Options) *Store {
+	size := o.CacheSize
+	if size <= 0 {
+		size = defaultCacheSize
+	}
+	s := &Store{
+		api:   api,
+		table: o.Table,
+		mode:  o.Mode,
+		hints: newBoundedCache[bucket.Key, int64](size),
+		slots: newBoundedCache[slotKey, int64](size),
+		m:     newMetrics(o.Registerer),
+	}
+	if o.DenyCache {
+		s.deny = newBoundedCache[bucket.Key, denial](size)
+	}
+	return s
+}
+
+// op is one charge on its way through a decision.
+type op struct {
+	index int // position in the group
+	c     bucket.Charge
+	pk    string
+	t     int64 // GCRA emission interval
+	tau   int64 // GCRA tolerance
+	// formB: the GCRA write assumes tat >= now (SET tat = tat + T) rather than an idle bucket.
+	formB bool
+	// Sliding window: the current slot and the counted slots' counts.
+	cur    int64
+	counts slotCounts
+
+	done    bool // result is final (from the deny cache or a decided write)
+	cached  bool // result came from the deny cache
+	applied bool // our write is in the table (and not refunded)
+	result  bucket.Result
+	err     error
+}
+
+// Take implements bucket.Store.
+func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge, results []bucket.Result) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("dynamo: %w", err)
+	}
+	n := now.UnixNano()
+	ops := make([]op, len(charges))
+	denied := false
+	for i := range ops {
+		o := &ops[i]
+		o.index, o.c = i, charges[i]
+		if r, ok := s.cachedDenial(o.c, n); ok {
+			o.result, o.done, o.cached = r, true, true
+			denied = denied || !o.c.Shadow
+		}
+	}
+	if denied {
+		for i := range ops {
+			if !ops[i].done {
+				ops[i].result = bucket.Result{Allowed: true, Limit: limitValue(ops[i].c.Limit)}
+			}
+			results[i] = ops[i].result
+		}
+		return false, nil
+	}
+	for i := range ops {
+		if !ops[i].done {
+			s.prepare(&ops[i], n)
+		}
+	}
+	if err := s.loadClosedSlots(ctx, ops, n); err != nil {
+		return false, err
+	}
+	var admitted bool
+	var err error
+	if s.mode == Transaction && transactable(ops) {
+		admitted, err = s.takeTransaction(ctx, ops, n)
+	} else {
+		admitted, err = s.takeRefund(ctx, ops, n)
+	}
+	if err != nil {
+		return false, err
+	}
+	for i := range ops {
+		results[i] = ops[i].result
+		s.remember(&ops[i], n)
+	}
+	return admitted, nil
+}
+
+func limitValue(l bucket.Limit) int64 {
+	if l.Algorithm == bucket.FixedWindow || l.Algorithm == bucket.SlidingWindow {
+		return l.Count
+	}
+	return l.Burst
+}
+
+func (s *Store) cachedDenial(c bucket.Charge, n int64) (bucket.Result, bool) {
+	if s.deny == nil {
+		return bucket.Result{}, false
+	}
+	d, ok := s.deny.get(c.Key, n)
+	if !ok || d.limit != c.Limit {
+		return bucket.Result{}, false
+	}
+	s.m.denyHits.Inc()
+	return bucket.Result{
+		Limit:      limitValue(c.Limit),
+		RetryAfter: time.Duration(d.retryAt - n),
+		Reset:      time.Duration(max(0, d.resetAt-n)),
+	}, true
+}
+
+// remember feeds the local caches with what a decision learned.
+func (s *Store) remember(o *op, n int64) {
+	if o.cached || !o.done {
+		return
+	}
+	r := o.result
+	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 {
+		retryAt := n + int64(r.RetryAfter)
+		s.deny.put(o.c.Key, denial{limit: o.c.Limit, retryAt: retryAt, resetAt: n + int64(r.Reset)}, retryAt, n)
+	}
+	if isGCRA(o.c.Limit) && r.Reset > 0 {
+		// While tat is in the future, the next request most likely finds it there: form (b).
+		tat := n + int64(r.Reset)
+		s.hints.put(o.c.Key, tat, tat, n)
+	}
+}
+
+func isGCRA(l bucket.Limit) bool {
+	return l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.LeakyBucket
+}
+
+// prepare names the charge's item and picks the first form of its write.
+func (s *Store) prepare(o *op, n int64) {
+	key := o.c.Key.String()
+	switch l := o.c.Limit; l.Algorithm {
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		o.pk = key + "#g"
+		o.t, o.tau = bucket.GCRAParams(l)
+		_, o.formB = s.hints.get(o.c.Key, n)
+	case bucket.FixedWindow:
+		o.pk = key + "#w" + strconv.FormatInt(fixedEnd(l, n)-int64(l.Window), 10)
+	case bucket.SlidingWindow:
+		o.cur = slotOf(l, n)
+		o.pk = key + "#s" + strconv.FormatInt(o.cur, 10)
+	default:
+		o.err = fmt.Errorf("dynamo: key %s: unknown algorithm %d", key, l.Algorithm)
+	}
+}
+
+// loadClosedSlots fills the closed-slot counts of every sliding-window charge, from the cache or
+// from one consistent BatchGetItem for all that are missing.
+func (s *Store) loadClosedSlots(ctx context.Context, ops []op, n int64) error {
+	type miss struct {
+		o *op
+		i int
+	}
+	var misses []miss
+	var pks []string
+	seen := map[string]bool{}
+	for j := range ops {
+		o := &ops[j]
+		if o.done || o.err != nil || o.c.Limit.Algorithm != bucket.SlidingWindow {
+			continue
+		}
+		for i := 0; i < k; i++ {
+			slot := o.cur - k + int64(i)
+			if v, ok := s.slots.get(slotKey{o.c.Key, slot}, n); ok {
+				o.counts[i] = v
+				continue
+			}
+			pk := o.c.Key.String() + "#s" + strconv.FormatInt(slot, 10)
+			misses = append(misses, miss{o, i})
+			if !seen[pk] {
+				seen[pk] = true
+				pks = append(pks, pk)
+			}
+		}
+	}
+	if len(pks) == 0 {
+		return nil
+	}
+	items, err := s.readItems(ctx, pks)
+	if err != nil {
+		return err
+	}
+	for _, m := range misses {
+		slot := m.o.cur - k + int64(m.i)
+		pk := m.o.c.Key.String() + "#s" + strconv.FormatInt(slot, 10)
+		v, _, err := number(items[pk], attrCount)
+		if err != nil {
+			return fmt.Errorf("dynamo: read %s: %w", pk, err)
+		}
+		m.o.counts[m.i] = v
+		s.slots.put(slotKey{m.o.c.Key, slot}, v, leaves(m.o.c.Limit, slot), n)
+	}
+	return nil
+}
+
+// maxBatchGet is BatchGetItem's limit of keys per call.
+const maxBatchGet = 100
+
+// readItems reads the items pks with strongly consistent reads; missing items are absent from
+// the map.
+func (s *Store) readItems(ctx context.Context, pks []string) (map[string]map[string]types.AttributeValue, error) {
+	out := make(map[string]map[string]types.AttributeValue, len(pks))
+	for start := 0; start < len(pks); start += maxBatchGet {
+		keys := make([]map[string]types.AttributeValue, 0, min(maxBatchGet, len(pks)-start))
+		for _, pk := range pks[start:min(start+maxBatchGet, len(pks))] {
+			keys = append(keys, map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: pk}})
+		}
+		req := map[string]types.KeysAndAttributes{s.table: {Keys: keys, ConsistentRead: aws.Bool(true)}}
+		for round := 0; len(req) > 0; round++ {
+			if round == maxRounds {
+				return nil, fmt.Errorf("dynamo: batch_get: unprocessed keys after %d rounds: %w", round, ErrContention)
+			}
+			s.m.requests.WithLabelValues(opBatchGet).Inc()
+			res, err := s.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
+			if err != nil {
+				s.m.errors.WithLabelValues(opBatchGet).Inc()
+				return nil, fmt.Errorf("dynamo: batch_get %s: %w", pks[start], err)
+			}
+			for _, item := range res.Responses[s.table] {
+				if pk, ok := item[attrPK].(*types.AttributeValueMemberS); ok {
+					out[pk.Value] = item
+				}
+			}
+			req = res.UnprocessedKeys
+		}
+	}
+	return out, nil
+}
+
+// number returns the numeric attribute name of item, and whether it is there.
+func number(item map[string]types.AttributeValue, name string) (int64, bool, error) {
+	av, ok := item[name]
+	if !ok {
+		return 0, false, nil
+	}
+	nv, ok := av.(*types.AttributeValueMemberN)
+	if !ok {
+		return 0, false, fmt.Errorf("attribute %s is %T, want a number", name, av)
+	}
+	v, err := strconv.ParseInt(nv.Value, 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("attribute %s: %w", name, err)
+	}
+	return v, true, nil
+}
+
+func num(v int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+}
+
+// ttlAt is the ttl attribute for an item that can affect decisions until instant ns.
+func ttlAt(ns int64) types.AttributeValue {
+	sec := (ns + int64(time.Second) - 1) / int64(time.Second)
+	return num(sec + int64(ttlMargin/time.Second))
+}
+
+// update is one conditional write, in the parts UpdateItem and TransactWriteItems share.
+type update struct {
+	expr, cond string
+	names      map[string]string
+	values     map[string]types.AttributeValue
+}
+
+// write returns the charge's conditional write in its current form.
+func (o *op) write(n int64) update {
+	l := o.c.Limit
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		names := map[string]string{"#tat": attrTat, "#ttl": attrTTL}
+		ttl := ttlAt(n + o.tau) // tat never passes now + tau
+		if !o.formB {
+			return update{
+				expr:   "SET #tat = :next, #ttl = :ttl",
+				cond:   "attribute_not_exists(#tat) OR #tat < :now",
+				names:  names,
+				values: map[string]types.AttributeValue{":next": num(n + o.t), ":now": num(n), ":ttl": ttl},
+			}
+		}
+		return update{
+			expr:   "SET #tat = #tat + :t, #ttl = :ttl",
+			cond:   "#tat >= :now AND #tat <= :last",
+			names:  names,
+			values: map[string]types.AttributeValue{":t": num(o.t), ":now": num(n), ":last": num(n + o.tau - o.t), ":ttl": ttl},
+		}
+	case bucket.FixedWindow:
+		return countWrite(l.Count, ttlAt(fixedEnd(l, n)))
+	default: // SlidingWindow
+		return countWrite(l.Count-o.counts.closed(), ttlAt(leaves(l, o.cur)))
+	}
+}
+
+// countWrite adds one to a counter while it stays below limit. With limit <= 0 the condition
+// always fails, so the write still reports the current count without changing it.
+func countWrite(limit int64, ttl types.AttributeValue) update {
+	u := update{
+		expr:   "ADD #count :one SET #ttl = :ttl",
+		cond:   "attribute_not_exists(#count) OR #count < :max",
+		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},
+		values: map[string]types.AttributeValue{":one": num(1), ":max": num(limit), ":ttl": ttl},
+	}
+	if limit <= 0 {
+		u.cond = "#count < :max"
+	}
+	return u
+}
+
+// refundWrite undoes an applied write of o.
+func (o *op) refundWrite() update {
+	if isGCRA(o.c.Limit) {
+		return update{
+			expr:   "SET #tat = #tat - :t",
+			cond:   "attribute_exists(#tat)",
+			names:  map[string]string{"#tat": attrTat},
+			values: map[string]types.AttributeValue{":t": num(o.t)},
+		}
+	}
+	return update{
+		expr:   "ADD #count :minus",
+		cond:   "attribute_exists(#count)",
+		names:  map[string]string{"#count": attrCount},
+		values: map[string]types.AttributeValue{":minus": num(-1)},
+	}
+}
+
+func (s *Store) updateItem(ctx context.Context, pk string, u update, rv types.ReturnValue) (*dynamodb.UpdateItemOutput, error) {
+	return s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(s.table),
+		Key:                                 map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: pk}},
+		UpdateExpression:                    aws.String(u.expr),
+		ConditionExpression:                 aws.String(u.cond),
+		ExpressionAttributeNames:            u.names,
+		ExpressionAttributeValues:           u.values,
+		ReturnValues:                        rv,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+}
+
+// apply makes o's conditional write until it is applied or the charge is known not to conform.
+func (s *Store) apply(ctx context.Context, o *op, n int64) {
+	for round := 0; round < maxRounds; round++ {
+		s.m.requests.WithLabelValues(opUpdate).Inc()
+		out, err := s.updateItem(ctx, o.pk, o.write(n), types.ReturnValueUpdatedNew)
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case err == nil:
+			o.applied = true
+			if err := o.admit(out.Attributes, n); err != nil {
+				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+			}
+			return
+		case errors.As(err, &ccf):
+			again, cerr := o.conditionFailed(ccf.Item, n)
+			if cerr != nil {
+				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, cerr)
+				return
+			}
+			if !again {
+				return
+			}
+		default:
+			s.m.errors.WithLabelValues(opUpdate).Inc()
+			o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+			return
+		}
+	}
+	o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, ErrContention)
+}
+
+// admit sets o's result from the item's values after its write was applied.
+func (o *op) admit(item map[string]types.AttributeValue, n int64) error {
+	l := o.c.Limit
+	o.done = true
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		tat, ok, err := number(item, attrTat)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("no tat after the write")
+		}
+		o.result = gcraResult(l, tat-o.t, n)
+	case bucket.FixedWindow:
+		c, _, err := number(item, attrCount)
+		if err != nil {
+			return err
+		}
+		o.result = fixedResult(l, c-1, n)
+	default:
+		c, _, err := number(item, attrCount)
+		if err != nil {
+			return err
+		}
+		o.counts[k] = c - 1
+		o.result = slidingResult(l, o.cur, &o.counts, n)
+	}
+	return nil
+}
+
+// conditionFailed handles a failed condition given the item as it was (nil when absent). It
+// either records that the charge does not conform, or switches the GCRA form and reports that
+// the write should be tried again.
+func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (again bool, err error) {
+	l := o.c.Limit
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		tat, ok, err := number(old, attrTat)
+		if err != nil {
+			return false, err
+		}
+		switch {
+		case !ok || tat < n: // idle (or refunded, or our clock is ahead): form (a)
+			o.formB = false
+			return true, nil
+		case tat <= n+o.tau-o.t: // within the burst: form (b)
+			o.formB = true
+			return true, nil
+		}
+		o.done = true
+		o.result = gcraResult(l, tat, n)
+	case bucket.FixedWindow:
+		o.done = true
+		o.result = fixedResult(l, l.Count, n)
+	default:
+		c, _, err := number(old, attrCount)
+		if err != nil {
+			return false, err
+		}
+		o.counts[k] = c
+		o.done = true
+		o.result = slidingResult(l, o.cur, &o.counts, n)
+	}
+	return false, nil
+}
+
+// each runs f on every op that still needs its write, concurrently when there are several.
+func each(ops []op, want func(*op) bool, f func(*op)) {
+	var pending []*op
+	for i := range ops {
+		if want(&ops[i]) {
+			pending = append(pending, &ops[i])
+		}
+	}
+	if len(pending) == 1 {
+		f(pending[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, o := range pending {
+		wg.Go(func() { f(o) })
+	}
+	wg.Wait()
+}
+
+func undecided(o *op) bool { return !o.done && o.err == nil }
+
+// takeRefund writes every charge concurrently and refunds the applied ones when the group is
+// rejected or a write failed.
+func (s *Store) takeRefund(ctx context.Context, ops []op, n int64) (bool, error) {
+	each(ops, undecided, func(o *op) { s.apply(ctx, o, n) })
+	return s.settle(ctx, ops)
+}
+
+// settle decides the group from its ops' outcomes and refunds applied writes of a group that is
+// not admitted.
+func (s *Store) settle(ctx context.Context, ops []op) (bool, error) {
+	admitted := true
+	var firstErr error
+	for i := range ops {
+		o := &ops[i]
+		if o.err != nil && firstErr == nil {
+			firstErr = o.err
+		}
+		if !o.c.Shadow && !o.result.Allowed {
+			admitted = false
+		}
+	}
+	if firstErr != nil || !admitted {
+		s.refund(ctx, ops)
+	}
+	return admitted && firstErr == nil, firstErr
+}
+
+// refund undoes the applied writes, best effort.
+func (s *Store) refund(ctx context.Context, ops []op) {
+	each(ops, func(o *op) bool { return o.applied }, func(o *op) {
+		s.m.requests.WithLabelValues(opRefund).Inc()
+		if _, err := s.updateItem(ctx, o.pk, o.refundWrite(), types.ReturnValueNone); err != nil {
+			s.m.errors.WithLabelValues(opRefund).Inc()
+			return
+		}
+		o.applied = false
+	})
+}
+
+// transactable reports whether the group has at least two non-shadow writes, each on its own
+// item (a transaction may touch an item only once), and no more than a transaction takes.
+func transactable(ops []op) bool {
+	seen := map[string]bool{}
+	for i := range ops {
+		o := &ops[i]
+		if !undecided(o) || o.c.Shadow {
+			continue
+		}
+		if seen[o.pk] {
+			return false
+		}
+		seen[o.pk] = true
+	}
+	return len(seen) >= 2 && len(seen) <= 100
+}
+
+// takeTransaction writes the non-shadow charges in one TransactWriteItems and the shadow charges
+// beside it.
+func (s *Store) takeTransaction(ctx context.Context, ops []op, n int64) (bool, error) {
+	// Pick the shadow charges before the transaction starts changing the other ops.
+	shadow := make([]bool, len(ops))
+	for i := range ops {
+		shadow[i] = undecided(&ops[i]) && ops[i].c.Shadow
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		each(ops, func(o *op) bool { return shadow[o.index] }, func(o *op) { s.apply(ctx, o, n) })
+	})
+	err := s.transact(ctx, ops, n)
+	wg.Wait()
+	if err != nil {
+		s.refund(ctx, ops)
+		return false, err
+	}
+	return s.settle(ctx, ops)
+}
+
+func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
+	var group []*op
+	for i := range ops {
+		if o := &ops[i]; undecided(o) && !o.c.Shadow {
+			group = append(group, o)
+		}
+	}
+	for round := 0; round < maxRounds; round++ {
+		items := make([]types.TransactWriteItem, len(group))
+		for i, o := range group {
+			u := o.write(n)
+			items[i].Update = &types.Update{
+				TableName:                           aws.String(s.table),
+				Key:                                 map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: o.pk}},
+				UpdateExpression:                    aws.String(u.expr),
+				ConditionExpression:                 aws.String(u.cond),
+				ExpressionAttributeNames:            u.names,
+				ExpressionAttributeValues:           u.values,
+				ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+			}
+		}
+		s.m.requests.WithLabelValues(opTransact).Inc()
+		_, err := s.api.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+		if err == nil {
+			for _, o := range group {
+				o.applied = true
+			}
+			return s.readBack(ctx, group, n)
+		}
+		var tce *types.TransactionCanceledException
+		if !errors.As(err, &tce) || len(tce.CancellationReasons) != len(group) {
+			s.m.errors.WithLabelValues(opTransact).Inc()
+			return fmt.Errorf("dynamo: transact %s: %w", group[0].pk, err)
+		}
+		again, rejected := false, false
+		for i, reason := range tce.CancellationReasons {
+			switch code := aws.ToString(reason.Code); code {
+			case "", "None":
+			case "ConditionalCheckFailed":
+				retry, cerr := group[i].conditionFailed(reason.Item, n)
+				if cerr != nil {
+					return fmt.Errorf("dynamo: transact %s: %w", group[i].pk, cerr)
+				}
+				again = again || retry
+				rejected = rejected || !retry
+			case "TransactionConflict":
+				again = true
+			default:
+				s.m.errors.WithLabelValues(opTransact).Inc()
+				return fmt.Errorf("dynamo: transact %s: %s: %w", group[i].pk, code, err)
+			}
+		}
+		if rejected {
+			// The charges whose conditions held were not written and their state not returned.
+			for _, o := range group {
+				if !o.done {
+					o.done = true
+					o.result = bucket.Result{Allowed: true, Limit: limitValue(o.c.Limit)}
+				}
+			}
+			return nil
+		}
+		if !again {
+			return fmt.Errorf("dynamo: transact %s: cancelled without a reason: %w", group[0].pk, err)
+		}
+	}
+	return fmt.Errorf("dynamo: transact %s: %w", group[0].pk, ErrContention)
+}
+
+// readBack sets the results of a committed transaction from a consistent read of its items.
+func (s *Store) readBack(ctx context.Context, group []*op, n int64) error {
+	pks := make([]string, 0, len(group))
+	for _, o := range group {
+		if isGCRA(o.c.Limit) && !o.formB {
+			continue // SET tat = now + T: the result is known
+		}
+		pks = append(pks, o.pk)
+	}
+	var items map[string]map[string]types.AttributeValue
+	if len(pks) > 0 {
+		var err error
+		if items, err = s.readItems(ctx, pks); err != nil {
+			return err
+		}
+	}
+	for _, o := range group {
+		item := items[o.pk]
+		if isGCRA(o.c.Limit) && !o.formB {
+			item = map[string]types.AttributeValue{attrTat: num(n + o.t)}
+		}
+		if err := o.admit(item, n); err != nil {
+			return fmt.Errorf("dynamo: read %s: %w", o.pk, err)
+		}
+	}
+	return nil
+}
