@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/server"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// errInvalid marks a config that did not validate; its problems are already printed.
+var errInvalid = errors.New("invalid configuration")
+
+// run executes the command line and returns the process exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	root := newRootCmd(stdout, stderr, getenv)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		if !errors.Is(err, errInvalid) {
+			fmt.Fprintln(stderr, "ratelimit-proxy:", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Command {
+	var configPath string
+	serve := func(cmd *cobra.Command, _ []string) error {
+		if configPath == "" {
+			return errors.New("--config is required")
+		}
+		return server.Run(cmd.Context(), server.Options{ConfigPath: configPath, Getenv: getenv, Log: stderr})
+	}
+	root := &cobra.Command{
+		Use:           "ratelimit-proxy",
+		Short:         "A rate-limiting reverse proxy for one HTTP service",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if configPath == "" {
+				return cmd.Help()
+			}
+			return serve(cmd, args)
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.PersistentFlags().StringVarP(&configPath, "config", "c", "", "path to the YAML configuration")
+
+	root.AddCommand(&cobra.Command{
+		Use:   "serve",
+		Short: "Run the gateway",
+		Args:  cobra.NoArgs,
+		RunE:  serve,
+	})
+	root.AddCommand(&cobra.Command{
+		Use:   "validate",
+		Short: "Check a configuration file and print a summary of each policy",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath == "" {
+				return errors.New("--config is required")
+			}
+			return validate(configPath, getenv, stdout, stderr)
+		},
+	})
+	return root
+}
+
+// validate prints one line per policy for a good file, or every problem for a bad one.
+func validate(path string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := policy.Load(path, policy.LoadOptions{Getenv: getenv})
+	if err == nil {
+		var set *policy.Set
+		if set, err = policy.Compile(cfg, policy.CompileOptions{Getenv: getenv}); err == nil {
+			fmt.Fprintf(stdout, "%s: ok, %d policies\n", path, len(set.Policies()))
+			for _, p := range set.Policies() {
+				fmt.Fprintln(stdout, "  "+p.Summary)
+			}
+			return nil
+		}
+	}
+	fmt.Fprintf(stderr, "%s: invalid\n", path)
+	var fe policy.Errors
+	if errors.As(err, &fe) {
+		for _, e := range fe {
+			fmt.Fprintln(stderr, "  "+e.Error())
+		}
+	} else {
+		fmt.Fprintln(stderr, "  "+err.Error())
+	}
+	return errInvalid
+}

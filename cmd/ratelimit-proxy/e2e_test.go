@@ -1,0 +1,507 @@
+package main
+
+// End-to-end tests: the real binary, real sockets, a real upstream.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ratelimit-proxy-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "ratelimit-proxy")
+	build := exec.Command("go", "build", "-race", "-o", binary, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// syncBuffer collects a process's output while tests read it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+type gateway struct {
+	cmd        *exec.Cmd
+	proxy      string // http://host:port
+	admin      string
+	configPath string
+	logs       *syncBuffer
+	exited     chan struct{} // closed when the process has exited; then exitErr holds Wait's error
+	exitErr    error
+}
+
+// counting upstream: records how many requests reached it.
+type upstream struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newUpstream(t *testing.T, h http.HandlerFunc) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		if h != nil {
+			h(w, r)
+			return
+		}
+		fmt.Fprintf(w, "upstream saw %s %s", r.Method, r.URL.Path)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// config renders a full config for the given upstream and policies block.
+func config(proxyAddr, adminAddr, upstreamURL, rest string) string {
+	return fmt.Sprintf("listen: %s\nadmin_listen: %s\nupstream: %s\n%s", proxyAddr, adminAddr, upstreamURL, rest)
+}
+
+func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gateway {
+	t.Helper()
+	dir := t.TempDir()
+	g := &gateway{configPath: filepath.Join(dir, "config.yaml"), logs: &syncBuffer{}, exited: make(chan struct{})}
+	pa, aa := freePort(t), freePort(t)
+	g.proxy, g.admin = "http://"+pa, "http://"+aa
+	if err := os.WriteFile(g.configPath, []byte(config(pa, aa, upstreamURL, rest)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.cmd = exec.Command(binary, "serve", "--config", g.configPath)
+	g.cmd.Env = append(os.Environ(), env...)
+	g.cmd.Stdout = g.logs
+	g.cmd.Stderr = g.logs
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { g.exitErr = g.cmd.Wait(); close(g.exited) }()
+	t.Cleanup(func() {
+		_ = g.cmd.Process.Kill()
+		<-g.exited
+		if t.Failed() {
+			t.Logf("gateway logs:\n%s", g.logs.String())
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(g.admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return g
+			}
+		}
+		select {
+		case <-g.exited:
+			t.Fatalf("gateway exited before it was ready: %v\n%s", g.exitErr, g.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not ready after 20s:\n%s", g.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
+	}
+}
+
+// rewrite replaces the policies part of the config.
+func (g *gateway) rewrite(t *testing.T, upstreamURL, rest string) {
+	t.Helper()
+	pa, aa := strings.TrimPrefix(g.proxy, "http://"), strings.TrimPrefix(g.admin, "http://")
+	if err := os.WriteFile(g.configPath, []byte(config(pa, aa, upstreamURL, rest)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func get(t *testing.T, url string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(body)
+}
+
+// metric returns the value of one exposition line (name with labels exactly as printed), or -1.
+func metric(t *testing.T, admin, series string) float64 {
+	t.Helper()
+	_, body := get(t, admin+"/metrics")
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, series+" ") {
+			var v float64
+			fmt.Sscanf(strings.TrimPrefix(line, series+" "), "%g", &v)
+			return v
+		}
+	}
+	return -1
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+}
+
+const ipPolicy = `policies:
+  - name: per-ip
+    key: ip
+    algorithm: token_bucket
+    rate: 1/h
+    burst: 3
+`
+
+func TestServeLimitsAndForwards(t *testing.T) {
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, ipPolicy)
+
+	for i := 0; i < 3; i++ {
+		resp, body := get(t, g.proxy+"/hello")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: got status %d, want 200 (%s)", i, resp.StatusCode, body)
+		}
+		if got, want := resp.Header.Get("X-RateLimit-Limit"), "3"; got != want {
+			t.Errorf("request %d: X-RateLimit-Limit got %q, want %q", i, got, want)
+		}
+		if got, want := resp.Header.Get("X-RateLimit-Remaining"), fmt.Sprint(2-i); got != want {
+			t.Errorf("request %d: X-RateLimit-Remaining got %q, want %q", i, got, want)
+		}
+		if body != "upstream saw GET /hello" {
+			t.Errorf("request %d: body got %q", i, body)
+		}
+	}
+	resp, body := get(t, g.proxy+"/hello")
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("4th request: got %d, want 429", resp.StatusCode)
+	}
+	if got := resp.Header.Get("Content-Type"); got != "application/problem+json" {
+		t.Errorf("429 Content-Type got %q, want application/problem+json", got)
+	}
+	var problem struct {
+		Status     int    `json:"status"`
+		Policy     string `json:"policy"`
+		RetryAfter int    `json:"retry_after_seconds"`
+	}
+	if err := json.Unmarshal([]byte(body), &problem); err != nil {
+		t.Fatalf("429 body %q: %v", body, err)
+	}
+	// One token per hour (T = 3600 s): after the burst of 3 the next request conforms T later.
+	if problem.Status != 429 || problem.Policy != "per-ip" || problem.RetryAfter < 3599 || problem.RetryAfter > 3600 {
+		t.Errorf("429 body got %+v, want status 429, policy per-ip, retry ~3600", problem)
+	}
+	if got, want := resp.Header.Get("Retry-After"), fmt.Sprint(problem.RetryAfter); got != want {
+		t.Errorf("Retry-After got %q, want %q (= retry_after_seconds)", got, want)
+	}
+	if got := resp.Header.Get("X-RateLimit-Remaining"); got != "0" {
+		t.Errorf("429 X-RateLimit-Remaining got %q, want 0", got)
+	}
+	if got := up.hits.Load(); got != 3 {
+		t.Errorf("upstream hits got %d, want 3 (a 429 must never reach it)", got)
+	}
+	if got := metric(t, g.admin, `ratelimit_requests_total{policy="per-ip",result="limited"}`); got != 1 {
+		t.Errorf("limited counter got %v, want 1", got)
+	}
+	// /metrics on the proxy port is an ordinary request for the upstream (here: rejected, like any).
+	if resp, _ := get(t, g.proxy+"/metrics"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("proxy /metrics got %d, want 429 like any other request of this client", resp.StatusCode)
+	}
+	if resp, _ := get(t, g.admin+"/healthz"); resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthz got %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestProxyMetricsPathGoesUpstream(t *testing.T) {
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, ipPolicy)
+	resp, body := get(t, g.proxy+"/metrics")
+	if resp.StatusCode != 200 || body != "upstream saw GET /metrics" {
+		t.Errorf("proxy /metrics got %d %q, want the upstream's answer", resp.StatusCode, body)
+	}
+}
+
+func TestUpstreamDownIs502JSON(t *testing.T) {
+	dead := freePort(t) // nothing listens there
+	g := startGateway(t, "http://"+dead, ipPolicy)
+	resp, body := get(t, g.proxy+"/")
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("got %d, want 502", resp.StatusCode)
+	}
+	var v map[string]any
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("502 body is not JSON: %q", body)
+	}
+	// And the gateway is still alive.
+	if resp, _ := get(t, g.admin+"/healthz"); resp.StatusCode != 200 {
+		t.Errorf("healthz after 502 got %d", resp.StatusCode)
+	}
+}
+
+func TestReloadInPlaceRenameAndInvalid(t *testing.T) {
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, ipPolicy)
+	limitOf := func() string {
+		resp, _ := get(t, g.proxy+"/")
+		return resp.Header.Get("X-RateLimit-Limit")
+	}
+	policyWithBurst := func(name string, burst int) string {
+		return fmt.Sprintf("policies:\n  - name: %s\n    key: ip\n    algorithm: token_bucket\n    rate: 100/s\n    burst: %d\n", name, burst)
+	}
+
+	// In-place rewrite.
+	g.rewrite(t, up.URL, policyWithBurst("reloaded", 50))
+	eventually(t, "in-place rewrite applied", func() bool { return limitOf() == "50" })
+
+	// Atomic rename over the file, as editors and ConfigMaps do.
+	tmp := g.configPath + ".tmp"
+	pa, aa := strings.TrimPrefix(g.proxy, "http://"), strings.TrimPrefix(g.admin, "http://")
+	if err := os.WriteFile(tmp, []byte(config(pa, aa, up.URL, policyWithBurst("renamed", 60))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, g.configPath); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "renamed file applied", func() bool { return limitOf() == "60" })
+
+	// An invalid file is logged and the running policies stay.
+	g.rewrite(t, up.URL, "policies:\n  - name: broken\n    key: ip\n    algorithm: token_bucket\n    rate: 10/x\n    burst: 5\n")
+	eventually(t, "reload error counted", func() bool {
+		return metric(t, g.admin, `ratelimit_config_reloads_total{result="error"}`) >= 1
+	})
+	if got := limitOf(); got != "60" {
+		t.Errorf("after invalid reload X-RateLimit-Limit got %q, want the old 60", got)
+	}
+	if !strings.Contains(g.logs.String(), `10/x`) {
+		t.Errorf("logs do not name the bad value 10/x:\n%s", g.logs.String())
+	}
+
+	// SIGHUP reloads too (after restoring a valid file, SIGHUP forces a read).
+	g.rewrite(t, up.URL, policyWithBurst("hup", 70))
+	if err := g.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "SIGHUP reload applied", func() bool { return limitOf() == "70" })
+	select {
+	case <-g.exited:
+		t.Fatalf("gateway exited on SIGHUP: %v", g.exitErr)
+	default:
+	}
+}
+
+func TestSIGTERMDrainsInFlight(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(w, "finished")
+	})
+	g := startGateway(t, up.URL, ipPolicy)
+
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := http.Get(g.proxy + "/slow")
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- result{resp.StatusCode, string(b), err}
+	}()
+	<-arrived
+	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway must not exit while the request is in flight; it has stopped accepting.
+	eventually(t, "listener closed", func() bool {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(g.proxy, "http://"), time.Second)
+		if err != nil {
+			return true
+		}
+		c.Close()
+		return false
+	})
+	select {
+	case <-g.exited:
+		t.Fatalf("gateway exited with a request in flight: %v", g.exitErr)
+	default:
+	}
+	close(release)
+	r := <-done
+	if r.err != nil || r.status != 200 || r.body != "finished" {
+		t.Fatalf("in-flight request got %d %q %v, want 200 finished", r.status, r.body, r.err)
+	}
+	select {
+	case <-g.exited:
+		if g.exitErr != nil {
+			t.Fatalf("exit after drain: %v, want status 0", g.exitErr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("gateway did not exit after draining")
+	}
+}
+
+func TestSecretsNeverLogged(t *testing.T) {
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, `identity:
+  api_key_header: X-Api-Key
+policies:
+  - name: per-key
+    key: api_key
+    algorithm: fixed_window
+    limit: 1
+    window: 1h
+`)
+	const secret = "sk-live-SECRET-4242"
+	for i := 0; i < 3; i++ {
+		get(t, g.proxy+"/", "X-Api-Key", secret)
+	}
+	eventually(t, "a rejection counted", func() bool {
+		return metric(t, g.admin, `ratelimit_requests_total{policy="per-key",result="limited"}`) >= 1
+	})
+	_, metrics := get(t, g.admin+"/metrics")
+	for where, text := range map[string]string{"logs": g.logs.String(), "metrics": metrics} {
+		if strings.Contains(text, secret) || strings.Contains(text, "SECRET-4242") {
+			t.Errorf("raw API key found in %s", where)
+		}
+	}
+}
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), out.String(), errb.String()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, out.String(), errb.String()
+}
+
+func TestValidateCommand(t *testing.T) {
+	code, out, errs := runCLI(t, "validate", "--config", "../../configs/example.yaml")
+	if code != 0 {
+		t.Fatalf("validate example: exit %d, stderr %s", code, errs)
+	}
+	if !strings.Contains(out, "per-ip") {
+		t.Errorf("validate output does not list per-ip:\n%s", out)
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte(`upstream: http://127.0.0.1:1
+policies:
+  - name: a
+    key: ip
+    algorithm: token_bucket
+    rate: 10/s
+    burst: 5
+  - name: b
+    key: ip
+    algorithm: token_bucket
+    rate: 10/s
+    burst: 5
+  - name: c
+    key: ip
+    algorithm: token_bucket
+    rate: 10/x
+    burst: 5
+`), 0o600)
+	code, _, errs = runCLI(t, "validate", "--config", bad)
+	if code == 0 {
+		t.Fatal("validate of a bad file exited 0")
+	}
+	if want := `policies[2].rate: "10/x": unit must be s, m or h`; !strings.Contains(errs, want) {
+		t.Errorf("validate stderr lacks %q:\n%s", want, errs)
+	}
+	code, _, errs = runCLI(t, "serve", "--config", bad)
+	if code == 0 || !strings.Contains(errs, "10/x") {
+		t.Errorf("serve of a bad file: exit %d, stderr %s; want non-zero naming 10/x", code, errs)
+	}
+	// A bare --config serves too: with a bad file it must fail the same way.
+	if code, _, _ = runCLI(t, "--config", bad); code == 0 {
+		t.Error("bare --config with a bad file exited 0")
+	}
+	code, out, _ = runCLI(t, "--version")
+	if code != 0 || !strings.Contains(out, "ratelimit-proxy") {
+		t.Errorf("--version: exit %d, out %q", code, out)
+	}
+}

