@@ -26,7 +26,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund).",
 		}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimit_store_errors_total",
+			Name: "ratelimit_dynamodb_errors_total",
 			Help: "DynamoDB calls that failed with an error other than a condition failure, by operation.",
 		}, []string{"op"}),
 		denyHits: prometheus.NewCounter(prometheus.CounterOpts{

@@ -36,7 +36,7 @@
 //   - Refund (default): all charges' conditional writes go out concurrently (one round trip);
 //     when the group is rejected, the writes that were applied are undone (GCRA tat -= T; windows
 //     count -= 1). Best effort: a failed refund leaves the limit stricter by one request, never
-//     looser, and is counted in ratelimit_store_errors_total{op="refund"}. Between the write and
+//     looser, and is counted in ratelimit_dynamodb_errors_total{op="refund"}. Between the write and
 //     its refund another replica may see the extra request, so a concurrent request may be
 //     rejected that a single-node store would have admitted (again stricter, never looser).
 //   - Transaction: the non-shadow charges go in one TransactWriteItems (all or nothing, two write
