@@ -16,8 +16,9 @@ build:
 run: build
 	./scripts/run-demo.sh
 
-## test: formatting, vet, the race-enabled test suite, short fuzz runs; skipped tests are listed.
-test: check
+## test: formatting, vet, the static build, the race-enabled test suite, short fuzz runs; skipped
+## tests are listed.
+test: check build
 	./scripts/test.sh
 
 check:

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 var binary string
@@ -503,5 +505,167 @@ policies:
 	code, out, _ = runCLI(t, "--version")
 	if code != 0 || !strings.Contains(out, "ratelimit-proxy") {
 		t.Errorf("--version: exit %d, out %q", code, out)
+	}
+}
+
+func TestSpoofedForwardedForFromUntrustedPeer(t *testing.T) {
+	up := newUpstream(t, nil)
+	// The test client (127.0.0.1) is not a trusted proxy: its X-Forwarded-For must be ignored.
+	g := startGateway(t, up.URL, "trusted_proxies: [10.0.0.0/8]\n"+ipPolicy)
+	for i := 0; i < 5; i++ {
+		spoof := fmt.Sprintf("198.51.100.%d", i)
+		resp, _ := get(t, g.proxy+"/", "X-Forwarded-For", spoof, "Forwarded", "for="+spoof)
+		want := http.StatusOK
+		if i >= 3 {
+			want = http.StatusTooManyRequests
+		}
+		if resp.StatusCode != want {
+			t.Errorf("request %d with X-Forwarded-For %s: got %d, want %d (rotating the header must not escape the IP limit)", i, spoof, resp.StatusCode, want)
+		}
+	}
+}
+
+func TestRejectedRequestConsumesNoOtherQuota(t *testing.T) {
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, `identity:
+  user_header: X-User-Id
+policies:
+  - name: per-user
+    key: user
+    algorithm: fixed_window
+    limit: 2
+    window: 1h
+  - name: account
+    key: global
+    algorithm: token_bucket
+    rate: 1/h
+    burst: 4
+`)
+	codes := func(user string, n int) []int {
+		var out []int
+		for i := 0; i < n; i++ {
+			resp, _ := get(t, g.proxy+"/", "X-User-Id", user)
+			out = append(out, resp.StatusCode)
+		}
+		return out
+	}
+	// alice: 2 admitted, then 5 rejected by per-user. Those 5 must not drain the account pool.
+	if got := fmt.Sprint(codes("alice", 7)); got != "[200 200 429 429 429 429 429]" {
+		t.Fatalf("alice got %s", got)
+	}
+	// bob gets the pool's last 2 (4 - alice's 2); carol then finds it empty.
+	if got := fmt.Sprint(codes("bob", 2)); got != "[200 200]" {
+		t.Fatalf("bob got %s, want [200 200]: alice's rejected requests drained the account pool", got)
+	}
+	resp, body := get(t, g.proxy+"/", "X-User-Id", "carol")
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, `"policy":"account"`) {
+		t.Fatalf("carol got %d %s, want 429 from policy account", resp.StatusCode, body)
+	}
+	if got := up.hits.Load(); got != 4 {
+		t.Errorf("upstream hits got %d, want 4", got)
+	}
+}
+
+func TestJWTUserAndInvalidTokens(t *testing.T) {
+	up := newUpstream(t, nil)
+	secret := "0123456789abcdef0123456789abcdef-test-only"
+	g := startGateway(t, up.URL, `identity:
+  jwt:
+    claim: sub
+    hs256_secret_env: E2E_JWT_SECRET
+policies:
+  - name: per-user
+    key: user
+    algorithm: fixed_window
+    limit: 1
+    window: 1h
+`, "E2E_JWT_SECRET="+secret)
+	sign := func(key any, method jwt.SigningMethod, claims jwt.MapClaims) string {
+		t.Helper()
+		s, err := jwt.NewWithClaims(method, claims).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	now := time.Now()
+	good := sign([]byte(secret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Hour).Unix()})
+	if resp, _ := get(t, g.proxy+"/", "Authorization", "Bearer "+good); resp.StatusCode != 200 {
+		t.Fatalf("valid token: got %d, want 200", resp.StatusCode)
+	}
+	if resp, _ := get(t, g.proxy+"/", "Authorization", "Bearer "+good); resp.StatusCode != 429 {
+		t.Fatalf("valid token, second request: got %d, want 429 (limit 1 per user)", resp.StatusCode)
+	}
+	unsigned := sign(jwt.UnsafeAllowNoneSignatureType, jwt.SigningMethodNone, jwt.MapClaims{"sub": "mallory"})
+	bad := map[string]string{
+		"wrong signature": sign([]byte("another-secret-another-secret-xx"), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory"}),
+		"alg none":        unsigned,
+		"expired":         sign([]byte(secret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "exp": now.Add(-time.Hour).Unix()}),
+		"not yet valid":   sign([]byte(secret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "nbf": now.Add(time.Hour).Unix()}),
+		"malformed":       "not.a.jwt",
+	}
+	before := up.hits.Load()
+	for name, tok := range bad {
+		resp, _ := get(t, g.proxy+"/", "Authorization", "Bearer "+tok)
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: got %d, want 401", name, resp.StatusCode)
+		}
+	}
+	if got := up.hits.Load(); got != before {
+		t.Errorf("upstream saw %d requests with invalid tokens, want 0", got-before)
+	}
+	if strings.Contains(g.logs.String(), good) || strings.Contains(g.logs.String(), "alice") {
+		t.Error("a token or user id appears in the logs")
+	}
+}
+
+func TestLeakyBucketShapesUpstreamRate(t *testing.T) {
+	var mu sync.Mutex
+	var arrivals []time.Time
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrivals = append(arrivals, time.Now())
+		mu.Unlock()
+	})
+	// T = 250 ms; one served at once and up to 2 waiting behind it.
+	g := startGateway(t, up.URL, `policies:
+  - name: smooth
+    key: global
+    algorithm: leaky_bucket
+    rate: 4/s
+    burst: 2
+`)
+	codes := make(chan int, 4)
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Get(g.proxy + "/")
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	close(codes)
+	count := map[int]int{}
+	for c := range codes {
+		count[c]++
+	}
+	// Sent within far less than T of each other: three fit (1 served + 2 queued), the fourth does not.
+	if count[200] != 3 || count[429] != 1 {
+		t.Fatalf("got %v, want 3×200 and 1×429", count)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(arrivals); i++ {
+		// A lower bound only: a slow machine can widen the gaps, never narrow them.
+		if gap := arrivals[i].Sub(arrivals[i-1]); gap < 200*time.Millisecond {
+			t.Errorf("upstream arrivals %d and %d only %v apart, want about 250ms (the leaky rate)", i-1, i, gap)
+		}
 	}
 }
