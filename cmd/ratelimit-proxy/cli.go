@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -74,7 +75,57 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 			return validate(configPath, getenv, stdout, stderr)
 		},
 	})
+	table := &cobra.Command{
+		Use:   "table",
+		Short: "Manage the DynamoDB table of store.backend dynamodb",
+		Args:  cobra.NoArgs,
+	}
+	table.AddCommand(&cobra.Command{
+		Use:   "create",
+		Short: "Create the table named by store.dynamodb (on-demand billing, TTL on ttl) if it is missing",
+		Long: "Create the table named by store.dynamodb.table with the standard AWS credential chain: " +
+			"partition key pk (string), on-demand billing, TTL on the attribute ttl. An existing table is kept " +
+			"and TTL is still enabled. For operators who do not give the gateway CreateTable rights.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath == "" {
+				return errors.New("--config is required")
+			}
+			return createTable(cmd.Context(), configPath, getenv, stdout, stderr)
+		},
+	})
+	root.AddCommand(table)
 	return root
+}
+
+// tableCreateTimeout bounds `table create`: creating a table and waiting until it is ACTIVE
+// takes seconds on AWS.
+const tableCreateTimeout = 60 * time.Second
+
+// createTable loads and validates the configuration, then creates its DynamoDB table.
+func createTable(ctx context.Context, path string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := policy.Load(path, policy.LoadOptions{Getenv: getenv})
+	if err == nil {
+		err = cfg.Validate(getenv)
+	}
+	if err != nil {
+		return printInvalid(path, err, stderr)
+	}
+	if cfg.Store.Backend != "dynamodb" {
+		return fmt.Errorf("%s: store.backend is %s: table create needs store.backend: dynamodb", path, cfg.Store.Backend)
+	}
+	ctx, cancel := context.WithTimeout(ctx, tableCreateTimeout)
+	defer cancel()
+	d := cfg.Store.DynamoDB
+	where := "AWS"
+	if d.Endpoint != "" {
+		where = d.Endpoint
+	}
+	if err := server.CreateTable(ctx, cfg); err != nil {
+		return fmt.Errorf("table create %s (%s): %w", d.Table, where, err)
+	}
+	fmt.Fprintf(stdout, "table %s (%s): ACTIVE, partition key pk (S), on-demand billing, TTL on ttl (created if it was missing)\n", d.Table, where)
+	return nil
 }
 
 // validate prints one line per policy for a good file, or every problem for a bad one.
@@ -90,6 +141,11 @@ func validate(path string, getenv func(string) string, stdout, stderr io.Writer)
 			return nil
 		}
 	}
+	return printInvalid(path, err, stderr)
+}
+
+// printInvalid prints every problem of a configuration that did not load or validate.
+func printInvalid(path string, err error, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "%s: invalid\n", path)
 	var fe policy.Errors
 	if errors.As(err, &fe) {

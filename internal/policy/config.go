@@ -59,12 +59,46 @@ type HeadersConfig struct {
 type StoreConfig struct {
 	// Backend is memory or dynamodb. (Optional) default memory.
 	Backend string `mapstructure:"backend"`
-	// OnError is allow (fail open) or deny (fail closed, 503). (Optional) default allow.
+	// OnError is allow (fail open), deny (fail closed, 503) or local (decide from this replica's
+	// memory with every limit divided by Replicas) while the store fails. (Optional) default allow.
 	OnError string `mapstructure:"on_error"`
 	// Timeout bounds each decision's store calls. (Optional) default 50ms.
 	Timeout time.Duration `mapstructure:"timeout"`
-	// MaxKeys bounds the memory store; idle keys are evicted first. (Optional) default 1000000.
+	// MaxKeys bounds the memory store; idle keys are evicted first. With on_error local it also
+	// bounds the fallback's private memory store. (Optional) default 1000000.
 	MaxKeys int `mapstructure:"max_keys"`
+	// Replicas is how many gateway replicas share the limits. With on_error local each replica
+	// enforces every limit divided by it while the shared store is failing. (Required with
+	// on_error local, at least 1; ignored otherwise.) No default: a silent 1 would let every
+	// replica admit the whole limit during an outage.
+	Replicas int `mapstructure:"replicas"`
+	// DynamoDB configures backend dynamodb. (Required with backend dynamodb; an error with
+	// backend memory, because a forgotten `backend: dynamodb` would silently enforce every limit
+	// per replica.)
+	DynamoDB *DynamoDBConfig `mapstructure:"dynamodb"`
+}
+
+// DynamoDBConfig is the shared DynamoDB store. Credentials come from the standard AWS chain
+// (environment, shared config and credentials files, web identity, container and instance roles).
+type DynamoDBConfig struct {
+	// Table is the table's name. (Required)
+	Table string `mapstructure:"table"`
+	// Region is the table's AWS region. (Optional) default: the AWS chain's region (AWS_REGION,
+	// the profile); serve fails at start when neither names one.
+	Region string `mapstructure:"region"`
+	// Endpoint is the http(s) base URL of a DynamoDB-API server such as DynamoDB Local.
+	// (Optional) default "": the AWS endpoint of Region.
+	Endpoint string `mapstructure:"endpoint"`
+	// CreateTable creates the table (on-demand billing) and enables TTL at start when missing;
+	// it needs CreateTable, DescribeTable, DescribeTimeToLive and UpdateTimeToLive rights.
+	// (Optional) default false.
+	CreateTable bool `mapstructure:"create_table"`
+	// Mode is refund (concurrent conditional writes, compensating refunds) or transaction (one
+	// TransactWriteItems per multi-policy request). (Optional) default refund.
+	Mode string `mapstructure:"mode"`
+	// DenyCache answers clients known to be limited locally until they may retry, without a
+	// DynamoDB write. (Optional) default true.
+	DenyCache bool `mapstructure:"deny_cache"`
 }
 
 // ServerConfig holds the proxy listener's timeouts.

@@ -31,8 +31,9 @@ const EnvPrefix = "RATELIMIT_"
 
 // defaults are the documented defaults of config.go for the fields that exist whatever the file
 // says. They are viper defaults, so a field written explicitly (even as 0) keeps its value and
-// is validated. identity.jwt.claim and policies[i].mode are defaulted after decoding instead:
-// a default under identity.jwt would switch JWT on.
+// is validated. identity.jwt.claim, policies[i].mode, store.dynamodb.mode and
+// store.dynamodb.deny_cache are defaulted after decoding instead: a default under identity.jwt
+// would switch JWT on, one under store.dynamodb would create the block.
 var defaults = []struct {
 	path  string
 	value any
@@ -56,6 +57,12 @@ const (
 	defaultClaim = "sub"
 	modeEnforce  = "enforce"
 	modeShadow   = "shadow"
+)
+
+// The values of store.dynamodb.mode.
+const (
+	dynamoModeRefund      = "refund"
+	dynamoModeTransaction = "transaction"
 )
 
 // Load reads the configuration file at path; see Parse. Errors name the file.
@@ -127,6 +134,16 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 	for i := range cfg.Policies {
 		if cfg.Policies[i].Mode == "" {
 			cfg.Policies[i].Mode = modeEnforce
+		}
+	}
+	if d := cfg.Store.DynamoDB; d != nil {
+		// Defaulted here, not as viper defaults, for the same reason as the JWT claim: a
+		// default under store.dynamodb would create the block for every memory-backed config.
+		if d.Mode == "" {
+			d.Mode = dynamoModeRefund
+		}
+		if !v.IsSet("store.dynamodb.deny_cache") {
+			d.DenyCache = true
 		}
 	}
 	return cfg, nil

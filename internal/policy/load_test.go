@@ -238,13 +238,68 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_STORE_BACKEND", "RATELIMIT_STORE_ON_ERROR", "RATELIMIT_STORE_TIMEOUT", "RATELIMIT_STORE_MAX_KEYS",
 		"RATELIMIT_SERVER_READ_HEADER_TIMEOUT", "RATELIMIT_SERVER_IDLE_TIMEOUT",
 		"RATELIMIT_SERVER_DRAIN_TIMEOUT", "RATELIMIT_SERVER_MAX_HEADER_BYTES", "RATELIMIT_LOG_LEVEL",
+		"RATELIMIT_STORE_REPLICAS", "RATELIMIT_STORE_DYNAMODB_TABLE", "RATELIMIT_STORE_DYNAMODB_REGION",
+		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "RATELIMIT_STORE_DYNAMODB_CREATE_TABLE",
+		"RATELIMIT_STORE_DYNAMODB_MODE", "RATELIMIT_STORE_DYNAMODB_DENY_CACHE",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 23 {
-		t.Errorf("got %d overrides, want 23: a new field needs a line above", len(got))
+	if len(got) != 30 {
+		t.Errorf("got %d overrides, want 30: a new field needs a line above", len(got))
+	}
+}
+
+func TestParseDynamoDBDefaults(t *testing.T) {
+	cfg := mustParse(t, minimal+"store: {backend: dynamodb, dynamodb: {table: rate-limits}}\n", noEnv)
+	want := DynamoDBConfig{Table: "rate-limits", Mode: "refund", DenyCache: true}
+	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
+		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
+	}
+	if cfg.Store.Replicas != 0 {
+		t.Errorf("got replicas %d, want 0 (no default)", cfg.Store.Replicas)
+	}
+}
+
+func TestParseDynamoDBExplicitValuesKept(t *testing.T) {
+	cfg := mustParse(t, minimal+"store:\n  backend: dynamodb\n  on_error: local\n  replicas: 3\n  dynamodb:\n"+
+		"    table: t-1\n    region: us-east-1\n    endpoint: http://127.0.0.1:8000\n    create_table: true\n    mode: transaction\n    deny_cache: false\n", noEnv)
+	want := DynamoDBConfig{Table: "t-1", Region: "us-east-1", Endpoint: "http://127.0.0.1:8000", CreateTable: true, Mode: "transaction", DenyCache: false}
+	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
+		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
+	}
+	if cfg.Store.Replicas != 3 || cfg.Store.OnError != "local" {
+		t.Errorf("got replicas %d on_error %q, want 3 and local", cfg.Store.Replicas, cfg.Store.OnError)
+	}
+}
+
+func TestParseNoDynamoDBBlockUnlessConfigured(t *testing.T) {
+	cfg := mustParse(t, minimal, noEnv)
+	if cfg.Store.DynamoDB != nil {
+		t.Errorf("got %+v, want nil: a default must not create the dynamodb block", cfg.Store.DynamoDB)
+	}
+}
+
+func TestEnvOverridesDynamoDB(t *testing.T) {
+	getenv := env(
+		"RATELIMIT_STORE_BACKEND", "dynamodb",
+		"RATELIMIT_STORE_ON_ERROR", "local",
+		"RATELIMIT_STORE_REPLICAS", "4",
+		"RATELIMIT_STORE_DYNAMODB_TABLE", "from-env",
+		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000",
+		"RATELIMIT_STORE_DYNAMODB_DENY_CACHE", "false",
+	)
+	cfg := mustParse(t, minimal, getenv)
+	want := DynamoDBConfig{Table: "from-env", Endpoint: "http://127.0.0.1:8000", Mode: "refund", DenyCache: false}
+	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
+		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
+	}
+	if cfg.Store.Replicas != 4 {
+		t.Errorf("got replicas %d, want 4", cfg.Store.Replicas)
+	}
+	if err := cfg.Validate(noEnv); err != nil {
+		t.Errorf("Validate: %v", err)
 	}
 }
 

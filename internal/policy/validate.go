@@ -168,12 +168,13 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 		es.add("store.backend", c.Store.Backend, "must be memory or dynamodb")
 	}
 	switch c.Store.OnError {
-	case "allow", "deny":
+	case "allow", "deny", "local":
 	default:
-		es.add("store.on_error", c.Store.OnError, "must be allow or deny")
+		es.add("store.on_error", c.Store.OnError, "must be allow, deny or local")
 	}
 	positiveDuration(&es, "store.timeout", c.Store.Timeout)
 	positiveInt(&es, "store.max_keys", int64(c.Store.MaxKeys))
+	checkStore(&es, &c.Store)
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
 	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
@@ -199,6 +200,72 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 		}
 	}
 	return es, keys
+}
+
+// maxReplicas bounds store.replicas: beyond it every divided limit is 1 anyway.
+const maxReplicas = 10_000
+
+// checkStore checks the fields of the shared store and of on_error local.
+func checkStore(es *Errors, st *StoreConfig) {
+	switch r := st.Replicas; {
+	case r == 0 && st.OnError == "local":
+		es.add("store.replicas", "", "required with store.on_error local: how many replicas share the limits")
+	case r < 0 || r > maxReplicas:
+		es.add("store.replicas", strconv.Itoa(r), fmt.Sprintf("must be from 1 to %d", maxReplicas))
+	}
+	d := st.DynamoDB
+	if st.Backend != "dynamodb" {
+		if d != nil && st.Backend == "memory" {
+			// A forgotten `backend: dynamodb` would enforce every limit per replica, silently.
+			es.add("store.dynamodb", "", "set, but store.backend is memory: set store.backend: dynamodb, or remove the block")
+		}
+		return
+	}
+	if d == nil || d.Table == "" {
+		es.add("store.dynamodb.table", "", "required when store.backend is dynamodb")
+	}
+	if d == nil {
+		return
+	}
+	if d.Table != "" && !validTableName(d.Table) {
+		es.add("store.dynamodb.table", d.Table, "must be 3 to 255 of A-Z a-z 0-9 _ . -")
+	}
+	if d.Endpoint != "" {
+		u, err := url.Parse(d.Endpoint)
+		switch {
+		case err != nil, u.Scheme != "http" && u.Scheme != "https", u.Opaque != "", u.Host == "":
+			es.add("store.dynamodb.endpoint", d.Endpoint, "must be an http or https URL with a host, such as http://127.0.0.1:8000")
+		case u.User != nil:
+			es.add("store.dynamodb.endpoint", d.Endpoint, "must not carry credentials: they come from the AWS chain")
+		}
+	}
+	if d.Region != "" && !validRegion(d.Region) {
+		es.add("store.dynamodb.region", d.Region, "must be an AWS region name such as ap-northeast-1")
+	}
+	switch d.Mode {
+	case dynamoModeRefund, dynamoModeTransaction:
+	default:
+		es.add("store.dynamodb.mode", d.Mode, "must be refund or transaction")
+	}
+}
+
+// validTableName follows DynamoDB's naming rules for tables.
+func validTableName(s string) bool {
+	return len(s) >= 3 && len(s) <= 255 && validName(s)
+}
+
+// validRegion accepts lower-case letters, digits and '-', as every AWS region name is; it
+// catches a pasted endpoint or an availability-zone typo, not an unknown region.
+func validRegion(s string) bool {
+	if s == "" || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || isDigit(c) || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func checkUpstream(es *Errors, s string) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,7 +144,8 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("listen", old.Listen != cur.Listen)
 	add("admin_listen", old.AdminListen != cur.AdminListen)
 	add("upstream", old.Upstream != cur.Upstream)
-	add("store", fmt.Sprint(old.Store) != fmt.Sprint(cur.Store))
+	// DeepEqual, not Sprint: store.dynamodb is a pointer, which Sprint prints as an address.
+	add("store", !reflect.DeepEqual(old.Store, cur.Store))
 	add("server", old.Server != cur.Server)
 	add("log", old.Log != cur.Log)
 	return out

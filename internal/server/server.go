@@ -16,11 +16,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
@@ -63,7 +61,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	store, ready, err := newStore(cfg, reg)
+	st, err := newStore(ctx, cfg, reg, log)
 	if err != nil {
 		return err
 	}
@@ -71,6 +69,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("upstream: %w", err)
 	}
+	// on_error local never reaches the proxy as an error: the fallback store decides locally.
 	onError := proxy.Allow
 	if cfg.Store.OnError == "deny" {
 		onError = proxy.Deny
@@ -78,7 +77,7 @@ func Run(ctx context.Context, o Options) error {
 	handler, err := proxy.New(proxy.Options{
 		Upstream:     upstream,
 		Policies:     rl.Current,
-		Limiter:      store,
+		Limiter:      st,
 		Backend:      cfg.Store.Backend,
 		OnError:      onError,
 		StoreTimeout: cfg.Store.Timeout,
@@ -108,7 +107,7 @@ func Run(ctx context.Context, o Options) error {
 		ErrorLog:          errLog,
 	}
 	adminSrv := &http.Server{
-		Handler:           proxy.AdminHandler(reg, ready),
+		Handler:           proxy.AdminHandler(reg, st.Ready),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          errLog,
 	}
@@ -175,30 +174,6 @@ func serve(s *http.Server, l net.Listener) error {
 		return err
 	}
 	return nil
-}
-
-// newStore builds the configured backend and its readiness probe.
-func newStore(cfg *policy.Config, reg prometheus.Registerer) (bucket.Store, func(context.Context) error, error) {
-	switch cfg.Store.Backend {
-	case "memory":
-		m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
-		err := errors.Join(
-			reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "ratelimit_memory_keys",
-				Help: "Keys tracked by the in-memory store.",
-			}, func() float64 { return float64(m.Len()) })),
-			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "ratelimit_memory_evictions_total",
-				Help: "Live keys evicted because the in-memory store reached store.max_keys.",
-			}, func() float64 { return float64(m.Evicted()) })),
-		)
-		if err != nil {
-			return nil, nil, fmt.Errorf("register store metrics: %w", err)
-		}
-		return m, func(context.Context) error { return nil }, nil
-	default:
-		return nil, nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
-	}
 }
 
 func newLogger(w io.Writer, lvl zapcore.Level) *zap.Logger {

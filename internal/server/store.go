@@ -1,0 +1,132 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+// StartupTimeout bounds what serve does with DynamoDB before it listens: loading the AWS
+// configuration and, with create_table, creating the table and waiting until it is ACTIVE.
+const StartupTimeout = 30 * time.Second
+
+// newStore builds the configured backend and wraps it in the circuit breaker and on_error
+// policy of package fallback (every backend, so that readiness and metrics have one shape).
+// Its Ready method is the /readyz probe.
+func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger) (*fallback.Store, error) {
+	var (
+		primary bucket.Store
+		healthy func(error) bool
+	)
+	switch cfg.Store.Backend {
+	case "memory":
+		m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
+		err := errors.Join(
+			reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "ratelimit_memory_keys",
+				Help: "Keys tracked by the in-memory store.",
+			}, func() float64 { return float64(m.Len()) })),
+			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ratelimit_memory_evictions_total",
+				Help: "Live keys evicted because the in-memory store reached store.max_keys.",
+			}, func() float64 { return float64(m.Evicted()) })),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("register store metrics: %w", err)
+		}
+		primary = m
+		// The memory store fails only when the decision's deadline passed before it ran (an
+		// overloaded process), never because it is down: its circuit never opens, or one late
+		// decision would skip the limits of every request for the backoff.
+		healthy = func(error) bool { return true }
+	case "dynamodb":
+		d := cfg.Store.DynamoDB // Validate guarantees it with a table
+		sctx, cancel := context.WithTimeout(ctx, StartupTimeout)
+		defer cancel()
+		client, err := NewDynamoClient(sctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if d.CreateTable {
+			if err := dynamo.CreateTable(sctx, client, d.Table); err != nil {
+				return nil, fmt.Errorf("store.dynamodb.create_table: %w", err)
+			}
+			log.Info("dynamodb table ready", zap.String("table", d.Table))
+		}
+		mode := dynamo.Refund
+		if d.Mode == "transaction" {
+			mode = dynamo.Transaction
+		}
+		primary = dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg})
+		// Contention on one hot key is the store working as designed, not an outage.
+		healthy = func(err error) bool { return errors.Is(err, dynamo.ErrContention) }
+	default:
+		return nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
+	}
+
+	onError := fallback.Allow
+	switch cfg.Store.OnError {
+	case "deny":
+		onError = fallback.Deny
+	case "local":
+		onError = fallback.Local
+	}
+	fb, err := fallback.New(primary, fallback.Options{
+		OnError:  onError,
+		Replicas: cfg.Store.Replicas,
+		MaxKeys:  cfg.Store.MaxKeys,
+		// A probe may have to open a new connection (TLS to DynamoDB): give it more than one
+		// decision's budget, but never less.
+		ProbeTimeout: max(cfg.Store.Timeout, fallback.DefaultProbeTimeout),
+		Healthy:      healthy,
+		OnStateChange: func(ok bool, err error) {
+			if ok {
+				log.Info("rate-limit store recovered; circuit closed", zap.String("store", cfg.Store.Backend))
+				return
+			}
+			log.Warn("rate-limit store failing; circuit open, decisions follow store.on_error",
+				zap.String("store", cfg.Store.Backend), zap.String("on_error", cfg.Store.OnError), zap.Error(err))
+		},
+		Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return fb, nil
+}
+
+// NewDynamoClient builds the DynamoDB client for the store.dynamodb block from the standard AWS
+// chain. It fails when neither the block nor the chain names a region.
+func NewDynamoClient(ctx context.Context, d *policy.DynamoDBConfig) (*dynamodb.Client, error) {
+	client, err := dynamo.NewClient(ctx, dynamo.ClientOptions{Region: d.Region, Endpoint: d.Endpoint})
+	if err != nil {
+		return nil, fmt.Errorf("store.dynamodb: %w", err)
+	}
+	if client.Options().Region == "" {
+		return nil, errors.New("store.dynamodb.region: not set, and the AWS configuration (AWS_REGION, the profile) names no region")
+	}
+	return client, nil
+}
+
+// CreateTable creates the table of cfg's store.dynamodb block (see dynamo.CreateTable), bounded
+// by ctx. It fails unless store.backend is dynamodb.
+func CreateTable(ctx context.Context, cfg *policy.Config) error {
+	if cfg.Store.Backend != "dynamodb" || cfg.Store.DynamoDB == nil {
+		return fmt.Errorf("store.backend is %q: table create needs store.backend dynamodb and a store.dynamodb block", cfg.Store.Backend)
+	}
+	client, err := NewDynamoClient(ctx, cfg.Store.DynamoDB)
+	if err != nil {
+		return err
+	}
+	return dynamo.CreateTable(ctx, client, cfg.Store.DynamoDB.Table)
+}
