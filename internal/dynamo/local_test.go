@@ -25,6 +25,10 @@ import (
 // The tests run against a real DynamoDB Local. DYNAMODB_ENDPOINT names a running one (CI starts
 // it with scripts/dynamodb-local.sh); without it, a developer's `go test` starts its own and stops
 // it at the end. In CI a missing endpoint fails the tests rather than skipping them.
+//
+// DYNAMODB_TEST_AWS=1 runs the same suite against real DynamoDB instead: credentials and region
+// come from the standard AWS chain (AWS_PROFILE, AWS_REGION, ...), DYNAMODB_ENDPOINT is optional
+// (empty = the region's public endpoint), and the throwaway table is deleted at the end.
 
 var local struct {
 	once     sync.Once
@@ -35,8 +39,19 @@ var local struct {
 	table    string
 }
 
+// onAWS reports whether the suite targets real DynamoDB rather than DynamoDB Local.
+func onAWS() bool { return os.Getenv("DYNAMODB_TEST_AWS") == "1" }
+
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if local.client != nil && local.table != "" {
+		// On AWS a table left behind accumulates; on DynamoDB Local (-inMemory) this is tidiness.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if _, err := local.client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(local.table)}); err != nil {
+			fmt.Fprintf(os.Stderr, "delete test table %s: %v\n", local.table, err)
+		}
+		cancel()
+	}
 	if local.stateDir != "" {
 		cmd := exec.Command(script(), "stop")
 		cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+local.stateDir)
@@ -55,7 +70,9 @@ func script() string {
 
 func startLocal() {
 	local.endpoint = os.Getenv("DYNAMODB_ENDPOINT")
-	if local.endpoint == "" {
+	if onAWS() {
+		local.client, local.err = dynamo.NewClient(context.Background(), dynamo.ClientOptions{Endpoint: local.endpoint})
+	} else if local.endpoint == "" {
 		if os.Getenv("CI") == "true" {
 			local.err = fmt.Errorf("DYNAMODB_ENDPOINT is not set in CI: start DynamoDB Local with scripts/dynamodb-local.sh start")
 			return
@@ -79,7 +96,9 @@ func startLocal() {
 		}
 		local.endpoint = strings.TrimSpace(string(out))
 	}
-	local.client, local.err = newLocalClient(local.endpoint)
+	if !onAWS() {
+		local.client, local.err = newLocalClient(local.endpoint)
+	}
 	if local.err != nil {
 		return
 	}
