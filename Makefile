@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit fuzz bench clean
+.PHONY: all build run test check unit fuzz bench profile-c profile-d clean
 
 all: build
 
@@ -29,6 +29,29 @@ check:
 
 unit:
 	$(GO) test -race -count=1 ./...
+
+## test-faults: the fault, hostile-input and security end-to-end tests alone (the real binary,
+## real sockets, a fault-injecting TCP proxy in front of the upstream). Also part of `make test`.
+test-faults:
+	$(GO) test -race -count=1 -v -run 'TestFault|TestHostile|TestSecurity|TestBadConfigsServe' ./cmd/ratelimit-proxy/ ./internal/faultnet/
+
+## soak: minutes of load against a flapping upstream and a config reloaded every 3 s; checks that
+## goroutines and memory stay flat and the count stays exact. SOAK=10m make soak for longer.
+SOAK ?= 2m
+soak:
+	RATELIMIT_SOAK=1 RATELIMIT_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -v -timeout 0 -run 'TestSoak' ./cmd/ratelimit-proxy/
+
+## bench: decision cost, end to end vs a plain Go proxy (and nginx/HAProxy when installed), memory and
+## DynamoDB cost, in one run; writes .cache/bench/results.md. BENCH_QUICK=1 for a ~1 minute smoke run.
+bench:
+	./scripts/bench/bench.sh
+
+## profile-c / profile-d: pprof CPU and allocation profiles of the gateway under load (c) / (d).
+profile-c:
+	./scripts/bench/profile.sh c
+
+profile-d:
+	./scripts/bench/profile.sh d
 
 clean:
 	rm -rf $(BIN) .cache

@@ -105,6 +105,10 @@ type DynamoDBConfig struct {
 type ServerConfig struct {
 	// ReadHeaderTimeout bounds slow clients sending headers. (Optional) default 10s.
 	ReadHeaderTimeout time.Duration `mapstructure:"read_header_timeout"`
+	// ReadTimeout bounds reading a whole request, body included, so a client that sends its body
+	// slowly cannot hold a connection and an upstream request open forever. Raise it for large
+	// uploads over slow links. (Optional) default 60s.
+	ReadTimeout time.Duration `mapstructure:"read_timeout"`
 	// IdleTimeout closes idle keep-alive connections. (Optional) default 120s.
 	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
 	// DrainTimeout is the upper bound on finishing in-flight requests at shutdown. (Optional) default 30s.

@@ -47,6 +47,7 @@ var defaults = []struct {
 	{"store.timeout", 50 * time.Millisecond},
 	{"store.max_keys", 1000000},
 	{"server.read_header_timeout", 10 * time.Second},
+	{"server.read_timeout", 60 * time.Second},
 	{"server.idle_timeout", 120 * time.Second},
 	{"server.drain_timeout", 30 * time.Second},
 	{"server.max_header_bytes", 65536},

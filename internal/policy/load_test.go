@@ -64,7 +64,7 @@ func TestParseDefaults(t *testing.T) {
 		Headers:     HeadersConfig{Reset: "unix"},
 		Store:       StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
 		Server: ServerConfig{
-			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second,
 			DrainTimeout: 30 * time.Second, MaxHeaderBytes: 65536,
 		},
 		Log:      LogConfig{Level: "info"},
@@ -236,7 +236,7 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_IDENTITY_JWT_AUDIENCE", "RATELIMIT_IDENTITY_JWT_LEEWAY",
 		"RATELIMIT_HEADERS_RESET", "RATELIMIT_HEADERS_IETF_DRAFT",
 		"RATELIMIT_STORE_BACKEND", "RATELIMIT_STORE_ON_ERROR", "RATELIMIT_STORE_TIMEOUT", "RATELIMIT_STORE_MAX_KEYS",
-		"RATELIMIT_SERVER_READ_HEADER_TIMEOUT", "RATELIMIT_SERVER_IDLE_TIMEOUT",
+		"RATELIMIT_SERVER_READ_HEADER_TIMEOUT", "RATELIMIT_SERVER_READ_TIMEOUT", "RATELIMIT_SERVER_IDLE_TIMEOUT",
 		"RATELIMIT_SERVER_DRAIN_TIMEOUT", "RATELIMIT_SERVER_MAX_HEADER_BYTES", "RATELIMIT_LOG_LEVEL",
 		"RATELIMIT_STORE_REPLICAS", "RATELIMIT_STORE_DYNAMODB_TABLE", "RATELIMIT_STORE_DYNAMODB_REGION",
 		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "RATELIMIT_STORE_DYNAMODB_CREATE_TABLE",
@@ -246,8 +246,8 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 30 {
-		t.Errorf("got %d overrides, want 30: a new field needs a line above", len(got))
+	if len(got) != 31 {
+		t.Errorf("got %d overrides, want 31: a new field needs a line above", len(got))
 	}
 }
 

@@ -176,6 +176,7 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 	positiveInt(&es, "store.max_keys", int64(c.Store.MaxKeys))
 	checkStore(&es, &c.Store)
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
+	positiveDuration(&es, "server.read_timeout", c.Server.ReadTimeout)
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
 	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
 	positiveInt(&es, "server.max_header_bytes", int64(c.Server.MaxHeaderBytes))

@@ -102,6 +102,7 @@ func Run(ctx context.Context, o Options) error {
 	proxySrv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		ReadTimeout:       cfg.Server.ReadTimeout,
 		IdleTimeout:       cfg.Server.IdleTimeout,
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          errLog,
