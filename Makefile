@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit fuzz bench profile-c profile-d clean
+.PHONY: all build run test check unit test-faults soak bench profile-c profile-d clean
 
 all: build
 

@@ -29,8 +29,8 @@ skips=$(grep -E -- '--- SKIP' "$log" || true)
 if [ -n "$skips" ]; then
   echo
   echo "SKIPPED tests ($(printf '%s\n' "$skips" | wc -l)):"
-  printf '%s\n' "$skips"
-  grep -E -A2 -- '--- SKIP' "$log" | grep -vE -- '--- SKIP|^--$' | sed 's/^/    /'
+  # go test -v prints a skip's reason between the test's === RUN line and its --- SKIP line.
+  awk '/^=== RUN/ {n=0; delete buf} /^    / {buf[n++]=$0} /--- SKIP/ {print; for (i=0;i<n;i++) print "  " buf[i]}' "$log"
 fi
 if [ $rc -ne 0 ]; then
   echo

@@ -231,10 +231,8 @@ func TestFaultUpstream(t *testing.T) {
 	}
 }
 
-// TestFaultStalledUpstream504 wants a stalled upstream answered 504 once a configured upstream
-// timeout passes. Today there is none: the gateway waits as long as its client does (the 504 path
-// is reachable only through the 5s dial timeout). The test probes for the proposed
-// upstream_timeout field and checks the bound when the binary has it.
+// TestFaultStalledUpstream504: a stalled upstream is answered 504 once upstream_timeout passes,
+// instead of holding the client for as long as it is willing to wait.
 func TestFaultStalledUpstream504(t *testing.T) {
 	up := newUpstream(t, nil)
 	fn, err := faultnet.New(up.Listener.Addr().String())
@@ -243,16 +241,6 @@ func TestFaultStalledUpstream504(t *testing.T) {
 	}
 	t.Cleanup(func() { fn.Close() })
 	rest := "upstream_timeout: 500ms\n" + countingPolicy
-	probe := filepath.Join(t.TempDir(), "probe.yaml")
-	if err := os.WriteFile(probe, []byte(config("127.0.0.1:1", "127.0.0.1:2", up.URL, rest)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if code, _, stderr := runCLI(t, "validate", "--config", probe); code != 0 {
-		if !strings.Contains(stderr, "upstream_timeout: unknown field") {
-			t.Fatalf("probe config rejected for another reason:\n%s", stderr)
-		}
-		t.Skip("known gap: no upstream response timeout; a stalled upstream holds each request until its client gives up (TestFaultUpstream measures it); add upstream_timeout (see report)")
-	}
 	g := startGateway(t, "http://"+fn.Addr(), rest)
 	fn.Set(faultnet.Fault{Mode: faultnet.Stall})
 	a := fetch(newClient(t, 10*time.Second), g.proxy+"/")

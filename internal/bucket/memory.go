@@ -18,9 +18,10 @@ type MemoryOptions struct {
 	// Shards is the number of independently locked shards, rounded up to a power of two.
 	// (Optional) default 8*GOMAXPROCS rounded up, at least 256.
 	Shards int
-	// MaxKeys caps the tracked keys, all algorithms together. The cap is split evenly across
-	// shards (rounded up), so with unevenly spread keys evictions can begin a few percent below
-	// MaxKeys. (Optional) default 1_000_000.
+	// MaxKeys caps the tracked keys, all algorithms together: never more are kept. The cap is
+	// split across shards (fewer shards when MaxKeys is small, so each holds at least 16), so
+	// with unevenly spread keys evictions can begin a few percent below MaxKeys.
+	// (Optional) default 1_000_000.
 	MaxKeys int
 }
 
@@ -83,15 +84,23 @@ func NewMemory(o MemoryOptions) *Memory {
 	if maxKeys <= 0 {
 		maxKeys = 1_000_000
 	}
-	perShard := (maxKeys + n - 1) / n
+	for n > 1 && maxKeys/n < 16 {
+		n /= 2
+	}
+	// Floor division with the remainder handed out one by one: the caps sum to exactly maxKeys.
+	perShard, extra := maxKeys/n, maxKeys%n
 	m := &Memory{shards: make([]paddedShard, n), mask: uint64(n - 1)}
 	for i := range m.shards {
+		limit := perShard
+		if i < extra {
+			limit++
+		}
 		m.shards[i].shard = shard{
 			gcra:    make(map[Key]int64),
 			fixed:   make(map[Key]FixedState),
 			sliding: make(map[Key]SlidingState),
-			maxKeys: perShard,
-			sweepAt: min(minSweep, perShard),
+			maxKeys: limit,
+			sweepAt: min(minSweep, limit),
 		}
 	}
 	return m

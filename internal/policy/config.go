@@ -11,6 +11,10 @@ type Config struct {
 	AdminListen string `mapstructure:"admin_listen"`
 	// Upstream is the URL of the guarded service. (Required)
 	Upstream string `mapstructure:"upstream"`
+	// UpstreamTimeout bounds the wait for the upstream's response headers after the request was
+	// sent; past it the client gets 504. Streams are not cut: it ends when the headers arrive.
+	// (Optional) default 60s.
+	UpstreamTimeout time.Duration `mapstructure:"upstream_timeout"`
 	// TrustedProxies are the CIDRs (or single addresses) whose X-Forwarded-For / Forwarded headers
 	// are believed. (Optional) default: none.
 	TrustedProxies []string       `mapstructure:"trusted_proxies"`

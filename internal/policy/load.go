@@ -46,6 +46,7 @@ var defaults = []struct {
 	{"store.on_error", "allow"},
 	{"store.timeout", 50 * time.Millisecond},
 	{"store.max_keys", 1000000},
+	{"upstream_timeout", 60 * time.Second},
 	{"server.read_header_timeout", 10 * time.Second},
 	{"server.read_timeout", 60 * time.Second},
 	{"server.idle_timeout", 120 * time.Second},

@@ -57,12 +57,13 @@ func errorLines(t *testing.T, err error) []string {
 func TestParseDefaults(t *testing.T) {
 	cfg := mustParse(t, minimal+"identity: {jwt: {hs256_secret_env: S}}\n", noEnv)
 	want := Config{
-		Listen:      "127.0.0.1:8080",
-		AdminListen: "127.0.0.1:9090",
-		Upstream:    "http://127.0.0.1:3000",
-		Identity:    IdentityConfig{APIKeyHeader: "X-Api-Key", JWT: &JWTConfig{Claim: "sub", HS256SecretEnv: "S"}},
-		Headers:     HeadersConfig{Reset: "unix"},
-		Store:       StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
+		Listen:          "127.0.0.1:8080",
+		AdminListen:     "127.0.0.1:9090",
+		Upstream:        "http://127.0.0.1:3000",
+		UpstreamTimeout: 60 * time.Second,
+		Identity:        IdentityConfig{APIKeyHeader: "X-Api-Key", JWT: &JWTConfig{Claim: "sub", HS256SecretEnv: "S"}},
+		Headers:         HeadersConfig{Reset: "unix"},
+		Store:           StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
 		Server: ServerConfig{
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second,
 			DrainTimeout: 30 * time.Second, MaxHeaderBytes: 65536,
@@ -236,7 +237,7 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_IDENTITY_JWT_AUDIENCE", "RATELIMIT_IDENTITY_JWT_LEEWAY",
 		"RATELIMIT_HEADERS_RESET", "RATELIMIT_HEADERS_IETF_DRAFT",
 		"RATELIMIT_STORE_BACKEND", "RATELIMIT_STORE_ON_ERROR", "RATELIMIT_STORE_TIMEOUT", "RATELIMIT_STORE_MAX_KEYS",
-		"RATELIMIT_SERVER_READ_HEADER_TIMEOUT", "RATELIMIT_SERVER_READ_TIMEOUT", "RATELIMIT_SERVER_IDLE_TIMEOUT",
+		"RATELIMIT_SERVER_READ_HEADER_TIMEOUT", "RATELIMIT_SERVER_READ_TIMEOUT", "RATELIMIT_UPSTREAM_TIMEOUT", "RATELIMIT_SERVER_IDLE_TIMEOUT",
 		"RATELIMIT_SERVER_DRAIN_TIMEOUT", "RATELIMIT_SERVER_MAX_HEADER_BYTES", "RATELIMIT_LOG_LEVEL",
 		"RATELIMIT_STORE_REPLICAS", "RATELIMIT_STORE_DYNAMODB_TABLE", "RATELIMIT_STORE_DYNAMODB_REGION",
 		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "RATELIMIT_STORE_DYNAMODB_CREATE_TABLE",
@@ -246,8 +247,8 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 31 {
-		t.Errorf("got %d overrides, want 31: a new field needs a line above", len(got))
+	if len(got) != 32 {
+		t.Errorf("got %d overrides, want 32: a new field needs a line above", len(got))
 	}
 }
 

@@ -173,6 +173,7 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 		es.add("store.on_error", c.Store.OnError, "must be allow, deny or local")
 	}
 	positiveDuration(&es, "store.timeout", c.Store.Timeout)
+	positiveDuration(&es, "upstream_timeout", c.UpstreamTimeout)
 	positiveInt(&es, "store.max_keys", int64(c.Store.MaxKeys))
 	checkStore(&es, &c.Store)
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
@@ -22,6 +23,23 @@ const (
 )
 
 var wwwAuthenticate = []string{`Bearer error="invalid_token"`}
+
+// retryAfterValues are the Retry-After header values for 0 to 300 seconds, shared read-only (a
+// one-element slice with capacity 1, so Header.Add copies instead of writing into it).
+var retryAfterValues = func() (v [301][]string) {
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}[:1:1]
+	}
+	return v
+}()
+
+// retryAfter is the Retry-After value for secs, without allocating for the common values.
+func retryAfter(secs int64) []string {
+	if secs >= 0 && secs < int64(len(retryAfterValues)) {
+		return retryAfterValues[secs]
+	}
+	return []string{strconv.FormatInt(secs, 10)}
+}
 
 // ceilSeconds rounds d up to whole seconds; negative durations count as zero.
 func ceilSeconds(d time.Duration) int64 {
@@ -48,22 +66,31 @@ func resetValue(format policy.ResetFormat, now time.Time, d time.Duration) int64
 	return secs
 }
 
+// rlValues holds the three X-RateLimit values and the digits they point into, so that the three
+// headers cost one allocation. It is never reused: the header map keeps referring to it.
+type rlValues struct {
+	vals   [3]string
+	digits [3 * 20]byte // an int64 has at most 20 characters
+}
+
 // setRateLimitHeaders writes X-RateLimit-Limit/-Remaining/-Reset (and with IETF, RateLimit-Policy
-// and RateLimit) for charge pick with verdict res. The numbers are appended to buf and converted
-// into one string, then sliced, so the three headers cost two allocations; buf is returned for
-// reuse.
+// and RateLimit) for charge pick with verdict res. The three numbers are formatted into one
+// rlValues, which costs one allocation; buf is returned for reuse.
 func setRateLimitHeaders(h http.Header, buf []byte, hc policy.Headers, st *reqState, pick int, res bucket.Result) []byte {
-	buf = strconv.AppendInt(buf, res.Limit, 10)
-	e1 := len(buf)
-	buf = strconv.AppendInt(buf, res.Remaining, 10)
-	e2 := len(buf)
-	buf = strconv.AppendInt(buf, resetValue(hc.Reset, st.now, res.Reset), 10)
-	s := string(buf)
-	vals := make([]string, 3)
-	vals[0], vals[1], vals[2] = s[:e1], s[e1:e2], s[e2:]
-	h[hdrLimit] = vals[0:1:1]
-	h[hdrRemaining] = vals[1:2:2]
-	h[hdrReset] = vals[2:3:3]
+	v := new(rlValues)
+	d := strconv.AppendInt(v.digits[:0], res.Limit, 10)
+	e1 := len(d)
+	d = strconv.AppendInt(d, res.Remaining, 10)
+	e2 := len(d)
+	d = strconv.AppendInt(d, resetValue(hc.Reset, st.now, res.Reset), 10)
+	// d stays within v.digits (60 bytes for three int64s), and v.digits is never written again,
+	// so the strings are immutable as strings must be.
+	v.vals[0] = unsafe.String(&v.digits[0], e1)
+	v.vals[1] = unsafe.String(&v.digits[e1], e2-e1)
+	v.vals[2] = unsafe.String(&v.digits[e2], len(d)-e2)
+	h[hdrLimit] = v.vals[0:1:1]
+	h[hdrRemaining] = v.vals[1:2:2]
+	h[hdrReset] = v.vals[2:3:3]
 	if !hc.IETF {
 		return buf
 	}

@@ -188,7 +188,7 @@ func newHarness(t *testing.T, pol *fakePolicies, lim *fakeLimiter, up *countingU
 	core, logs := observer.New(zapcore.DebugLevel)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	tr := NewTransport()
+	tr := NewTransport(0)
 	t.Cleanup(tr.CloseIdleConnections)
 	o := Options{
 		Upstream:     mustURL(t, up.URL),

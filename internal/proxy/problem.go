@@ -25,7 +25,6 @@ var (
 	problemContentType = []string{contentTypeProblem}
 	noStore            = []string{"no-store"}
 	nosniff            = []string{"nosniff"}
-	retryOne           = []string{"1"}
 )
 
 // problem is one problem+json body. Policy and RetryAfter are extension members, written only
@@ -79,10 +78,8 @@ func writeProblem(w http.ResponseWriter, buf []byte, p problem) []byte {
 	h[hdrContentType] = problemContentType
 	h["Cache-Control"] = noStore
 	h["X-Content-Type-Options"] = nosniff
-	if p.RetryAfter == 1 {
-		h[hdrRetryAfter] = retryOne
-	} else if p.RetryAfter > 0 {
-		h[hdrRetryAfter] = []string{strconv.FormatInt(p.RetryAfter, 10)}
+	if p.RetryAfter > 0 {
+		h[hdrRetryAfter] = retryAfter(p.RetryAfter)
 	}
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(buf) // the client may be gone; there is nobody left to tell

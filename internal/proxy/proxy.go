@@ -90,8 +90,11 @@ type Options struct {
 	// Wait holds a leaky-bucket request for d before it is forwarded; it must return early with an
 	// error when ctx ends. (Optional) default: a timer.
 	Wait func(ctx context.Context, d time.Duration) error
-	// Transport carries requests to the upstream. (Optional) default NewTransport().
+	// Transport carries requests to the upstream. (Optional) default NewTransport(UpstreamTimeout).
 	Transport http.RoundTripper
+	// UpstreamTimeout bounds the wait for the upstream's response headers when Transport is nil;
+	// past it the client gets 504. (Optional) default 0: no bound.
+	UpstreamTimeout time.Duration
 }
 
 // Handler enforces the policies on every request and forwards the admitted ones. It serves every
@@ -176,7 +179,7 @@ func New(o Options) (*Handler, error) {
 		o.Wait = sleep
 	}
 	if o.Transport == nil {
-		o.Transport = NewTransport()
+		o.Transport = NewTransport(o.UpstreamTimeout)
 	}
 	h := &Handler{
 		policies:     o.Policies,
@@ -255,13 +258,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	results := st.results[:len(charges)]
 	clear(results)
 
-	ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 	start := time.Now()
+	ctx := newStoreCtx(r.Context(), start.Add(h.storeTimeout))
 	st.now = h.now()
 	admitted, err := h.limiter.Take(ctx, st.now, charges, results)
 	h.storeDur.Observe(time.Since(start).Seconds())
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
-	cancel()
+	ctx.release()
 
 	if err != nil {
 		h.storeError(w, r, pols, err, timedOut)
@@ -393,7 +396,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 	h.forward(w, r, pols)
 }
 
-// forward hands the request to the reverse proxy with the request's policy set in its context.
+// forward hands the request to the reverse proxy. The request's policy set travels in its
+// context only when the rewrite needs it, to judge an inbound X-Forwarded-For: copying the request
+// for a new context costs two allocations, and most requests carry no such header.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies) {
-	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols)))
+	if len(r.Header["X-Forwarded-For"]) > 0 {
+		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
+	}
+	h.rp.ServeHTTP(w, r)
 }

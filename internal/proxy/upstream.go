@@ -27,10 +27,11 @@ import (
 //   - IdleConnTimeout 90s and a 5s dial timeout;
 //   - HTTP/1.1 only: upstreams of a sidecar are usually local plain-HTTP services, and one
 //     HTTP/2 connection would serialise every client behind one TCP window;
-//   - no ResponseHeaderTimeout: long polls and slow streams are legitimate, and a client that
-//     wants a bound sets it with its own deadline (the inbound request's context ends the call);
+//   - ResponseHeaderTimeout = responseHeaderTimeout (0: none): a stalled upstream answers 504
+//     instead of holding the client; it ends when the headers arrive, so streams and slow
+//     bodies are never cut by it;
 //   - no proxy from the environment: a sidecar talks to its upstream directly.
-func NewTransport() *http.Transport {
+func NewTransport(responseHeaderTimeout time.Duration) *http.Transport {
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	protos := new(http.Protocols)
 	protos.SetHTTP1(true)
@@ -41,6 +42,7 @@ func NewTransport() *http.Transport {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: 1 * time.Second,
+		ResponseHeaderTimeout: responseHeaderTimeout,
 		Protocols:             protos,
 	}
 }

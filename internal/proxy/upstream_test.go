@@ -188,7 +188,7 @@ func TestUpstreamTimeout_504(t *testing.T) {
 	})
 	t.Cleanup(func() { close(release) }) // runs before the upstream's Close
 	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, func(o *Options) {
-		tr := NewTransport()
+		tr := NewTransport(0)
 		tr.ResponseHeaderTimeout = 20 * time.Millisecond // the timeout under test, not a wait
 		t.Cleanup(tr.CloseIdleConnections)
 		o.Transport = tr
@@ -285,7 +285,7 @@ func (timeoutErr) Timeout() bool   { return true }
 func (timeoutErr) Temporary() bool { return true }
 
 func TestNewTransport_Tuned(t *testing.T) {
-	tr := NewTransport()
+	tr := NewTransport(0)
 	if tr.MaxIdleConns != 1024 || tr.MaxIdleConnsPerHost != 512 || tr.IdleConnTimeout != 90*time.Second {
 		t.Errorf("pool = %d/%d/%v, want 1024/512/90s", tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.IdleConnTimeout)
 	}

@@ -144,6 +144,7 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("listen", old.Listen != cur.Listen)
 	add("admin_listen", old.AdminListen != cur.AdminListen)
 	add("upstream", old.Upstream != cur.Upstream)
+	add("upstream_timeout", old.UpstreamTimeout != cur.UpstreamTimeout)
 	// DeepEqual, not Sprint: store.dynamodb is a pointer, which Sprint prints as an address.
 	add("store", !reflect.DeepEqual(old.Store, cur.Store))
 	add("server", old.Server != cur.Server)

@@ -75,14 +75,15 @@ func Run(ctx context.Context, o Options) error {
 		onError = proxy.Deny
 	}
 	handler, err := proxy.New(proxy.Options{
-		Upstream:     upstream,
-		Policies:     rl.Current,
-		Limiter:      st,
-		Backend:      cfg.Store.Backend,
-		OnError:      onError,
-		StoreTimeout: cfg.Store.Timeout,
-		Logger:       log,
-		Metrics:      proxy.NewMetrics(reg),
+		Upstream:        upstream,
+		Policies:        rl.Current,
+		Limiter:         st,
+		Backend:         cfg.Store.Backend,
+		OnError:         onError,
+		StoreTimeout:    cfg.Store.Timeout,
+		UpstreamTimeout: cfg.UpstreamTimeout,
+		Logger:          log,
+		Metrics:         proxy.NewMetrics(reg),
 	})
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)

@@ -1,0 +1,84 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// storeCtx is the context handed to Limiter.Take: the request's context with the StoreTimeout
+// deadline. context.WithTimeout would start a timer and register a child with the request's
+// context on every request, although the memory store never waits (it only asks Err). storeCtx
+// does the same lazily: Deadline and Err answer from the deadline and the parent without any of
+// that, and the first call to Done (a store that actually waits, such as DynamoDB's HTTP client)
+// builds the real context.WithDeadline, which every later call delegates to. So the memory path
+// costs one small allocation instead of a timer and three, and a waiting store gets exactly the
+// standard context (child contexts derived from it attach to the real one through Value, without
+// a goroutine).
+type storeCtx struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu     sync.Mutex
+	real   context.Context // nil until Done is first called
+	cancel context.CancelFunc
+}
+
+func newStoreCtx(parent context.Context, deadline time.Time) *storeCtx {
+	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return &storeCtx{parent: parent, deadline: deadline}
+}
+
+// materialised returns the real context, or nil before Done was called.
+func (c *storeCtx) materialised() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.real
+}
+
+func (c *storeCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *storeCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.real == nil {
+		c.real, c.cancel = context.WithDeadline(c.parent, c.deadline)
+	}
+	return c.real.Done()
+}
+
+// Err reports the parent's error, else DeadlineExceeded once the deadline has passed. Once Done
+// was called it is the real context's Err, so Err and Done agree.
+func (c *storeCtx) Err() error {
+	if r := c.materialised(); r != nil {
+		return r.Err()
+	}
+	if err := c.parent.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// Value delegates to the real context once it exists: the context package finds a parent's
+// cancellation through Value, and must find the one whose Done channel it was given.
+func (c *storeCtx) Value(key any) any {
+	if r := c.materialised(); r != nil {
+		return r.Value(key)
+	}
+	return c.parent.Value(key)
+}
+
+// release ends the context after Take returned, stopping the real context's timer if there is one.
+func (c *storeCtx) release() {
+	c.mu.Lock()
+	cancel := c.cancel
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}

@@ -1,0 +1,608 @@
+#!/usr/bin/env bash
+# `make bench`: decision cost, end-to-end throughput and latency, memory and (when wired) DynamoDB
+# cost of ratelimit-proxy, side by side with its baselines, in one run. Writes
+# .cache/bench/results.md and prints it. BENCHMARKS.md explains the method and records results.
+#
+#   scripts/bench/bench.sh            # full run: a few minutes on a 2-core machine
+#   BENCH_QUICK=1 scripts/bench/bench.sh   # smoke run, about a minute
+#
+# Environment (all optional):
+#   BENCH_QUICK=1         short runs (2 rounds of 2 s, short Go benchmarks, 10 s RSS run)
+#   BENCH_DURATION=6      seconds per end-to-end run       BENCH_ROUNDS=3  interleaved rounds
+#   BENCH_CONNS=64        concurrent keep-alive connections
+#   BENCH_RSS_SECONDS=60  length of the RSS sampling run
+#   BENCH_GO_COUNT=5      -count of the Go benchmarks    BENCH_GO_TIME=200ms  their -benchtime
+#   BENCH_ONLY=go|e2e     run only one half
+#   BENCH_DYNAMODB=0      skip row (e) even when the dynamodb backend is available
+#
+# Uses wrk, nginx and haproxy when installed (apt-get install wrk nginx haproxy) and says so when
+# they are not: without wrk the Go load generator in scripts/bench/loadgen runs instead; without
+# nginx or haproxy their rows are skipped. Row (e) needs Java + npm for DynamoDB Local
+# (scripts/dynamodb-local.sh).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out="$root/.cache/bench"
+mkdir -p "$out"
+results="$out/results.md"
+rm -f "$out/dynamo.md"
+GO=${GO:-go}
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  dur=${BENCH_DURATION:-2}; rounds=${BENCH_ROUNDS:-2}; rss_secs=${BENCH_RSS_SECONDS:-10}
+  go_count=${BENCH_GO_COUNT:-3}; go_time=${BENCH_GO_TIME:-20ms}; mode="quick (BENCH_QUICK=1)"
+else
+  dur=${BENCH_DURATION:-6}; rounds=${BENCH_ROUNDS:-3}; rss_secs=${BENCH_RSS_SECONDS:-60}
+  go_count=${BENCH_GO_COUNT:-5}; go_time=${BENCH_GO_TIME:-200ms}; mode="full"
+fi
+conns=${BENCH_CONNS:-64}
+only=${BENCH_ONLY:-}
+
+# Ports (loopback only).
+P_UP=18000 P_GW=18080 P_ADMIN=19090 P_PLAIN=18081 P_NGINX=18082 P_HAPROXY=18083 P_DYN=18084 P_DYNADMIN=19094
+
+note() { echo "bench: $*" >&2; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# --- CPU placement -------------------------------------------------------------------------------
+# The server under test gets core 0 to itself; the load generator (and, behind a proxy, the
+# upstream) run on the other cores. On one core nothing is pinned.
+ncpu=$(nproc)
+if have taskset && [ "$ncpu" -ge 2 ]; then
+  SRV_CPU=0
+  if [ "$ncpu" -ge 4 ]; then UP_CPU=1; GEN_CPU=2-$((ncpu - 1)); gen_threads=$((ncpu - 2)); else UP_CPU=1; GEN_CPU=1; gen_threads=1; fi
+  pin() { local cpus=$1; shift; taskset -c "$cpus" "$@"; }
+  placement="server under test on CPU $SRV_CPU; upstream on CPU $UP_CPU; load generator on CPU $GEN_CPU (taskset)"
+else
+  SRV_CPU= UP_CPU= GEN_CPU=; gen_threads=1
+  pin() { shift; "$@"; }
+  placement="not pinned (taskset missing or 1 CPU): numbers include load-generator contention"
+  note "$placement"
+fi
+
+# --- processes we start, stopped by PID on exit -------------------------------------------------
+pids=()
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+  if [ -n "${dyn_state:-}" ]; then DYNAMODB_LOCAL_STATE_DIR="$dyn_state" scripts/dynamodb-local.sh stop || true; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start NAME CPU CMD...: starts CMD in the background, logs to $out/NAME.log, sets $last_pid.
+start() {
+  local name=$1 cpus=$2; shift 2
+  # A simple command in the background, so that $! is the server itself (taskset execs it), the
+  # PID whose CPU and RSS are read and which cleanup stops.
+  if [ -n "$cpus" ]; then
+    taskset -c "$cpus" "$@" >"$out/$name.log" 2>&1 &
+  else
+    "$@" >"$out/$name.log" 2>&1 &
+  fi
+  last_pid=$!
+  pids+=("$last_pid")
+}
+
+stop_pid() {
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# wait_http URL: polls until URL answers any HTTP status, for at most 20 s.
+wait_http() {
+  local deadline=$((SECONDS + 20))
+  until [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null || true)" != "000" ]; do
+    if [ "$SECONDS" -ge "$deadline" ]; then note "$1 did not answer within 20s"; return 1; fi
+    sleep 0.1
+  done
+}
+
+# cpu_ticks PID...: user+system clock ticks of the processes (and their threads).
+cpu_ticks() {
+  local t=0 p
+  for p in "$@"; do
+    if [ -r "/proc/$p/stat" ]; then
+      # Fields 14 and 15 after the command name (which may contain spaces).
+      t=$((t + $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    fi
+  done
+  echo "$t"
+}
+clk_tck=$(getconf CLK_TCK)
+
+# --- load generator ------------------------------------------------------------------------------
+if have wrk; then
+  generator="wrk $( (wrk -v 2>&1 || true) | head -1 | awk '{print $2}') (-t$gen_threads -c$conns, scripts/bench/wrk.lua)"
+else
+  generator="scripts/bench/loadgen (Go; wrk not installed: apt-get install wrk)"
+  note "wrk not found: using the Go load generator scripts/bench/loadgen (apt-get install wrk for lower client overhead)"
+fi
+
+# load SECONDS URL KEYS HOT: prints the RESULT line.
+load() {
+  local secs=$1 url=$2 keys=$3 hot=$4
+  if have wrk; then
+    BENCH_KEYS=$keys BENCH_HOT=$hot pin "$GEN_CPU" wrk -t"$gen_threads" -c"$conns" -d"${secs}s" --timeout 5s \
+      -s scripts/bench/wrk.lua "$url" | grep '^RESULT'
+  else
+    pin "$GEN_CPU" "$out/bin/loadgen" -url "$url" -c "$conns" -d "${secs}s" -keys "$keys" -hot "$hot" | grep '^RESULT'
+  fi
+}
+
+field() { # field NAME LINE
+  sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<"$2"
+}
+
+# --- results file --------------------------------------------------------------------------------
+exec 3>"$results"
+{
+  echo "# ratelimit-proxy benchmark results"
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); mode: $mode; command: \`make bench\`$([ "${BENCH_QUICK:-0}" = 1 ] && echo ' with BENCH_QUICK=1')"
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' + uncommitted changes')"
+  echo "- machine: $ncpu CPU ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), $($GO version | awk '{print $3}')"
+} >&3
+
+# ==================================================================================================
+# 1. Decision cost (Go benchmarks)
+# ==================================================================================================
+go_benches() {
+  note "Go benchmarks: decision cost (-count $go_count -benchtime $go_time)"
+  $GO test -run '^$' -bench '^(BenchmarkMemory|BenchmarkXRate)$' -benchmem -count "$go_count" -benchtime "$go_time" \
+    ./internal/bucket/ >"$out/decision.txt"
+  note "Go benchmarks: handler"
+  $GO test -run '^$' -bench '^BenchmarkHandler' -benchmem -count "$go_count" -benchtime "$go_time" \
+    ./internal/proxy/ >"$out/handler.txt"
+  note "Go benchmarks: bytes per key at 1M keys"
+  $GO test -run '^$' -bench '^BenchmarkMemoryBytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
+
+  # medians NAME -> name, ns/op, B/op, allocs/op (median of the -count runs).
+  awk '
+    /^Benchmark/ {
+      n = $1; sub(/-[0-9]+$/, "", n)
+      for (i = 3; i < NF; i++) {
+        if ($(i+1) == "ns/op") ns[n] = ns[n] " " $i
+        if ($(i+1) == "B/op") by[n] = by[n] " " $i
+        if ($(i+1) == "allocs/op") al[n] = al[n] " " $i
+      }
+      if (!(n in seen)) { seen[n] = 1; order[++k] = n }
+    }
+    function med(s,   a, m, i, j, t) {
+      m = split(s, a, " ")
+      for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+      return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
+    }
+    END { for (i = 1; i <= k; i++) { n = order[i]; printf "%s\t%s\t%s\t%s\n", n, med(ns[n]), med(by[n]), med(al[n]) } }
+  ' "$out/decision.txt" "$out/handler.txt" >"$out/medians.tsv"
+
+  {
+    echo
+    echo "## 1. Decision cost (Go benchmarks, medians of $go_count runs, -benchtime $go_time, GOMAXPROCS=$ncpu)"
+    echo
+    echo "One charge per decision on bucket.Memory vs golang.org/x/time/rate with a per-key map (Mutex: one map"
+    echo "behind one mutex; Sharded: 256 such maps). Ratio = ours / the faster x/time/rate variant; target <= 1.0x, 0 allocs."
+    echo
+    echo "| case | ns/op | B/op | allocs/op | x/time/rate Mutex ns/op | Sharded ns/op | ratio |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '
+      { ns[$1] = $2; by[$1] = $3; al[$1] = $4; if ($1 ~ /^BenchmarkMemory\//) order[++k] = $1 }
+      END {
+        for (i = 1; i <= k; i++) {
+          n = order[i]; split(n, p, "/")   # BenchmarkMemory/Alg/Keys/Mode
+          mu = ns["BenchmarkXRate/Mutex/" p[3] "/" p[4]]; sh = ns["BenchmarkXRate/Sharded/" p[3] "/" p[4]]
+          best = (mu != "" && (sh == "" || mu + 0 < sh + 0)) ? mu : sh
+          printf "| %s/%s/%s | %.1f | %s | %s | %s | %s | %s |\n", p[2], p[3], p[4], ns[n], by[n], al[n], mu, sh, \
+            (best != "" ? sprintf("%.2fx", ns[n] / best) : "-")
+        }
+      }' "$out/medians.tsv"
+    echo
+    echo "Full handler (internal/proxy, in-memory upstream, no sockets: the allocation budget of a request):"
+    echo
+    echo "| benchmark | ns/op | B/op | allocs/op |"
+    echo "|---|---:|---:|---:|"
+    awk -F'\t' '$1 ~ /^BenchmarkHandler/ { printf "| %s | %.0f | %s | %s |\n", $1, $2, $3, $4 }' "$out/medians.tsv"
+    echo
+    bpk=$(awk '/BenchmarkMemoryBytesPerKey/ { for (i = 1; i < NF; i++) if ($(i+1) == "B/key") print $i }' "$out/bytes.txt")
+    echo "Memory store: **${bpk:-?} B per tracked token-bucket key at 1M keys** (Go heap delta; target <= 128)."
+    if $GO run golang.org/x/perf/cmd/benchstat@latest "$out/decision.txt" >"$out/benchstat.txt" 2>/dev/null; then
+      echo
+      echo "<details><summary>benchstat of the decision benchmarks</summary>"
+      echo
+      echo '```'
+      cat "$out/benchstat.txt"
+      echo '```'
+      echo "</details>"
+    fi
+  } >&3
+}
+
+# ==================================================================================================
+# 2. End to end
+# ==================================================================================================
+hot_key=hot-key
+hot_sha=$(printf %s "$hot_key" | sha256sum | awk '{print $1}')
+
+# gateway_config FILE LISTEN ADMIN [STORE-YAML]: configuration (c)/(d): three layered policies,
+# limits far above what loopback can reach except for the hot key, which may send 1 per hour.
+gateway_config() {
+  local store=${4:-"  backend: memory"}
+  cat >"$1" <<EOF
+listen: $2
+admin_listen: $3
+upstream: http://127.0.0.1:$P_UP
+store:
+$store
+log:
+  level: info
+policies:
+  - name: per-ip
+    key: ip
+    algorithm: token_bucket
+    rate: 10000000/s
+    burst: 10000000
+  - name: per-api-key
+    key: api_key
+    algorithm: token_bucket
+    rate: 100000/s
+    burst: 100000
+    overrides:
+      - key: sha256:$hot_sha
+        rate: 1/h
+        burst: 1
+  - name: global
+    key: global
+    algorithm: token_bucket
+    rate: 10000000/s
+    burst: 10000000
+EOF
+}
+
+nginx_config() {
+  mkdir -p "$out/nginx"
+  cat >"$out/nginx/nginx.conf" <<EOF
+worker_processes 1;
+pid $out/nginx/nginx.pid;
+error_log $out/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $out/nginx/body;
+  proxy_temp_path $out/nginx/proxy;
+  upstream up { server 127.0.0.1:$P_UP; keepalive 512; }
+  map \$http_x_api_key \$hot_key { "$hot_key" \$http_x_api_key; default ""; }
+  map \$http_x_api_key \$global_key { default "all"; }
+  limit_req_zone \$binary_remote_addr zone=ip:16m rate=10000000r/s;
+  limit_req_zone \$http_x_api_key zone=key:32m rate=100000r/s;
+  limit_req_zone \$global_key zone=global:1m rate=10000000r/s;
+  limit_req_zone \$hot_key zone=hot:1m rate=1r/m;
+  limit_req_status 429;
+  server {
+    listen 127.0.0.1:$P_NGINX;
+    location / {
+      limit_req zone=ip burst=1000000 nodelay;
+      limit_req zone=key burst=100000 nodelay;
+      limit_req zone=hot;
+      limit_req zone=global burst=1000000 nodelay;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+    }
+  }
+}
+EOF
+}
+
+haproxy_config() {
+  cat >"$out/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+frontend fe
+  bind 127.0.0.1:$P_HAPROXY
+  http-request track-sc0 src table st_ip
+  http-request track-sc1 req.hdr(x-api-key) table st_key if { req.hdr(x-api-key) -m found }
+  http-request track-sc2 str(all) table st_global
+  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 10000000 }
+  http-request deny deny_status 429 if { req.hdr(x-api-key) -m str $hot_key } { sc_http_req_rate(1) gt 1 }
+  http-request deny deny_status 429 if { sc_http_req_rate(1) gt 100000 }
+  http-request deny deny_status 429 if { sc_http_req_rate(2) gt 10000000 }
+  option forwardfor
+  default_backend be
+backend be
+  http-reuse always
+  server up 127.0.0.1:$P_UP
+backend st_ip
+  stick-table type ip size 100k expire 30s store http_req_rate(1s)
+backend st_key
+  stick-table type string len 64 size 100k expire 30s store http_req_rate(1s)
+backend st_global
+  stick-table type string len 8 size 10 expire 30s store http_req_rate(1s)
+EOF
+}
+
+# Row table: id, label, server kind, URL, keys, hot key.
+declare -A row_label row_url row_keys row_hot row_srv
+rows=()
+addrow() { rows+=("$1"); row_label[$1]=$2; row_srv[$1]=$3; row_url[$1]=$4; row_keys[$1]=$5; row_hot[$1]=$6; }
+
+# Servers are started once and kept running; each measured run reads the CPU ticks of the process
+# that the row measures.
+declare -A srv_pids
+start_servers() {
+  mkdir -p "$out/bin"
+  CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/upstream" ./scripts/bench/upstream
+  CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/plainproxy" ./scripts/bench/plainproxy
+  CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/ratelimit-proxy" ./cmd/ratelimit-proxy
+  have wrk || CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/loadgen" ./scripts/bench/loadgen
+
+  # The upstream shares the load generator's core behind a proxy; (a) measures it alone on the
+  # server core, so it runs a second instance there.
+  start upstream "$UP_CPU" "$out/bin/upstream" -listen 127.0.0.1:$P_UP; srv_pids[up]=$last_pid
+  start upstream-a "$SRV_CPU" "$out/bin/upstream" -listen 127.0.0.1:$((P_UP + 1)); srv_pids[a]=$last_pid
+  addrow a "(a) upstream direct" a "http://127.0.0.1:$((P_UP + 1))/" 10000 ""
+
+  start plainproxy "$SRV_CPU" "$out/bin/plainproxy" -listen 127.0.0.1:$P_PLAIN -upstream http://127.0.0.1:$P_UP -conns 512
+  srv_pids[b]=$last_pid
+  addrow b "(b) httputil.ReverseProxy, tuned" b "http://127.0.0.1:$P_PLAIN/" 10000 ""
+
+  gateway_config "$out/gateway.yaml" 127.0.0.1:$P_GW 127.0.0.1:$P_ADMIN
+  start gateway "$SRV_CPU" "$out/bin/ratelimit-proxy" serve --config "$out/gateway.yaml"; srv_pids[c]=$last_pid
+  addrow c "(c) ratelimit-proxy, 3 policies, memory, 10k keys, none rejected" c "http://127.0.0.1:$P_GW/" 10000 ""
+  addrow d "(d) ratelimit-proxy, hot key always rejected (429)" c "http://127.0.0.1:$P_GW/" 0 "$hot_key"
+
+  # The same two servers at GOGC=400: the GC's share of the cost.
+  start plainproxy-gogc "$SRV_CPU" env GOGC=400 "$out/bin/plainproxy" -listen 127.0.0.1:$((P_PLAIN + 10)) \
+    -upstream http://127.0.0.1:$P_UP -conns 512
+  srv_pids[bg]=$last_pid
+  addrow bg "(b) at GOGC=400" bg "http://127.0.0.1:$((P_PLAIN + 10))/" 10000 ""
+  gateway_config "$out/gateway-gogc.yaml" 127.0.0.1:$((P_GW + 10)) 127.0.0.1:$((P_ADMIN + 10))
+  start gateway-gogc "$SRV_CPU" env GOGC=400 "$out/bin/ratelimit-proxy" serve --config "$out/gateway-gogc.yaml"
+  srv_pids[cg]=$last_pid
+  addrow cg "(c) at GOGC=400" cg "http://127.0.0.1:$((P_GW + 10))/" 10000 ""
+  addrow dg "(d) at GOGC=400" cg "http://127.0.0.1:$((P_GW + 10))/" 0 "$hot_key"
+
+  if [ "${BENCH_DYNAMODB:-1}" = 1 ] && dynamo_available; then
+    start_dynamo && addrow e "(e) ratelimit-proxy (c) on DynamoDB Local" e "http://127.0.0.1:$P_DYN/" 10000 ""
+  fi
+
+  if have nginx; then
+    nginx_config
+    start nginx "$SRV_CPU" nginx -c "$out/nginx/nginx.conf" -e "$out/nginx/error.log" -g 'daemon off;'
+    srv_pids[n]=$last_pid
+    addrow nc "nginx limit_req doing (c)" n "http://127.0.0.1:$P_NGINX/" 10000 ""
+    addrow nd "nginx limit_req doing (d)" n "http://127.0.0.1:$P_NGINX/" 0 "$hot_key"
+  else
+    note "nginx not installed (apt-get install nginx): skipping the nginx rows"
+    skipped+=("nginx rows: nginx not installed")
+  fi
+  if have haproxy; then
+    haproxy_config
+    start haproxy "$SRV_CPU" haproxy -f "$out/haproxy.cfg" -db; srv_pids[h]=$last_pid
+    addrow hc "HAProxy http_req_rate doing (c)" h "http://127.0.0.1:$P_HAPROXY/" 10000 ""
+    addrow hd "HAProxy http_req_rate doing (d)" h "http://127.0.0.1:$P_HAPROXY/" 0 "$hot_key"
+  else
+    note "haproxy not installed (apt-get install haproxy): skipping the HAProxy rows"
+    skipped+=("HAProxy rows: haproxy not installed")
+  fi
+
+  for r in "${rows[@]}"; do wait_http "${row_url[$r]}"; done
+}
+
+# server_pids KIND: the PIDs whose CPU a row counts (nginx: master and workers).
+server_pids() {
+  local p=${srv_pids[$1]}
+  echo "$p $(pgrep -P "$p" 2>/dev/null | tr '\n' ' ')"
+}
+
+skipped=()
+e2e() {
+  note "end to end: $((${#rows[@]})) configurations x $rounds rounds x ${dur}s, $conns connections"
+  : >"$out/e2e.tsv"
+  # Warm-up: connections, pools, JIT-free but page cache and GC pacing settle.
+  for r in "${rows[@]}"; do load 1 "${row_url[$r]}" "${row_keys[$r]}" "${row_hot[$r]}" >/dev/null || true; done
+  for round in $(seq "$rounds"); do
+    for r in "${rows[@]}"; do
+      local ps t0 t1 line req
+      # shellcheck disable=SC2046
+      ps=$(server_pids "${row_srv[$r]}")
+      # shellcheck disable=SC2086
+      t0=$(cpu_ticks $ps)
+      line=$(load "$dur" "${row_url[$r]}" "${row_keys[$r]}" "${row_hot[$r]}") || { note "run $r failed"; continue; }
+      # shellcheck disable=SC2086
+      t1=$(cpu_ticks $ps)
+      req=$(field requests "$line")
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$round" "$(field rps "$line")" "$(field p50_us "$line")" \
+        "$(field p99_us "$line")" "$(field non2xx "$line")" "$(field errors "$line")" \
+        "$(awk -v d=$((t1 - t0)) -v hz="$clk_tck" -v n="$req" 'BEGIN { printf "%.1f", (n > 0 ? d / hz * 1e6 / n : 0) }')" \
+        | tee -a "$out/e2e.tsv" >&2
+    done
+  done
+
+  # Medians per row.
+  awk -F'\t' '
+    { k = $1; for (f = 3; f <= 8; f++) v[k, f] = v[k, f] " " $f; n[k]++ }
+    function med(s,   a, m, i, j, t) {
+      m = split(s, a, " ")
+      for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+      return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
+    }
+    END { for (k in n) printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\n", k, n[k], med(v[k,3]), med(v[k,4]), med(v[k,5]), med(v[k,6]), med(v[k,7]), med(v[k,8]) }
+  ' "$out/e2e.tsv" >"$out/e2e-medians.tsv"
+
+  local b_rps b_p99 b_cpu n_rps
+  b_rps=$(awk -F'\t' '$1 == "b" { print $3 }' "$out/e2e-medians.tsv")
+  b_p99=$(awk -F'\t' '$1 == "b" { print $5 }' "$out/e2e-medians.tsv")
+  b_cpu=$(awk -F'\t' '$1 == "b" { print $8 }' "$out/e2e-medians.tsv")
+  {
+    echo
+    echo "## 2. End to end over loopback (medians of $rounds interleaved runs of ${dur}s, $conns connections)"
+    echo
+    echo "- load generator: $generator"
+    echo "- placement: $placement"
+    echo "- upstream: scripts/bench/upstream (Go net/http, 39-byte JSON body); every proxy keeps upstream connections alive"
+    echo "- CPU/req: user+system CPU of the server under test only (not the upstream, not the generator), from /proc/PID/stat"
+    echo
+    echo "| configuration | req/s | p50 µs | p99 µs | non-2xx | errors | CPU µs/req | rps vs (b) | p99 vs (b) | CPU vs (b) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for r in "${rows[@]}"; do
+      awk -F'\t' -v r="$r" -v label="${row_label[$r]}" -v brps="$b_rps" -v bp99="$b_p99" -v bcpu="$b_cpu" '
+        $1 == r {
+          printf "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %s | %s | %s |\n", label, $3, $4, $5, $6, $7, $8,
+            (brps > 0 ? sprintf("%.2fx", $3 / brps) : "-"), (bp99 > 0 ? sprintf("%.2fx", $5 / bp99) : "-"),
+            (bcpu > 0 && $8 > 0 ? sprintf("%.2fx", $8 / bcpu) : "-")
+        }' "$out/e2e-medians.tsv"
+    done
+    for s in "${skipped[@]:-}"; do [ -n "$s" ] && echo "| $s | skipped | | | | | | | | |"; done
+    if ! printf '%s\n' "${rows[@]}" | grep -qx e; then
+      echo "| (e) ratelimit-proxy (c) on DynamoDB Local | pending: ${dyn_reason:-not run} | | | | | | | | |"
+    fi
+    echo
+    echo "Targets: (c) >= 0.90x (b) req/s with p99 <= 1.20x (b); (d) >= 4x (b) req/s. nginx and HAProxy are the outside reference."
+    n_rps=$(awk -F'\t' '$1 == "nc" { print $3 }' "$out/e2e-medians.tsv")
+    if [ -n "$n_rps" ]; then
+      awk -F'\t' -v n="$n_rps" '
+        $1 == "b" { printf "Ratios to nginx doing (c): (b) %.2fx", $3 / n }
+        $1 == "c" { c = $3 } END { if (c) printf ", (c) %.2fx.\n", c / n; else print "." }' "$out/e2e-medians.tsv"
+    fi
+  } >&3
+}
+
+# --- DynamoDB (row e and cost lines) --------------------------------------------------------------
+dynamo_available() {
+  local cfg="$out/dyn-probe.yaml"
+  gateway_config "$cfg" 127.0.0.1:$P_DYN 127.0.0.1:$P_DYNADMIN "  backend: dynamodb
+  dynamodb:
+    table: bench
+    region: us-east-1
+    endpoint: http://127.0.0.1:1"
+  if ! "$out/bin/ratelimit-proxy" validate --config "$cfg" >/dev/null 2>&1; then
+    dyn_reason="the dynamodb backend is not accepted by this build (ratelimit-proxy validate rejects store.backend: dynamodb)"
+    note "row (e) pending: $dyn_reason"; return 1
+  fi
+  if ! have java || ! have npm; then
+    dyn_reason="Java and npm are needed for DynamoDB Local (scripts/dynamodb-local.sh)"
+    note "row (e) pending: $dyn_reason"; return 1
+  fi
+}
+
+start_dynamo() {
+  dyn_state="$out/dynamodb"
+  mkdir -p "$dyn_state"
+  local endpoint
+  if ! endpoint=$(DYNAMODB_LOCAL_STATE_DIR="$dyn_state" pin "$UP_CPU" scripts/dynamodb-local.sh start); then
+    dyn_reason="DynamoDB Local did not start (see $dyn_state/dynamodb-local.log)"; return 1
+  fi
+  # DynamoDB Local runs on the upstream's core: it is a store, not the server under test.
+  gateway_config "$out/gateway-dynamo.yaml" 127.0.0.1:$P_DYN 127.0.0.1:$P_DYNADMIN "  backend: dynamodb
+  timeout: 2s
+  dynamodb:
+    table: bench
+    region: us-east-1
+    endpoint: $endpoint
+    create_table: true"
+  start gateway-dynamo "$SRV_CPU" env AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 \
+    "$out/bin/ratelimit-proxy" serve --config "$out/gateway-dynamo.yaml"
+  srv_pids[e]=$last_pid
+  wait_http "http://127.0.0.1:$P_DYN/" || { dyn_reason="the gateway on DynamoDB did not start (see $out/gateway-dynamo.log)"; return 1; }
+  dynamo_endpoint=$endpoint
+}
+
+# metric NAME_AND_LABELS ADMIN_PORT: sums the samples of one series selector prefix.
+metric() {
+  curl -s "http://127.0.0.1:$2/metrics" | awk -v m="$1" 'index($0, m) == 1 { s += $NF } END { printf "%.0f", s }'
+}
+
+dynamo_costs() {
+  [ -n "${dynamo_endpoint:-}" ] || return 0
+  note "DynamoDB cost lines"
+  local s0 d0 s1 d1 line req adm
+  # Admitted: (c) traffic.
+  local fo0; fo0=$(metric 'ratelimit_decisions_total{result="store_error_allowed"}' $P_DYNADMIN)
+  s0=$(metric 'ratelimit_store_requests_total' $P_DYNADMIN); d0=$(metric 'ratelimit_decisions_total{result="allowed"}' $P_DYNADMIN)
+  line=$(load "$dur" "http://127.0.0.1:$P_DYN/" 10000 "")
+  s1=$(metric 'ratelimit_store_requests_total' $P_DYNADMIN); d1=$(metric 'ratelimit_decisions_total{result="allowed"}' $P_DYNADMIN)
+  adm=$((d1 - d0))
+  local fo=$(( $(metric 'ratelimit_decisions_total{result="store_error_allowed"}' $P_DYNADMIN) - fo0 ))
+  local upd0 upd1
+  # Rejected while hammering one hot key.
+  upd0=$(metric 'ratelimit_store_requests_total' $P_DYNADMIN)
+  local l0 l1 hits0 hits1
+  l0=$(metric 'ratelimit_decisions_total{result="limited"}' $P_DYNADMIN); hits0=$(metric 'ratelimit_deny_cache_hits_total' $P_DYNADMIN)
+  load "$dur" "http://127.0.0.1:$P_DYN/" 0 "$hot_key" >/dev/null
+  upd1=$(metric 'ratelimit_store_requests_total' $P_DYNADMIN)
+  l1=$(metric 'ratelimit_decisions_total{result="limited"}' $P_DYNADMIN); hits1=$(metric 'ratelimit_deny_cache_hits_total' $P_DYNADMIN)
+  local raw
+  curl -s "http://127.0.0.1:$P_DYNADMIN/metrics" | grep '^ratelimit_' >"$out/dynamo-metrics.txt" || true
+  local raw=""
+  CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/dynprobe" ./scripts/bench/dynprobe &&
+    raw=$(pin "$SRV_CPU" "$out/bin/dynprobe" -endpoint "$dynamo_endpoint" -n "$([ "${BENCH_QUICK:-0}" = 1 ] && echo 300 || echo 2000)" 2>"$out/dynprobe.log") ||
+    note "dynprobe failed (see $out/dynprobe.log)"
+  {
+    echo
+    echo "### DynamoDB cost (DynamoDB Local on loopback; 3 policies per request)"
+    echo
+    echo "| measure | value | target |"
+    echo "|---|---:|---|"
+    awk -v s=$((s1 - s0)) -v a="$adm" 'BEGIN { printf "| store calls per admitted request (all 3 policies) | %.2f | 3 (1 per policy) |\n", a ? s / a : 0; printf "| store calls per admitted request per policy | %.2f | 1 |\n", a ? s / a / 3 : 0 }'
+    awk -v s=$((upd1 - upd0)) -v l=$((l1 - l0)) -v h=$((hits1 - hits0)) 'BEGIN { printf "| store calls per rejected request while hammering one key | %.4f | ~0 (deny cache) |\n", l ? s / l : 0; printf "| deny-cache hits / rejected requests | %.3f | |\n", l ? h / l : 0 }'
+    awk -v a="$adm" -v f="$fo" 'BEGIN { printf "| share of (c) requests decided by DynamoDB (the rest failed open: store timeout/circuit) | %.3f | 1 |\n", (a + f > 0 ? a / (a + f) : 0) }'
+    echo "| admitted (c) run on DynamoDB: $(field rps "$line") req/s, p50 $(field p50_us "$line") µs, p99 $(field p99_us "$line") µs | | |"
+    if [ -n "$raw" ]; then
+      echo
+      echo "Added latency of a decision vs one store round trip (scripts/bench/dynprobe; target <= 1.2x):"
+      echo
+      echo "$raw"
+    fi
+  } >"$out/dynamo.md"
+}
+
+# ==================================================================================================
+# 3. Memory: RSS of the gateway under load
+# ==================================================================================================
+rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+rss_run() {
+  local pid=${srv_pids[c]}
+  note "RSS of the gateway over a ${rss_secs}s (c) run"
+  local startk peak=0 endk k samples=()
+  startk=$(rss_kib "$pid")
+  load "$rss_secs" "http://127.0.0.1:$P_GW/" 10000 "" >"$out/rss-load.txt" &
+  local lp=$! i=0
+  while kill -0 "$lp" 2>/dev/null; do
+    k=$(rss_kib "$pid"); samples+=("$k"); [ "$k" -gt "$peak" ] && peak=$k
+    sleep 1; i=$((i + 1))
+  done
+  wait "$lp" || true
+  endk=$(rss_kib "$pid")
+  local tenth=${samples[$(( ${#samples[@]} / 10 ))]:-0}
+  {
+    echo
+    echo "## 3. Memory"
+    echo
+    echo "Gateway RSS over a ${rss_secs}s (c) run ($(field rps "$(cat "$out/rss-load.txt")") req/s), sampled every second:"
+    echo "start (idle, after the e2e runs) $((startk / 1024)) MiB, at 10% of the run $((tenth / 1024)) MiB, peak $((peak / 1024)) MiB, end $((endk / 1024)) MiB."
+    echo "Samples (MiB): $(for s in "${samples[@]}"; do printf '%d ' $((s / 1024)); done)"
+  } >&3
+}
+
+# ==================================================================================================
+if [ "$only" != e2e ]; then go_benches; fi
+if [ "$only" != go ]; then
+  start_servers
+  e2e
+  dynamo_costs
+  [ -s "$out/dynamo.md" ] && cat "$out/dynamo.md" >&3 || true
+  rss_run
+fi
+exec 3>&-
+echo
+cat "$results"
