@@ -600,14 +600,7 @@ func TestFaultSIGTERMUnderLoad(t *testing.T) {
 	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "listener closed", func() bool {
-		conn, err := net.DialTimeout("tcp", strings.TrimPrefix(g.proxy, "http://"), time.Second)
-		if err != nil {
-			return true
-		}
-		conn.Close()
-		return false
-	})
+	g.waitListenerClosed(t)
 	select {
 	case <-g.exited:
 		t.Fatalf("gateway exited with %d requests in flight: %v", held.Load(), g.exitErr)

@@ -155,6 +155,19 @@ func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gatewa
 	}
 }
 
+// waitListenerClosed polls until the proxy port refuses connections (shutdown has begun).
+func (g *gateway) waitListenerClosed(t *testing.T) {
+	t.Helper()
+	eventually(t, "listener closed", func() bool {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(g.proxy, "http://"), time.Second)
+		if err != nil {
+			return true
+		}
+		c.Close()
+		return false
+	})
+}
+
 // rewrite replaces the policies part of the config.
 func (g *gateway) rewrite(t *testing.T, upstreamURL, rest string) {
 	t.Helper()
@@ -388,14 +401,7 @@ func TestSIGTERMDrainsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The gateway must not exit while the request is in flight; it has stopped accepting.
-	eventually(t, "listener closed", func() bool {
-		c, err := net.DialTimeout("tcp", strings.TrimPrefix(g.proxy, "http://"), time.Second)
-		if err != nil {
-			return true
-		}
-		c.Close()
-		return false
-	})
+	g.waitListenerClosed(t)
 	select {
 	case <-g.exited:
 		t.Fatalf("gateway exited with a request in flight: %v", g.exitErr)

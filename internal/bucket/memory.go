@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
 	"runtime"
@@ -126,9 +127,13 @@ type pending struct {
 // describes. Charges on the same key (and the same kind of state) within one group are taken one
 // after the other, so two such charges spend two requests. When the group is not admitted, the
 // results of conforming charges still describe them as if taken, although nothing was committed.
-// It returns an error only for a done ctx, too few results or an unknown algorithm.
+// It returns an error only for a canceled ctx, too few results or an unknown algorithm.
+//
+// A ctx whose deadline has passed is still decided: the decision costs well under a microsecond
+// and does no I/O, and a deadline that passed while the goroutine waited for a CPU would
+// otherwise turn an overloaded gateway into one that forwards without limits (on_error: allow).
 func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, results []Result) (bool, error) {
-	if err := ctx.Err(); err != nil {
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
 		return false, fmt.Errorf("bucket: memory take: %w", err)
 	}
 	if len(results) < len(charges) {
@@ -198,14 +203,36 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 }
 
 // takeOne is Take for a group of one charge, the common case, without the group bookkeeping.
+// Each algorithm has its own branch so that no pending value (about 100 bytes, mostly the
+// sliding window's counters) is zeroed and copied per decision: for a token bucket that copy
+// was about a third of the decision's cost.
 func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 	sh := &m.shards[m.shardOf(c.Key)]
-	var p pending
-	sh.mu.Lock()
-	*r = sh.eval(c, now, &p, nil)
 	var evicted uint64
-	if r.Allowed {
-		evicted = sh.commit(c, now, &p)
+	sh.mu.Lock()
+	switch c.Limit.Algorithm {
+	case TokenBucket, LeakyBucket:
+		tat, existed := sh.gcra[c.Key]
+		var next int64
+		next, *r = GCRA(tat, now, c.Limit)
+		if r.Allowed {
+			evicted = sh.makeRoom(existed, now)
+			sh.gcra[c.Key] = next
+		}
+	case FixedWindow:
+		st, existed := sh.fixed[c.Key]
+		st, *r = Fixed(st, now, c.Limit)
+		if r.Allowed {
+			evicted = sh.makeRoom(existed, now)
+			sh.fixed[c.Key] = st
+		}
+	default: // SlidingWindow; Take has checked the algorithm
+		st, existed := sh.sliding[c.Key]
+		st, *r = Sliding(st, now, c.Limit)
+		if r.Allowed {
+			evicted = sh.makeRoom(existed, now)
+			sh.sliding[c.Key] = st
+		}
 	}
 	sh.mu.Unlock()
 	if evicted > 0 {
@@ -266,9 +293,7 @@ func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
 	// p.existed is stale when a sweep for an earlier charge of the group forgot this (then
 	// idle, so fresh-equivalent) key: storing p is still right, and the shard exceeds its cap
 	// by at most the group's size.
-	if !p.existed && sh.len() >= sh.sweepAt {
-		evicted = sh.sweep(now)
-	}
+	evicted = sh.makeRoom(p.existed, now)
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
 		sh.gcra[c.Key] = p.tat
@@ -276,6 +301,15 @@ func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
 		sh.fixed[c.Key] = p.fixed
 	case SlidingWindow:
 		sh.sliding[c.Key] = p.sliding
+	}
+	return evicted
+}
+
+// makeRoom sweeps before a key is added (existed is false) to a shard that has reached its
+// sweep size, and returns the number of live keys evicted. The caller holds sh.mu.
+func (sh *shard) makeRoom(existed bool, now int64) (evicted uint64) {
+	if !existed && sh.len() >= sh.sweepAt {
+		evicted = sh.sweep(now)
 	}
 	return evicted
 }

@@ -266,3 +266,19 @@ func TestMemoryBytesPerKey(t *testing.T) {
 		t.Logf("%.1f B per token-bucket key at 1M keys", got)
 	}
 }
+
+// TestMemoryDecidesPastTheDeadline: an overloaded process may reach Take after the decision's
+// deadline; the memory store still decides (and spends), so overload never means "no limits".
+func TestMemoryDecidesPastTheDeadline(t *testing.T) {
+	m := bucket.NewMemory(bucket.MemoryOptions{})
+	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
+	defer cancel()
+	c := []bucket.Charge{{Key: buckettest.NewKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1}}}
+	var r [1]bucket.Result
+	for i, want := range []bool{true, false} {
+		admitted, err := m.Take(ctx, t0, c, r[:])
+		if err != nil || admitted != want {
+			t.Fatalf("take %d past the deadline: got admitted=%v err=%v, want %v and no error", i, admitted, err, want)
+		}
+	}
+}

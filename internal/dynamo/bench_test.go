@@ -2,6 +2,7 @@ package dynamo_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,4 +90,40 @@ func BenchmarkHammerDenyCache(b *testing.B) {
 			b.ReportMetric(float64(counting.calls())/float64(b.N), "calls/op")
 		})
 	}
+}
+
+// BenchmarkTakeLayered is load (e) of scripts/bench in miniature: many concurrent decisions of
+// three token buckets (one hot "ip" key, an api_key rotating over 10k keys, one hot global key),
+// rates far above what is reached, on the wall clock. It reports DynamoDB writes per admitted
+// request per policy, whose target is 1.
+func BenchmarkTakeLayered(b *testing.B) {
+	api, table := localTable(b)
+	counting := &countingAPI{api: api}
+	s := dynamo.New(counting, dynamo.Options{Table: table, DenyCache: true})
+	big := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1e7, Burst: 1e7}
+	perKey := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1e5, Burst: 1e5}
+	run := time.Now().UnixNano()
+	var next atomic.Int64
+	b.SetParallelism(32) // 64 goroutines on 2 cores, like the 64 connections of load (e)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		r := make([]bucket.Result, 3)
+		charges := []bucket.Charge{
+			{Key: bucket.Key{4, 1, byte(run), byte(run >> 8)}, Limit: big},
+			{Limit: perKey},
+			{Key: bucket.Key{4, 3, byte(run), byte(run >> 8)}, Limit: big},
+		}
+		for pb.Next() {
+			i := next.Add(1) % 10000
+			charges[1].Key = bucket.Key{4, 2, byte(run), byte(run >> 8), byte(i), byte(i >> 8)}
+			ok, err := s.Take(context.Background(), time.Now(), charges, r)
+			if err != nil || !ok {
+				b.Errorf("Take: admitted %v, err %v; want admitted", ok, err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(counting.updates.Load())/float64(b.N)/3, "updates/policy")
 }

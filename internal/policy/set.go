@@ -47,6 +47,9 @@ type rule struct {
 	// keyPrefix is `name 0x00 algorithm 0x00 key-kind 0x00`: the bucket key hashes it before
 	// the value, so two policies never share a bucket.
 	keyPrefix []byte
+	// globalKey is the bucket key of a global policy, whose key value is always empty: hashed
+	// once here rather than on every request.
+	globalKey bucket.Key
 	hashed    map[[sha256.Size]byte]*override // sha256 overrides; nil when there are none
 	cidrs     []cidrOverride                  // ip overrides, most specific prefix first
 }
@@ -109,6 +112,10 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			methods:   slices.Clone(pc.Match.Methods),
 			prefix:    pc.Match.PathPrefix,
 			keyPrefix: keyPrefix(pc.Name, alg, kind, hdr),
+		}
+		if kind == keyGlobal {
+			sum := digest(ru.keyPrefix, "")
+			copy(ru.globalKey[:], sum[:])
 		}
 		switch kind {
 		case keyAPIKey:
@@ -305,9 +312,11 @@ func charge[V string | []byte](ru *rule, v V, client netip.Addr) (bucket.Charge,
 		}
 		lim = o.limit
 	}
-	sum := digest(ru.keyPrefix, v)
-	var key bucket.Key
-	copy(key[:], sum[:])
+	key := ru.globalKey
+	if ru.kind != keyGlobal {
+		sum := digest(ru.keyPrefix, v)
+		copy(key[:], sum[:])
+	}
 	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow}, true
 }
 

@@ -35,10 +35,18 @@ func (f fixedLimiter) Take(_ context.Context, _ time.Time, _ []bucket.Charge, re
 
 func benchHandler(b *testing.B, admitted bool) *Handler {
 	b.Helper()
-	pol := (&fakePolicies{}).add("per-ip", false, 1).add("per-key", false, 2)
+	return benchHandlerRetry(b, admitted, 1500*time.Millisecond)
+}
+
+// benchHandlerRetry is benchHandler with the rejecting charge's RetryAfter; load (d) of
+// scripts/bench rejects a hot key limited to 1/h, so its Retry-After is up to 3600 s.
+func benchHandlerRetry(b *testing.B, admitted bool, retry time.Duration) *Handler {
+	b.Helper()
+	pol := (&fakePolicies{}).add("per-ip", false, 1).add("per-key", false, 2).add("global", false, 3)
 	res := []bucket.Result{
 		{Allowed: true, Limit: 100, Remaining: 50, Reset: time.Second},
-		{Allowed: admitted, Limit: 10, Remaining: 3, Reset: 2 * time.Second, RetryAfter: 1500 * time.Millisecond},
+		{Allowed: admitted, Limit: 10, Remaining: 3, Reset: 2 * time.Second, RetryAfter: retry},
+		{Allowed: true, Limit: 1000, Remaining: 500, Reset: time.Second},
 	}
 	h, err := New(Options{
 		Upstream:  &url.URL{Scheme: "http", Host: "upstream.invalid"},
@@ -53,7 +61,10 @@ func benchHandler(b *testing.B, admitted bool) *Handler {
 }
 
 func benchServe(b *testing.B, admitted bool, want int) {
-	h := benchHandler(b, admitted)
+	benchServeHandler(b, benchHandler(b, admitted), want)
+}
+
+func benchServeHandler(b *testing.B, h *Handler, want int) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		req := httptest.NewRequest(http.MethodGet, "http://proxy.local/v1/items", nil)
@@ -71,3 +82,58 @@ func benchServe(b *testing.B, admitted bool, want int) {
 func BenchmarkHandler_Admitted(b *testing.B) { benchServe(b, true, http.StatusOK) }
 
 func BenchmarkHandler_Rejected(b *testing.B) { benchServe(b, false, http.StatusTooManyRequests) }
+
+// BenchmarkHandler_RejectedHot is the 429 path of load (d): the same hot key rejected with a
+// Retry-After of about an hour on every request.
+func BenchmarkHandler_RejectedHot(b *testing.B) {
+	benchServeHandler(b, benchHandlerRetry(b, false, 3599*time.Second+time.Millisecond), http.StatusTooManyRequests)
+}
+
+// discardWriter is a ResponseWriter that keeps only the status, reusing one header map, so the
+// *Own benchmarks measure the handler's own work without httptest.ResponseRecorder's allocations
+// (which are most of BenchmarkHandler_Rejected's).
+type discardWriter struct {
+	h    http.Header
+	code int
+}
+
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) WriteHeader(code int)        { d.code = code }
+func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+func benchServeOwn(b *testing.B, h *Handler, want int) {
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := httptest.NewRequest(http.MethodGet, "http://proxy.local/v1/items", nil)
+		req.RemoteAddr = "192.0.2.1:1234"
+		w := &discardWriter{h: make(http.Header)}
+		for pb.Next() {
+			clear(w.h)
+			w.code = 0
+			h.ServeHTTP(w, req)
+			if w.code != want {
+				b.Fatalf("status = %d, want %d", w.code, want)
+			}
+		}
+	})
+}
+
+func BenchmarkHandlerOwn_Rejected(b *testing.B) {
+	benchServeOwn(b, benchHandler(b, false), http.StatusTooManyRequests)
+}
+
+func BenchmarkHandlerOwn_RejectedHot(b *testing.B) {
+	benchServeOwn(b, benchHandlerRetry(b, false, 3599*time.Second+time.Millisecond), http.StatusTooManyRequests)
+}
+
+// seqLimiter rejects with results[i] on the i-th call (the last one repeats).
+type seqLimiter struct {
+	results []bucket.Result
+	calls   int
+}
+
+func (s *seqLimiter) Take(_ context.Context, _ time.Time, _ []bucket.Charge, results []bucket.Result) (bool, error) {
+	results[0] = s.results[min(s.calls, len(s.results)-1)]
+	s.calls++
+	return false, nil
+}

@@ -43,6 +43,30 @@ type problem struct {
 // writeProblem writes p as the whole response, building the body in buf (which may be nil), and
 // returns buf for reuse.
 func writeProblem(w http.ResponseWriter, buf []byte, p problem) []byte {
+	buf = appendProblem(buf, p)
+	var retry []string
+	if p.RetryAfter > 0 {
+		retry = retryAfter(p.RetryAfter)
+	}
+	setProblemHeaders(w.Header(), retry)
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(buf) // the client may be gone; there is nobody left to tell
+	return buf
+}
+
+// setProblemHeaders sets the headers of a problem response, and Retry-After to retry unless it
+// is nil.
+func setProblemHeaders(h http.Header, retry []string) {
+	h[hdrContentType] = problemContentType
+	h["Cache-Control"] = noStore
+	h["X-Content-Type-Options"] = nosniff
+	if retry != nil {
+		h[hdrRetryAfter] = retry
+	}
+}
+
+// appendProblem appends p's problem+json body to buf.
+func appendProblem(buf []byte, p problem) []byte {
 	buf = append(buf, `{"type":`...)
 	buf = appendJSONString(buf, p.Type)
 	buf = append(buf, `,"title":`...)
@@ -72,18 +96,7 @@ func writeProblem(w http.ResponseWriter, buf []byte, p problem) []byte {
 		buf = append(buf, `,"retry_after_seconds":`...)
 		buf = strconv.AppendInt(buf, p.RetryAfter, 10)
 	}
-	buf = append(buf, "}\n"...)
-
-	h := w.Header()
-	h[hdrContentType] = problemContentType
-	h["Cache-Control"] = noStore
-	h["X-Content-Type-Options"] = nosniff
-	if p.RetryAfter > 0 {
-		h[hdrRetryAfter] = retryAfter(p.RetryAfter)
-	}
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(buf) // the client may be gone; there is nobody left to tell
-	return buf
+	return append(buf, "}\n"...)
 }
 
 // appendJSONString appends s as a JSON string.

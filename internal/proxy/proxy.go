@@ -16,7 +16,9 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,7 +43,8 @@ type Policies interface {
 }
 
 // Limiter is what the handler needs from a store; every bucket.Store satisfies it. It must be safe
-// for concurrent use and honour ctx's deadline. See bucket.Store for the contract of Take.
+// for concurrent use and honour ctx's deadline, and Take must not use ctx after it returned (the
+// handler reuses it for a later request). See bucket.Store for the contract of Take.
 type Limiter interface {
 	Take(ctx context.Context, now time.Time, charges []bucket.Charge, results []bucket.Result) (bool, error)
 }
@@ -119,6 +122,7 @@ type Handler struct {
 	onError      OnError
 	storeTimeout time.Duration
 	now          func() time.Time
+	clockIsNow   bool // now is time.Now: the store timer's start doubles as the decision instant
 	wait         func(ctx context.Context, d time.Duration) error
 	log          *zap.Logger // sampled
 	m            *Metrics
@@ -126,6 +130,43 @@ type Handler struct {
 	storeErr     [2]prometheus.Counter // reason timeout, error
 	rp           *httputil.ReverseProxy
 	states       sync.Pool // *reqState
+	byPolicy     sync.Map  // policy name -> *policyState
+}
+
+// policyState is what the handler keeps per policy name: its counters, resolved once instead of
+// per request, and the last 429 it rendered, reused while a client keeps being rejected with the
+// same numbers (a hammering client sees the same Retry-After for a whole second).
+type policyState struct {
+	counters *policyCounters
+	last     atomic.Pointer[rejection]
+}
+
+// rejection is a pre-rendered 429 of one policy: the problem body and the header values, shared
+// read-only by every response that carries the same numbers. The header slices have capacity 1,
+// so Header.Add copies instead of writing into them.
+type rejection struct {
+	retry, limit, reset int64
+	retryAfter          []string
+	vals                [3]string // X-RateLimit-Limit, -Remaining ("0"), -Reset
+	body                []byte
+}
+
+func newRejection(name string, retry, limit, reset int64) *rejection {
+	r := &rejection{retry: retry, limit: limit, reset: reset, retryAfter: retryAfter(retry)}
+	r.vals = [3]string{strconv.FormatInt(limit, 10), "0", strconv.FormatInt(reset, 10)}
+	r.body = appendProblem(nil, problem{Type: problemRateLimited, Status: http.StatusTooManyRequests,
+		Policy: name, RetryAfter: retry})
+	return r
+}
+
+// policy returns name's state, creating it on first use. Like the counters, the states of
+// policies that a reload removed stay (one small value per name ever configured).
+func (h *Handler) policy(name string) *policyState {
+	if v, ok := h.byPolicy.Load(name); ok {
+		return v.(*policyState)
+	}
+	v, _ := h.byPolicy.LoadOrStore(name, &policyState{counters: h.m.policyCounters(name)})
+	return v.(*policyState)
 }
 
 // reqState is the per-request scratch space, pooled so the admitted path allocates little.
@@ -134,6 +175,7 @@ type reqState struct {
 	results []bucket.Result
 	buf     []byte
 	now     time.Time // the instant handed to the limiter; headers are relative to it
+	ctx     *storeCtx // reused while no store materialised it
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -172,7 +214,8 @@ func New(o Options) (*Handler, error) {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
-	if o.Now == nil {
+	clockIsNow := o.Now == nil
+	if clockIsNow {
 		o.Now = time.Now
 	}
 	if o.Wait == nil {
@@ -187,6 +230,7 @@ func New(o Options) (*Handler, error) {
 		onError:      o.OnError,
 		storeTimeout: o.StoreTimeout,
 		now:          o.Now,
+		clockIsNow:   clockIsNow,
 		wait:         o.Wait,
 		log:          sampled(o.Logger),
 		m:            o.Metrics,
@@ -259,12 +303,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	clear(results)
 
 	start := time.Now()
-	ctx := newStoreCtx(r.Context(), start.Add(h.storeTimeout))
-	st.now = h.now()
+	if st.ctx == nil {
+		st.ctx = new(storeCtx)
+	}
+	ctx := st.ctx
+	ctx.init(r.Context(), start.Add(h.storeTimeout))
+	st.now = start
+	if !h.clockIsNow {
+		st.now = h.now()
+	}
 	admitted, err := h.limiter.Take(ctx, st.now, charges, results)
-	h.storeDur.Observe(time.Since(start).Seconds())
-	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	end := time.Now()
+	h.storeDur.Observe(end.Sub(start).Seconds())
+	timedOut := ctx.timedOut(end)
 	ctx.release()
+	if ctx.reusable() {
+		ctx.parent = nil // do not keep the request's context alive in the pool
+	} else {
+		st.ctx = nil
+	}
 
 	if err != nil {
 		h.storeError(w, r, pols, err, timedOut)
@@ -310,13 +367,15 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Polici
 func (h *Handler) reject(w http.ResponseWriter, st *reqState, pols Policies) {
 	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
 	pick := -1
+	var pickState *policyState
 	for i := range charges {
 		if charges[i].Shadow || results[i].Allowed {
 			continue
 		}
-		h.m.policyCounters(ps[i].Name).limited.Inc()
+		state := h.policy(ps[i].Name)
+		state.counters.limited.Inc()
 		if pick < 0 || results[i].RetryAfter > results[pick].RetryAfter {
-			pick = i
+			pick, pickState = i, state
 		}
 	}
 	if pick < 0 {
@@ -344,9 +403,27 @@ func (h *Handler) reject(w http.ResponseWriter, st *reqState, pols Policies) {
 			zap.Int64("retry_after_seconds", retry))
 	}
 	res.Remaining = 0
-	st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, res)
-	st.buf = writeProblem(w, st.buf[:0], problem{Type: problemRateLimited, Status: http.StatusTooManyRequests,
-		Policy: name, RetryAfter: retry})
+	hc := pols.Headers()
+	if hc.IETF || pickState == nil {
+		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
+		st.buf = writeProblem(w, st.buf[:0], problem{Type: problemRateLimited, Status: http.StatusTooManyRequests,
+			Policy: name, RetryAfter: retry})
+		return
+	}
+	// The common case: reuse the policy's last rendering when the numbers are the same.
+	reset := resetValue(hc.Reset, st.now, res.Reset)
+	rj := pickState.last.Load()
+	if rj == nil || rj.retry != retry || rj.limit != res.Limit || rj.reset != reset {
+		rj = newRejection(name, retry, res.Limit, reset)
+		pickState.last.Store(rj)
+	}
+	hdr := w.Header()
+	hdr[hdrLimit] = rj.vals[0:1:1]
+	hdr[hdrRemaining] = rj.vals[1:2:2]
+	hdr[hdrReset] = rj.vals[2:3:3]
+	setProblemHeaders(hdr, rj.retryAfter)
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(rj.body) // the client may be gone; there is nobody left to tell
 }
 
 // admit counts, sets headers, holds a leaky-bucket request if needed and forwards.
@@ -355,7 +432,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 	pick := -1
 	var wait time.Duration
 	for i := range charges {
-		c := h.m.policyCounters(ps[i].Name)
+		c := h.policy(ps[i].Name).counters
 		if !results[i].Allowed {
 			// Only a shadow charge can fail in an admitted group.
 			c.shadowLimited.Inc()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -25,10 +26,36 @@ type storeCtx struct {
 }
 
 func newStoreCtx(parent context.Context, deadline time.Time) *storeCtx {
+	c := new(storeCtx)
+	c.init(parent, deadline)
+	return c
+}
+
+// init (re)starts c for one Take. Only a storeCtx that was never materialised may be reused
+// (see reusable): nobody can hold its Done channel, and Limiter.Take does not keep ctx after it
+// returns.
+func (c *storeCtx) init(parent context.Context, deadline time.Time) {
 	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	return &storeCtx{parent: parent, deadline: deadline}
+	c.parent, c.deadline = parent, deadline
+}
+
+// reusable reports whether c may be initialised again after release: true unless Done was called,
+// in which case a timer, a child context or a goroutine may still refer to it.
+func (c *storeCtx) reusable() bool { return c.materialised() == nil }
+
+// timedOut reports, for a Take that ended at end, whether c had run out of time: the same as
+// errors.Is(c.Err(), context.DeadlineExceeded) but without reading the clock again.
+func (c *storeCtx) timedOut(end time.Time) bool {
+	err := c.parent.Err()
+	if r := c.materialised(); r != nil {
+		err = r.Err()
+	}
+	if err != nil {
+		return errors.Is(err, context.DeadlineExceeded)
+	}
+	return !end.Before(c.deadline)
 }
 
 // materialised returns the real context, or nil before Done was called.

@@ -45,9 +45,9 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
 		primary = m
-		// The memory store fails only when the decision's deadline passed before it ran (an
-		// overloaded process), never because it is down: its circuit never opens, or one late
-		// decision would skip the limits of every request for the backoff.
+		// The memory store fails only for a request whose client has gone (it decides even past
+		// the deadline), never because it is down: its circuit never opens, or one failure would
+		// skip the limits of every request for the backoff.
 		healthy = func(error) bool { return true }
 	case "dynamodb":
 		d := cfg.Store.DynamoDB // Validate guarantees it with a table

@@ -40,7 +40,7 @@ conns=${BENCH_CONNS:-64}
 only=${BENCH_ONLY:-}
 
 # Ports (loopback only).
-P_UP=18000 P_GW=18080 P_ADMIN=19090 P_PLAIN=18081 P_NGINX=18082 P_HAPROXY=18083 P_DYN=18084 P_DYNADMIN=19094
+P_UP=18000 P_GW=18080 P_ADMIN=19090 P_PLAIN=18081 P_NGINX=18082 P_HAPROXY=18083 P_DYN=18084 P_DYNADMIN=19094 P_BARE=18085
 
 note() { echo "bench: $*" >&2; }
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -341,6 +341,7 @@ start_servers() {
   mkdir -p "$out/bin"
   CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/upstream" ./scripts/bench/upstream
   CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/plainproxy" ./scripts/bench/plainproxy
+  CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/bare429" ./scripts/bench/bare429
   CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/ratelimit-proxy" ./cmd/ratelimit-proxy
   have wrk || CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/loadgen" ./scripts/bench/loadgen
 
@@ -358,6 +359,9 @@ start_servers() {
   start gateway "$SRV_CPU" "$out/bin/ratelimit-proxy" serve --config "$out/gateway.yaml"; srv_pids[c]=$last_pid
   addrow c "(c) ratelimit-proxy, 3 policies, memory, 10k keys, none rejected" c "http://127.0.0.1:$P_GW/" 10000 ""
   addrow d "(d) ratelimit-proxy, hot key always rejected (429)" c "http://127.0.0.1:$P_GW/" 0 "$hot_key"
+  # The floor of (d): a bare net/http handler answering 429 from a per-key x/time/rate map.
+  start bare429 "$SRV_CPU" "$out/bin/bare429" -listen 127.0.0.1:$P_BARE; srv_pids[d0]=$last_pid
+  addrow d0 "(d0) bare net/http + x/time/rate map, hot key always 429" d0 "http://127.0.0.1:$P_BARE/" 0 "$hot_key"
 
   # The same two servers at GOGC=400: the GC's share of the cost.
   start plainproxy-gogc "$SRV_CPU" env GOGC=400 "$out/bin/plainproxy" -listen 127.0.0.1:$((P_PLAIN + 10)) \
