@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -45,6 +46,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Log == nil {
 		o.Log = os.Stderr
 	}
+	gcPercent := tuneGC(o.Getenv)
 	reg := proxy.NewRegistry()
 	// A provisional logger reports load errors; the configured level applies once the file is read.
 	log := newLogger(o.Log, zapcore.InfoLevel)
@@ -99,9 +101,16 @@ func Run(ctx context.Context, o Options) error {
 		_ = pl.Close()
 		return fmt.Errorf("admin_listen: %w", err)
 	}
+	conns, err := newConnTracker(reg)
+	if err != nil {
+		_, _ = pl.Close(), al.Close()
+		return fmt.Errorf("register connection metrics: %w", err)
+	}
 	errLog, _ := zap.NewStdLogAt(log.Named("http"), zapcore.WarnLevel)
 	proxySrv := &http.Server{
-		Handler:           handler,
+		Handler:           conns.wrap(handler),
+		ConnContext:       conns.connContext,
+		ConnState:         conns.connState,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
 		ReadTimeout:       cfg.Server.ReadTimeout,
 		IdleTimeout:       cfg.Server.IdleTimeout,
@@ -144,7 +153,8 @@ func Run(ctx context.Context, o Options) error {
 		zap.String("admin_listen", al.Addr().String()),
 		zap.String("upstream", upstream.Redacted()),
 		zap.String("store", cfg.Store.Backend),
-		zap.Int("policies", len(rl.Set().Policies())))
+		zap.Int("policies", len(rl.Set().Policies())),
+		zap.Int("gogc", gcPercent))
 	if o.Ready != nil {
 		o.Ready(pl.Addr(), al.Addr())
 	}
@@ -169,6 +179,24 @@ func Run(ctx context.Context, o Options) error {
 	_ = adminSrv.Shutdown(drainCtx)
 	log.Info("stopped")
 	return runErr
+}
+
+// defaultGCPercent is the garbage collector target the gateway runs with unless GOGC is set.
+// A proxy's live heap is small (a few MiB plus the memory store), so the default of 100 makes it
+// collect very often; at 400 the gateway's throughput in the (c) benchmark rose by about a third
+// and its CPU per request fell by about a quarter (BENCHMARKS.md), for a heap a few MiB larger.
+const defaultGCPercent = 400
+
+// tuneGC applies defaultGCPercent unless the operator chose GOGC, and returns the value in force.
+func tuneGC(getenv func(string) string) int {
+	if v := getenv("GOGC"); v != "" {
+		// The runtime has applied it at start; read it back without changing it.
+		cur := debug.SetGCPercent(100)
+		debug.SetGCPercent(cur)
+		return cur
+	}
+	debug.SetGCPercent(defaultGCPercent)
+	return defaultGCPercent
 }
 
 func serve(s *http.Server, l net.Listener) error {

@@ -363,16 +363,17 @@ start_servers() {
   start bare429 "$SRV_CPU" "$out/bin/bare429" -listen 127.0.0.1:$P_BARE; srv_pids[d0]=$last_pid
   addrow d0 "(d0) bare net/http + x/time/rate map, hot key always 429" d0 "http://127.0.0.1:$P_BARE/" 0 "$hot_key"
 
-  # The same two servers at GOGC=400: the GC's share of the cost.
+  # The GC's share of the cost: the plain proxy at GOGC=400, and the gateway at Go's default
+  # GOGC=100 (the gateway itself defaults to 400 unless GOGC is set; see internal/server tuneGC).
   start plainproxy-gogc "$SRV_CPU" env GOGC=400 "$out/bin/plainproxy" -listen 127.0.0.1:$((P_PLAIN + 10)) \
     -upstream http://127.0.0.1:$P_UP -conns 512
   srv_pids[bg]=$last_pid
   addrow bg "(b) at GOGC=400" bg "http://127.0.0.1:$((P_PLAIN + 10))/" 10000 ""
   gateway_config "$out/gateway-gogc.yaml" 127.0.0.1:$((P_GW + 10)) 127.0.0.1:$((P_ADMIN + 10))
-  start gateway-gogc "$SRV_CPU" env GOGC=400 "$out/bin/ratelimit-proxy" serve --config "$out/gateway-gogc.yaml"
+  start gateway-gogc "$SRV_CPU" env GOGC=100 "$out/bin/ratelimit-proxy" serve --config "$out/gateway-gogc.yaml"
   srv_pids[cg]=$last_pid
-  addrow cg "(c) at GOGC=400" cg "http://127.0.0.1:$((P_GW + 10))/" 10000 ""
-  addrow dg "(d) at GOGC=400" cg "http://127.0.0.1:$((P_GW + 10))/" 0 "$hot_key"
+  addrow cg "(c) at GOGC=100 (Go default)" cg "http://127.0.0.1:$((P_GW + 10))/" 10000 ""
+  addrow dg "(d) at GOGC=100 (Go default)" cg "http://127.0.0.1:$((P_GW + 10))/" 0 "$hot_key"
 
   if [ "${BENCH_DYNAMODB:-1}" = 1 ] && dynamo_available; then
     start_dynamo && addrow e "(e) ratelimit-proxy (c) on DynamoDB Local" e "http://127.0.0.1:$P_DYN/" 10000 ""
