@@ -540,6 +540,9 @@ func TestFaultSlowlorisBody(t *testing.T) {
 
 	took, reply := closedWithin(t, c, start, timeout+2*time.Second)
 	t.Logf("slow body cut off after %v; the client read %q", took, reply)
+	eventually(t, "slow body counted", func() bool {
+		return metric(t, g.admin, "ratelimit_proxy_body_timeouts_total") == 1
+	})
 	if took < timeout/2 {
 		t.Errorf("slow body cut off after %v, before the %v timeout", took, timeout)
 	}
