@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -373,4 +374,28 @@ func wantHeader(t *testing.T, res *http.Response, name, want string) {
 	if got != want {
 		t.Errorf("%s = %q, want %q", name, got, want)
 	}
+}
+
+// cancelWhenEntered sends GET path, cancels it on the client side as soon as entered is closed
+// (the request has reached the stage under test), checks the client saw the cancellation and
+// waits until the handler has returned.
+func (hs *harness) cancelWhenEntered(t *testing.T, path string, entered <-chan struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hs.srv.URL+path, nil)
+	errc := make(chan error, 1)
+	go func() {
+		res, err := hs.client.Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("client error = %v, want context.Canceled", err)
+	}
+	hs.waitServed(1)
 }

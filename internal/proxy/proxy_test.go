@@ -367,23 +367,7 @@ func TestLeakyBucket_ClientGoneWhileWaiting(t *testing.T) {
 			return ctx.Err()
 		}
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hs.srv.URL+"/", nil)
-	errc := make(chan error, 1)
-	go func() {
-		res, err := hs.client.Do(req)
-		if err == nil {
-			res.Body.Close()
-		}
-		errc <- err
-	}()
-	<-entered
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Errorf("client error = %v, want context.Canceled", err)
-	}
-	hs.waitServed(1)
+	hs.cancelWhenEntered(t, "/", entered)
 	if got := hs.up.hits.Load(); got != 0 {
 		t.Errorf("upstream hits = %d, want 0", got)
 	}

@@ -234,23 +234,7 @@ func TestUpstream_ClientCanceled(t *testing.T) {
 		<-r.Context().Done() // the proxy cancels its request when the client goes
 	})
 	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hs.srv.URL+"/slow", nil)
-	errc := make(chan error, 1)
-	go func() {
-		res, err := hs.client.Do(req)
-		if err == nil {
-			res.Body.Close()
-		}
-		errc <- err
-	}()
-	<-entered
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Errorf("client error = %v, want context.Canceled", err)
-	}
-	hs.waitServed(1)
+	hs.cancelWhenEntered(t, "/slow", entered)
 	wantCounter(t, hs.reg, 1, "ratelimit_client_canceled_total", "stage", "upstream")
 	for _, r := range upstreamReasonNames {
 		wantCounter(t, hs.reg, 0, mUpstreamErrors, "reason", r)
