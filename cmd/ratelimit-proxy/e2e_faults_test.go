@@ -540,6 +540,11 @@ func TestFaultSlowlorisBody(t *testing.T) {
 
 	took, reply := closedWithin(t, c, start, timeout+2*time.Second)
 	t.Logf("slow body cut off after %v; the client read %q", took, reply)
+	// The client is still there: it is owed an answer that says what happened, not an empty 200.
+	if !strings.HasPrefix(reply, "HTTP/1.1 408 ") || !strings.Contains(reply, "application/problem+json") ||
+		!strings.Contains(reply, `"status":408`) {
+		t.Errorf("slow body: got %q, want a 408 problem+json", reply)
+	}
 	eventually(t, "slow body counted", func() bool {
 		return metric(t, g.admin, "ratelimit_proxy_body_timeouts_total") == 1
 	})

@@ -58,6 +58,7 @@ type Metrics struct {
 	upstreamErrors   *prometheus.CounterVec
 	leakyWait        prometheus.Histogram
 	clientCanceled   *prometheus.CounterVec
+	bodyTimeouts     prometheus.Counter
 
 	// Resolved children, so the hot path does no label hashing.
 	decision    [numDecisions]prometheus.Counter
@@ -131,6 +132,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_client_canceled_total",
 			Help: "Requests abandoned by the client before they were answered, by stage.",
 		}, []string{"stage"})),
+		bodyTimeouts: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_proxy_body_timeouts_total",
+			Help: "Forwarded requests whose body stopped before its end (server.read_timeout cut a slow client off, or the client left mid-upload); answered 408.",
+		})),
 		byPolicy: make(map[string]*policyCounters),
 	}
 	for i, n := range decisionNames {

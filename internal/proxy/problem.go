@@ -17,6 +17,7 @@ const (
 	problemInternal     = problemBase + "internal"             // 500
 	problemBadGateway   = problemBase + "upstream-unavailable" // 502
 	problemTimeout      = problemBase + "upstream-timeout"     // 504
+	problemBodyTimeout  = problemBase + "request-timeout"      // 408
 )
 
 const contentTypeProblem = "application/problem+json"

@@ -480,5 +480,23 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies)
 	if len(r.Header["X-Forwarded-For"]) > 0 {
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
 	}
-	h.rp.ServeHTTP(w, r)
+	if r.Body == nil || r.Body == http.NoBody {
+		h.rp.ServeHTTP(w, r)
+		return
+	}
+	// A body that stops before its end (server.read_timeout cut a slow client off) also cancels
+	// the request's context, so the reverse proxy takes it for a client that left and writes
+	// nothing, and net/http would then send an empty 200. A client still there is owed a 408; to
+	// a client that really left, the write is lost, which costs nothing. (Telling the two apart
+	// from here would race with the transport's writer goroutine.)
+	body := &partialBody{ReadCloser: r.Body}
+	r.Body = body
+	ww := &wroteWriter{ResponseWriter: w}
+	h.rp.ServeHTTP(ww, r)
+	if !ww.wrote && !body.done.Load() && r.Context().Err() != nil {
+		h.m.bodyTimeouts.Inc()
+		w.Header().Set("Connection", "close")
+		writeProblem(w, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
+			Detail: "The request body was not received in full."})
+	}
 }

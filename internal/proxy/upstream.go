@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -134,6 +135,39 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	writeProblem(w, nil, problem{Type: problemBadGateway, Status: http.StatusBadGateway,
 		Detail: "The upstream could not be reached."})
 }
+
+// partialBody records whether a request body was read to its end.
+type partialBody struct {
+	io.ReadCloser
+	done atomic.Bool // EOF seen; set by the transport's writer goroutine
+}
+
+func (b *partialBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.done.Store(true)
+	}
+	return n, err
+}
+
+// wroteWriter records whether anything was written to the client. Unwrap keeps
+// http.ResponseController (flushes, hijacks for WebSocket upgrades) working through it.
+type wroteWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *wroteWriter) WriteHeader(code int) {
+	w.wrote = true
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *wroteWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *wroteWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // classifyUpstream maps a transport error onto the fixed reason set of the metric.
 func classifyUpstream(err error) int {

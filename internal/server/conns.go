@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -19,10 +17,9 @@ import (
 // ConnState alone cannot tell them apart (a connection turns Active as soon as one byte is
 // read), so the handler marks its connection as served through the connection's context.
 type connTracker struct {
-	conns        sync.Map // net.Conn -> *atomic.Bool (served)
-	open         prometheus.Gauge
-	unserved     prometheus.Counter
-	bodyTimeouts prometheus.Counter
+	conns    sync.Map // net.Conn -> *atomic.Bool (served)
+	open     prometheus.Gauge
+	unserved prometheus.Counter
 }
 
 type servedKey struct{}
@@ -37,12 +34,8 @@ func newConnTracker(reg prometheus.Registerer) (*connTracker, error) {
 			Name: "ratelimit_proxy_connections_unserved_total",
 			Help: "Client connections closed before any request reached the gateway (header timeouts, oversized or malformed headers, dropped connections).",
 		}),
-		bodyTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimit_proxy_body_timeouts_total",
-			Help: "Requests whose body was cut off by server.read_timeout (clients sending their body too slowly).",
-		}),
 	}
-	for _, c := range []prometheus.Collector{t.open, t.unserved, t.bodyTimeouts} {
+	for _, c := range []prometheus.Collector{t.open, t.unserved} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -70,33 +63,12 @@ func (t *connTracker) connState(c net.Conn, s http.ConnState) {
 	}
 }
 
-// wrap marks the request's connection as served before handing the request on, and counts
-// bodies cut off by server.read_timeout.
+// wrap marks the request's connection as served before handing the request on.
 func (t *connTracker) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if served, ok := r.Context().Value(servedKey{}).(*atomic.Bool); ok && !served.Load() {
 			served.Store(true)
 		}
-		if r.Body != nil && r.Body != http.NoBody {
-			r.Body = &timeoutBody{ReadCloser: r.Body, timeouts: t.bodyTimeouts}
-		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// timeoutBody counts the first read of a request body that fails with a timeout.
-type timeoutBody struct {
-	io.ReadCloser
-	timeouts prometheus.Counter
-	counted  bool
-}
-
-func (b *timeoutBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	var ne net.Error
-	if err != nil && !b.counted && errors.As(err, &ne) && ne.Timeout() {
-		b.counted = true
-		b.timeouts.Inc()
-	}
-	return n, err
 }
