@@ -15,7 +15,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -71,17 +70,6 @@ func skipNearWeekBoundary(t *testing.T) {
 	if until := week - time.Duration(now.UnixNano()%int64(week)); until < time.Minute {
 		t.Skipf("fixed window: %s is in the last minute before a window boundary; rerun after it", now.Format(time.TimeOnly))
 	}
-}
-
-// storeProxy puts a faultnet proxy in front of DynamoDB Local and returns it with its URL.
-func storeProxy(t *testing.T, endpoint string) (*faultnet.Proxy, string) {
-	t.Helper()
-	fn, err := faultnet.New(strings.TrimPrefix(endpoint, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fn.Close() })
-	return fn, "http://" + fn.Addr()
 }
 
 // stamped is one answer of a load run with the instant its request started.
@@ -204,7 +192,7 @@ func TestDynFaultStoreKilled(t *testing.T) {
 	up := newUpstream(t, nil)
 
 	t.Run("allow", func(t *testing.T) {
-		fn, ep := storeProxy(t, endpoint)
+		fn, ep := faultProxy(t, endpoint)
 		g := startGateway(t, up.URL, dynamoStore(table, ep, true, dynKillTimeout.String(), "  on_error: allow\n")+dynFaultPolicies, awsEnv()...)
 		c := newClient(t, 10*time.Second)
 
@@ -278,7 +266,10 @@ func TestDynFaultStoreKilled(t *testing.T) {
 		if bound := goroutines0 + 2*dynFaultClients + 10; goroutinesDown2 > bound {
 			t.Errorf("go_goroutines with the store dead got %v, want <= %v (baseline %v + 2 x %d clients + 10)", goroutinesDown2, bound, goroutines0, dynFaultClients)
 		}
-		if goroutinesDown2 > goroutinesDown1+10 {
+		// Growth slack of one goroutine per client: keep-alive connections still settling (two
+		// goroutines each) measured up to +11 here on a loaded machine; a queue behind the dead
+		// store would grow by the ~1,500 requests of the outage.
+		if goroutinesDown2 > goroutinesDown1+dynFaultClients {
 			t.Errorf("go_goroutines grew from %v to %v while the store stayed dead", goroutinesDown1, goroutinesDown2)
 		}
 
@@ -301,7 +292,7 @@ func TestDynFaultStoreKilled(t *testing.T) {
 	})
 
 	t.Run("deny", func(t *testing.T) {
-		fn, ep := storeProxy(t, endpoint)
+		fn, ep := faultProxy(t, endpoint)
 		// The table exists now: the second gateway does not create it.
 		g := startGateway(t, up.URL, dynamoStore(table, ep, false, dynKillTimeout.String(), "  on_error: deny\n")+dynFaultPolicies, awsEnv()...)
 		c := newClient(t, 10*time.Second)
@@ -379,7 +370,7 @@ func TestDynFaultSlowStore(t *testing.T) {
 	up := newUpstream(t, nil)
 	for i, mode := range []string{"allow", "deny"} {
 		t.Run(mode, func(t *testing.T) {
-			fn, ep := storeProxy(t, endpoint)
+			fn, ep := faultProxy(t, endpoint)
 			g := startGateway(t, up.URL, dynamoStore(table, ep, i == 0, dynFaultTimeout.String(), "  on_error: "+mode+"\n")+dynFaultPolicies, awsEnv()...)
 			c := newClient(t, 10*time.Second)
 			if a := fetch(c, g.proxy+"/load/x", "X-User-Id", "slow-warm"); a.err != nil || a.status != http.StatusOK || a.header.Get("X-RateLimit-Limit") == "" {
@@ -464,7 +455,7 @@ func TestDynFaultLocalDuringOutage(t *testing.T) {
 	endpoint := dynamoEndpoint(t)
 	table := "e2e-dynlocal-" + randomSuffix()
 	up := newUpstream(t, nil)
-	fn, ep := storeProxy(t, endpoint)
+	fn, ep := faultProxy(t, endpoint)
 	g := startGateway(t, up.URL, dynamoStore(table, ep, true, dynFaultTimeout.String(), "  on_error: local\n  replicas: 3\n")+`identity:
   user_header: X-User-Id
 policies:

@@ -157,12 +157,8 @@ func TestFaultUpstream(t *testing.T) {
 		w.Header().Set("Content-Length", strconv.Itoa(size))
 		io.WriteString(w, payload)
 	})
-	fn, err := faultnet.New(up.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fn.Close() })
-	g := startGateway(t, "http://"+fn.Addr(), countingPolicy)
+	fn, via := faultProxy(t, up.URL)
+	g := startGateway(t, via, countingPolicy)
 	c := newClient(t, 10*time.Second)
 	var sent int64 // requests that reached the gateway's handler, hence were charged
 	send := func(what string) answer {
@@ -231,17 +227,25 @@ func TestFaultUpstream(t *testing.T) {
 	}
 }
 
-// TestFaultStalledUpstream504: a stalled upstream is answered 504 once upstream_timeout passes,
-// instead of holding the client for as long as it is willing to wait.
-func TestFaultStalledUpstream504(t *testing.T) {
-	up := newUpstream(t, nil)
-	fn, err := faultnet.New(up.Listener.Addr().String())
+// faultProxy puts a faultnet proxy in front of target (an http:// URL: an upstream or DynamoDB
+// Local) and returns it with the URL that goes through it.
+func faultProxy(t *testing.T, target string) (*faultnet.Proxy, string) {
+	t.Helper()
+	fn, err := faultnet.New(strings.TrimPrefix(target, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fn.Close() })
+	return fn, "http://" + fn.Addr()
+}
+
+// TestFaultStalledUpstream504: a stalled upstream is answered 504 once upstream_timeout passes,
+// instead of holding the client for as long as it is willing to wait.
+func TestFaultStalledUpstream504(t *testing.T) {
+	up := newUpstream(t, nil)
+	fn, via := faultProxy(t, up.URL)
 	rest := "upstream_timeout: 500ms\n" + countingPolicy
-	g := startGateway(t, "http://"+fn.Addr(), rest)
+	g := startGateway(t, via, rest)
 	fn.Set(faultnet.Fault{Mode: faultnet.Stall})
 	a := fetch(newClient(t, 10*time.Second), g.proxy+"/")
 	wantProblem(t, "stalled upstream", a, http.StatusGatewayTimeout)
@@ -259,14 +263,10 @@ func TestFaultStalledUpstream504(t *testing.T) {
 // stays exact.
 func TestFaultUpstreamDownUnderLoad(t *testing.T) {
 	up := newUpstream(t, nil)
-	fn, err := faultnet.New(up.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fn.Close() })
+	fn, via := faultProxy(t, up.URL)
 	// GOGC=100: this test watches RSS for leaks, and the gateway's default GOGC=400 lets the heap
 	// (and the race detector's shadow of it) grow towards its larger target first.
-	g := startGateway(t, "http://"+fn.Addr(), countingPolicy, "GOGC=100")
+	g := startGateway(t, via, countingPolicy, "GOGC=100")
 	c := newClient(t, 10*time.Second)
 	const n, workers = 1500, 16
 	var sent int64

@@ -65,12 +65,8 @@ func TestSoakFlappingUpstream(t *testing.T) {
 		return fmt.Sprintf("headers:\n  ietf_draft: %v\npolicies:\n  - name: count\n    key: global\n    algorithm: fixed_window\n    limit: %d\n    window: 168h\n", ietf, limit)
 	}
 	up := newUpstream(t, nil)
-	fn, err := faultnet.New(up.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fn.Close() })
-	g := startGateway(t, "http://"+fn.Addr(), policy(false))
+	fn, via := faultProxy(t, up.URL)
+	g := startGateway(t, via, policy(false))
 	c := newClient(t, 500*time.Millisecond) // a stalled upstream is abandoned after 500ms
 
 	var (
@@ -140,7 +136,7 @@ func TestSoakFlappingUpstream(t *testing.T) {
 			continue
 		case <-reloadTick.C:
 			r++
-			g.rewrite(t, "http://"+fn.Addr(), policy(r%2 == 1))
+			g.rewrite(t, via, policy(r%2 == 1))
 			continue
 		case <-sampleTick.C:
 			samples = append(samples, sample{time.Since(start).Round(time.Second),

@@ -65,13 +65,24 @@ func (s *syncBuffer) String() string {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return freePorts(t, 1)[0]
+}
+
+// freePorts returns n distinct free loopback addresses: the listeners stay open until all are
+// chosen, so the kernel cannot hand the same port out twice (which made the proxy and admin
+// addresses collide now and then).
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	return addrs
 }
 
 type gateway struct {
@@ -114,7 +125,8 @@ func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gatewa
 	t.Helper()
 	dir := t.TempDir()
 	g := &gateway{configPath: filepath.Join(dir, "config.yaml"), logs: &syncBuffer{}, exited: make(chan struct{})}
-	pa, aa := freePort(t), freePort(t)
+	ports := freePorts(t, 2)
+	pa, aa := ports[0], ports[1]
 	g.proxy, g.admin = "http://"+pa, "http://"+aa
 	if err := os.WriteFile(g.configPath, []byte(config(pa, aa, upstreamURL, rest)), 0o600); err != nil {
 		t.Fatal(err)
