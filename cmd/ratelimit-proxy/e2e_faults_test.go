@@ -217,13 +217,14 @@ func TestFaultUpstream(t *testing.T) {
 		t.Errorf("after %d requests X-RateLimit-Remaining got %d, want %d: a fault corrupted the count", sent, got, want)
 	}
 	// Every 502 is counted. A header block cut short by a reset is counted as "other": the
-	// transport reports the truncated header, not the reset that caused it.
+	// transport reports the truncated header, not the reset that caused it. The reset inside the
+	// body is "aborted".
 	reasons := map[string]float64{}
-	for _, r := range []string{"refused", "reset", "other", "timeout"} {
+	for _, r := range []string{"refused", "reset", "other", "timeout", "aborted"} {
 		reasons[r] = metric(t, g.admin, fmt.Sprintf(`ratelimit_upstream_errors_total{reason=%q}`, r))
 	}
-	if reasons["refused"] != 1 || reasons["reset"]+reasons["other"] != 2 {
-		t.Errorf("ratelimit_upstream_errors_total got %v, want refused 1 and reset+other 2", reasons)
+	if reasons["refused"] != 1 || reasons["reset"]+reasons["other"] != 2 || reasons["aborted"] != 1 {
+		t.Errorf("ratelimit_upstream_errors_total got %v, want refused 1, reset+other 2, aborted 1", reasons)
 	}
 }
 
@@ -440,7 +441,7 @@ func TestFaultClientDisconnects(t *testing.T) {
 	eventually(t, "both cancels counted", func() bool {
 		return metric(t, g.admin, `ratelimit_client_canceled_total{stage="upstream"}`) == 2
 	})
-	for _, r := range []string{"refused", "reset", "other", "timeout"} {
+	for _, r := range []string{"refused", "reset", "other", "timeout", "aborted"} {
 		if got := metric(t, g.admin, fmt.Sprintf(`ratelimit_upstream_errors_total{reason=%q}`, r)); got != 0 {
 			t.Errorf("ratelimit_upstream_errors_total{reason=%q} got %v, want 0: a client leaving is not an upstream error", r, got)
 		}

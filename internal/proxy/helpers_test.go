@@ -165,7 +165,7 @@ type harness struct {
 	lim    *fakeLimiter
 	logs   *observer.ObservedLogs
 	client *http.Client
-	// done receives once every time ServeHTTP returns, for asserting on what happens after the
+	// done receives once every time ServeHTTP returns or panics, for asserting on what happens after the
 	// client stopped listening.
 	done chan struct{}
 }
@@ -210,11 +210,13 @@ func newHarness(t *testing.T, pol *fakePolicies, lim *fakeLimiter, up *countingU
 	}
 	done := make(chan struct{}, 1000)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { // also when ServeHTTP panics with http.ErrAbortHandler
+			select {
+			case done <- struct{}{}:
+			default:
+			}
+		}()
 		h.ServeHTTP(w, r)
-		select {
-		case done <- struct{}{}:
-		default:
-		}
 	}))
 	t.Cleanup(srv.Close)
 	ct := &http.Transport{}

@@ -41,10 +41,13 @@ const (
 	upTimeout        // dial, TLS or response-header timeout, or a context deadline
 	upReset          // the upstream closed or reset the connection before answering
 	upOther
+	// The upstream failed after its response had started: the status line has gone to the
+	// client, so the only honest signal left is an aborted client connection.
+	upAborted
 	numUpstreamReasons
 )
 
-var upstreamReasonNames = [numUpstreamReasons]string{"refused", "timeout", "reset", "other"}
+var upstreamReasonNames = [numUpstreamReasons]string{"refused", "timeout", "reset", "other", "aborted"}
 
 // Metrics are the proxy's Prometheus collectors. Labels hold only values from a small fixed set
 // or policy names from the configuration; never anything that identifies a client. Safe for
@@ -91,7 +94,7 @@ type policyCounters struct {
 //	ratelimit_store_duration_seconds{backend}    time spent in Limiter.Take
 //	ratelimit_store_errors_total{backend,reason} reason: timeout|error
 //	ratelimit_upstream_duration_seconds          time until the upstream's response headers
-//	ratelimit_upstream_errors_total{reason}      reason: refused|timeout|reset|other
+//	ratelimit_upstream_errors_total{reason}      reason: refused|timeout|reset|other|aborted
 //	ratelimit_leaky_wait_seconds                 how long leaky-bucket requests were held
 //	ratelimit_client_canceled_total{stage}       stage: store|wait|upstream
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -121,7 +124,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		})),
 		upstreamErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_upstream_errors_total",
-			Help: "Forwarded requests that got no response from the upstream, by reason.",
+			Help: "Forwarded requests that got no complete response from the upstream, by reason (aborted: the upstream failed after its response had started).",
 		}, []string{"reason"})),
 		leakyWait: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimit_leaky_wait_seconds",

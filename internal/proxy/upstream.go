@@ -53,7 +53,7 @@ func (h *Handler) newReverseProxy(upstream *url.URL, rt http.RoundTripper) *http
 	errLog, _ := zap.NewStdLogAt(h.log.Named("reverseproxy"), zapcore.WarnLevel) // only fails for invalid levels
 	return &httputil.ReverseProxy{
 		Rewrite:      func(pr *httputil.ProxyRequest) { rewrite(pr, upstream) },
-		Transport:    timedTransport{next: rt, hist: h.m.upstreamDuration},
+		Transport:    timedTransport{next: rt, hist: h.m.upstreamDuration, aborted: h.m.upstreamErr[upAborted]},
 		ErrorHandler: h.upstreamError,
 		ErrorLog:     errLog,
 		BufferPool:   copyBuffers{},
@@ -186,19 +186,46 @@ func classifyUpstream(err error) int {
 }
 
 // timedTransport observes the time until response headers (RoundTrip returns then; the body
-// streams afterwards).
+// streams afterwards), and counts responses whose body the upstream cut off: ReverseProxy only
+// logs those and aborts the client's connection, so without this they would not be counted.
 type timedTransport struct {
-	next http.RoundTripper
-	hist prometheus.Observer
+	next    http.RoundTripper
+	hist    prometheus.Observer
+	aborted prometheus.Counter
 }
 
 func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	start := time.Now()
 	res, err := t.next.RoundTrip(r)
-	if err == nil {
-		t.hist.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return res, err
 	}
-	return res, err
+	t.hist.Observe(time.Since(start).Seconds())
+	// A 101's body is the upgraded connection, which ReverseProxy needs as an
+	// io.ReadWriteCloser: it is not wrapped.
+	if res.Body != nil && res.Body != http.NoBody && res.StatusCode != http.StatusSwitchingProtocols {
+		res.Body = &upstreamBody{ReadCloser: res.Body, ctx: r.Context(), aborted: t.aborted}
+	}
+	return res, nil
+}
+
+// upstreamBody counts, once, a response body that ends in an error while the client is still
+// there. When the client leaves, the outbound request's context is canceled and the read fails
+// too; that is the client's doing and is counted as a cancellation elsewhere.
+type upstreamBody struct {
+	io.ReadCloser
+	ctx     context.Context
+	aborted prometheus.Counter
+	counted bool // Read is called from one goroutine (ReverseProxy's copy loop)
+}
+
+func (b *upstreamBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && !b.counted && b.ctx.Err() == nil {
+		b.counted = true
+		b.aborted.Inc()
+	}
+	return n, err
 }
 
 // copyBufSize is ReverseProxy's own copy buffer size.

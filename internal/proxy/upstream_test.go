@@ -227,6 +227,57 @@ func TestUpstreamReset_502(t *testing.T) {
 	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "reset")
 }
 
+// TestUpstreamAbortedBody_Counted: an upstream that resets its connection in the middle of a
+// body cannot be answered 502 any more (the status line has gone out); the client's connection is
+// aborted and the failure is counted as reason="aborted", once. A complete response is not.
+func TestUpstreamAbortedBody_Counted(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/whole" {
+			_, _ = io.WriteString(w, "complete")
+			return
+		}
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "only the first bytes")
+		rc := http.NewResponseController(w)
+		if err := rc.Flush(); err != nil {
+			return
+		}
+		conn, _, err := rc.Hijack()
+		if err != nil {
+			return
+		}
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // close with RST
+		}
+		_ = conn.Close()
+	})
+	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, nil)
+
+	if res, body := hs.get("/whole"); res.StatusCode != http.StatusOK || body != "complete" {
+		t.Fatalf("whole: got %d %q, want 200 %q", res.StatusCode, body, "complete")
+	}
+	wantCounter(t, hs.reg, 0, mUpstreamErrors, "reason", "aborted")
+
+	// The client gets an aborted connection: before its headers (they were still buffered) or
+	// inside its body. Never a complete-looking response. A fresh connection, because Go's client
+	// retries a GET that failed on a reused one (the upstream would be asked twice).
+	hs.client.CloseIdleConnections()
+	res, err := hs.client.Get(hs.srv.URL + "/cut")
+	if err == nil {
+		b, rerr := io.ReadAll(res.Body)
+		res.Body.Close()
+		if rerr == nil || len(b) >= 1000 {
+			t.Fatalf("cut body: read %d bytes, err %v; want a short body and an error", len(b), rerr)
+		}
+	}
+	hs.waitServed(2)
+	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "aborted")
+	for _, r := range []string{"refused", "timeout", "reset", "other"} {
+		wantCounter(t, hs.reg, 0, mUpstreamErrors, "reason", r)
+	}
+}
+
 func TestUpstream_ClientCanceled(t *testing.T) {
 	entered := make(chan struct{})
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
