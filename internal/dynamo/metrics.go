@@ -17,6 +17,7 @@ const (
 type metrics struct {
 	requests, errors *prometheus.CounterVec
 	denyHits         prometheus.Counter
+	batchCharges     prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -33,6 +34,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ratelimit_deny_cache_hits_total",
 			Help: "Charges rejected from the local deny cache without calling DynamoDB.",
 		}),
+		batchCharges: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "ratelimit_dynamodb_batch_charges",
+			Help: "Charges of one item decided together by its coalesced writes (Refund mode): the charges that arrived while the item's previous write was in flight.",
+			// 1 to 128 (maxBatch).
+			Buckets: prometheus.ExponentialBuckets(1, 2, 8),
+		}),
 	}
 	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund} {
 		m.requests.WithLabelValues(op)
@@ -42,6 +49,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.requests = register(reg, m.requests)
 		m.errors = register(reg, m.errors)
 		m.denyHits = register(reg, m.denyHits)
+		m.batchCharges = register(reg, m.batchCharges)
 	}
 	return m
 }

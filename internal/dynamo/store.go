@@ -3,8 +3,9 @@
 //
 // # Algorithms as conditional writes
 //
-// Each charge is one conditional UpdateItem; no decision reads before it writes, and DynamoDB
-// serialises writes to one item, so counts are exact under any concurrency:
+// Each charge is part of one conditional UpdateItem (one per charge, or per batch of charges of
+// one item: see Coalescing); no decision reads before it writes, and DynamoDB serialises writes to
+// one item, so counts are exact under any concurrency:
 //
 //   - token and leaky bucket (GCRA, one number tat in Unix ns): SET tat = now+T when the bucket
 //     is full or idle (tat absent or < now), else SET tat = tat+T while tat <= now+tau-T. A failed
@@ -18,6 +19,36 @@
 //
 // Results (Remaining, Reset, RetryAfter, Wait) follow from the values the writes return with the
 // bucket package's arithmetic.
+//
+// # Coalescing (Refund mode)
+//
+// A Store keeps at most one conditional write in flight per item. Charges that arrive for an item
+// while its write is in flight queue, and when it returns they go out together (up to 128) as one
+// weighted write (group commit): GCRA SET tat = n+m*T (idle) or tat = tat+m*T while
+// tat <= n+tau-m*T; windows ADD count m while count <= Count-m. n is the latest now of the batch:
+// a queued request is decided when its write happens, no earlier than it arrived, so this is GCRA
+// (or the window) applied to the batch's requests one after another at that instant. When the
+// condition fails, the returned value says exactly how many fit; the first ones (arrival order)
+// are written and the rest rejected, each with the Result of its place in the sequence (its
+// durations counted from n, which a request's own now precedes by at most its wait in the queue).
+// The Store remembers the tat its last write left, so the first write of a batch is usually right.
+//
+// Why: writes of one process to an item are serial, so they never reach DynamoDB out of the order
+// in which they were decided (which cost GCRA a second write in the other form), and a process
+// writes a hot item about once per round trip whatever its request rate. That is the answer to
+// DynamoDB's limit of about 1,000 writes per second to one partition key: a hot key (a global
+// limit, a busy client) costs each replica about 1/RTT writes per second instead of one per
+// request, so the item's write rate is bounded by replicas/RTT (at 5 ms per write, 5 replicas stay
+// within 1,000 writes/s at any request rate; one write per request reaches it at 1,000 req/s).
+//
+// Each request still has its own deadline and returns when it ends. A batch's writes run under a
+// context carrying the latest deadline of its requests (not the cancellation of the one that
+// came first), cancelled when all of its requests have left. A request that leaves while its
+// batch is being written may still have its charge applied and not refunded: that only makes the
+// limit stricter. A request that leaves while queued drops out of the queue, so a dead or slow
+// DynamoDB holds at most the requests still within their deadlines, and one writer goroutine per
+// item with queued requests. A failed write fails every request of its batch with its error.
+// Refunds are not coalesced. Transaction mode does not coalesce.
 //
 // # Clock skew
 //
@@ -33,14 +64,15 @@
 //
 // A request rejected by one policy consumes nothing of the others. Mode selects how:
 //
-//   - Refund (default): all charges' conditional writes go out concurrently (one round trip);
+//   - Refund (default): all charges' conditional writes go out concurrently (one round trip, or
+//     two when an item's write was in flight; see Coalescing);
 //     when the group is rejected, the writes that were applied are undone (GCRA tat -= T; windows
 //     count -= 1). Best effort: a failed refund leaves the limit stricter by one request, never
 //     looser, and is counted in ratelimit_dynamodb_errors_total{op="refund"}. Between the write and
 //     its refund another replica may see the extra request, so a concurrent request may be
 //     rejected that a single-node store would have admitted (again stricter, never looser).
 //   - Transaction: the non-shadow charges go in one TransactWriteItems (all or nothing, two write
-//     units per item). DynamoDB returns no values from a transaction, so Remaining and Reset of an
+//     units per item; never coalesced, since a transaction cannot take other requests' charges). DynamoDB returns no values from a transaction, so Remaining and Reset of an
 //     admitted group come from a consistent read right after it (one more call; it may include
 //     other replicas' later requests, so it never overstates what is left). Groups of one charge,
 //     or with two charges on one item, use the Refund path.
@@ -105,7 +137,8 @@ const (
 const ttlMargin = time.Hour
 
 // maxRounds bounds the rounds of one decision's conditional writes (a GCRA form switch, a
-// transaction conflict); the context deadline bounds their time.
+// transaction conflict, a batch learning how many of its charges fit); the context deadline
+// bounds their time.
 const maxRounds = 4
 
 // defaultCacheSize is the default number of entries of each local cache.
@@ -170,6 +203,7 @@ type Store struct {
 	deny  *boundedCache[bucket.Key, denial] // nil when the deny cache is off
 	hints *boundedCache[bucket.Key, int64]  // GCRA keys whose tat is in the future: try form (b) first
 	slots *boundedCache[slotKey, int64]     // closed sliding-window slot counts
+	co    coalescer                         // Refund mode: one write in flight per item
 	m     *metrics
 }
 
@@ -197,6 +231,7 @@ func New(api API, o Options) *Store {
 		mode:  o.Mode,
 		hints: newBoundedCache[bucket.Key, int64](size),
 		slots: newBoundedCache[slotKey, int64](size),
+		co:    coalescer{items: make(map[string]*itemQueue)},
 		m:     newMetrics(o.Registerer),
 	}
 	if o.DenyCache {
@@ -218,11 +253,12 @@ type op struct {
 	cur    int64
 	counts slotCounts
 
-	done    bool // result is final (from the deny cache or a decided write)
-	cached  bool // result came from the deny cache
-	applied bool // our write is in the table (and not refunded)
-	result  bucket.Result
-	err     error
+	done      bool // result is final (from the deny cache or a decided write)
+	cached    bool // result came from the deny cache
+	applied   bool // our write is in the table (and not refunded)
+	coalesced bool // decided by its item's writer, which keeps the GCRA hint itself
+	result    bucket.Result
+	err       error
 }
 
 // Take implements bucket.Store.
@@ -308,7 +344,7 @@ func (s *Store) remember(o *op, n int64) {
 		retryAt := n + int64(r.RetryAfter)
 		s.deny.put(o.c.Key, denial{limit: o.c.Limit, retryAt: retryAt, resetAt: n + int64(r.Reset)}, retryAt, n)
 	}
-	if isGCRA(o.c.Limit) && r.Reset > 0 {
+	if isGCRA(o.c.Limit) && r.Reset > 0 && !o.coalesced {
 		// While tat is in the future, the next request most likely finds it there: form (b).
 		tat := n + int64(r.Reset)
 		s.hints.put(o.c.Key, tat, tat, n)
@@ -459,40 +495,47 @@ func (o *op) write(n int64) update {
 	l := o.c.Limit
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		names := map[string]string{"#tat": attrTat, "#ttl": attrTTL}
-		ttl := ttlAt(n + o.tau) // tat never passes now + tau
-		if !o.formB {
-			return update{
-				expr:   "SET #tat = :next, #ttl = :ttl",
-				cond:   "attribute_not_exists(#tat) OR #tat < :now",
-				names:  names,
-				values: map[string]types.AttributeValue{":next": num(n + o.t), ":now": num(n), ":ttl": ttl},
-			}
-		}
-		return update{
-			expr:   "SET #tat = #tat + :t, #ttl = :ttl",
-			cond:   "#tat >= :now AND #tat <= :last",
-			names:  names,
-			values: map[string]types.AttributeValue{":t": num(o.t), ":now": num(n), ":last": num(n + o.tau - o.t), ":ttl": ttl},
-		}
+		return gcraWrite(n, o.t, o.tau, 1, o.formB)
 	case bucket.FixedWindow:
-		return countWrite(l.Count, ttlAt(fixedEnd(l, n)))
+		return countWrite(l.Count, 1, ttlAt(fixedEnd(l, n)))
 	default: // SlidingWindow
-		return countWrite(l.Count-o.counts.closed(), ttlAt(leaves(l, o.cur)))
+		return countWrite(l.Count-o.counts.closed(), 1, ttlAt(leaves(l, o.cur)))
 	}
 }
 
-// countWrite adds one to a counter while it stays below limit. With limit <= 0 the condition
-// always fails, so the write still reports the current count without changing it.
-func countWrite(limit int64, ttl types.AttributeValue) update {
-	u := update{
-		expr:   "ADD #count :one SET #ttl = :ttl",
-		cond:   "attribute_not_exists(#count) OR #count < :max",
-		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":one": num(1), ":max": num(limit), ":ttl": ttl},
+// gcraWrite spends m requests (m*T of slack) from a GCRA bucket at instant n. Form (a), for an
+// idle bucket (tat absent or < n), sets tat = n + m*T and needs m*T <= tau; form (b) (formB)
+// adds m*T to tat while tat >= n and the result stays within n + tau.
+func gcraWrite(n, t, tau, m int64, formB bool) update {
+	names := map[string]string{"#tat": attrTat, "#ttl": attrTTL}
+	ttl := ttlAt(n + tau) // tat never passes now + tau
+	if !formB {
+		return update{
+			expr:   "SET #tat = :next, #ttl = :ttl",
+			cond:   "attribute_not_exists(#tat) OR #tat < :now",
+			names:  names,
+			values: map[string]types.AttributeValue{":next": num(n + m*t), ":now": num(n), ":ttl": ttl},
+		}
 	}
-	if limit <= 0 {
-		u.cond = "#count < :max"
+	return update{
+		expr:   "SET #tat = #tat + :t, #ttl = :ttl",
+		cond:   "#tat >= :now AND #tat <= :last",
+		names:  names,
+		values: map[string]types.AttributeValue{":t": num(m * t), ":now": num(n), ":last": num(n + tau - m*t), ":ttl": ttl},
+	}
+}
+
+// countWrite adds m to a counter while it stays at most limit. With limit < m the condition
+// always fails, so the write still reports the current count without changing it.
+func countWrite(limit, m int64, ttl types.AttributeValue) update {
+	u := update{
+		expr:   "ADD #count :m SET #ttl = :ttl",
+		cond:   "attribute_not_exists(#count) OR #count <= :last",
+		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},
+		values: map[string]types.AttributeValue{":m": num(m), ":last": num(limit - m), ":ttl": ttl},
+	}
+	if limit < m {
+		u.cond = "#count <= :last"
 	}
 	return u
 }
@@ -648,9 +691,14 @@ func each(ops []op, want func(*op) bool, f func(*op)) {
 func undecided(o *op) bool { return !o.done && o.err == nil }
 
 // takeRefund writes every charge concurrently and refunds the applied ones when the group is
-// rejected or a write failed.
+// rejected or a write failed. In Refund mode the writes are coalesced per item; Transaction
+// mode sends the groups it does not transact one write per charge.
 func (s *Store) takeRefund(ctx context.Context, ops []op, n int64) (bool, error) {
-	each(ops, undecided, func(o *op) { s.apply(ctx, o, n) })
+	if s.mode == Refund {
+		s.applyCoalesced(ctx, ops, n)
+	} else {
+		each(ops, undecided, func(o *op) { s.apply(ctx, o, n) })
+	}
 	return s.settle(ctx, ops)
 }
 
