@@ -775,7 +775,9 @@ func (s *Store) takeTransaction(ctx context.Context, ops []op, n int64) (bool, e
 func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 	var group []*op
 	for i := range ops {
-		if o := &ops[i]; undecided(o) && !o.c.Shadow {
+		// Shadow first: the shadow ops are being written concurrently, so their state must
+		// not be read here.
+		if o := &ops[i]; !o.c.Shadow && undecided(o) {
 			group = append(group, o)
 		}
 	}
