@@ -110,11 +110,18 @@ func BenchmarkMemoryGroup3(b *testing.B) {
 	}
 }
 
-func BenchmarkMemoryBytesPerKey(b *testing.B) {
+func BenchmarkMemoryBytesPerKey(b *testing.B) { benchBytesPerKey(b, tokenTen) }
+
+// BenchmarkMemorySlidingBytesPerKey is BenchmarkMemoryBytesPerKey for sliding-window keys, whose
+// state is 64 bytes against a token bucket's 8.
+func BenchmarkMemorySlidingBytesPerKey(b *testing.B) { benchBytesPerKey(b, slidingTen) }
+
+// benchBytesPerKey reports the heap per key of a Memory holding 1M live keys of l.
+func benchBytesPerKey(b *testing.B, l bucket.Limit) {
 	keys := randomKeys(1_000_000)
 	var sum float64
 	for range b.N {
-		sum += heapBytesPerKey(b, keys)
+		sum += heapBytesPerKey(b, keys, l)
 	}
 	b.ReportMetric(sum/float64(b.N), "B/key")
 }

@@ -228,7 +228,7 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		}
 	default: // SlidingWindow; Take has checked the algorithm
 		st, existed := sh.sliding[c.Key]
-		st, *r = Sliding(st, now, c.Limit)
+		st.take(now, &c.Limit, r)
 		if r.Allowed {
 			evicted = sh.makeRoom(existed, now)
 			sh.sliding[c.Key] = st
@@ -282,7 +282,8 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 			s, ok = sh.sliding[c.Key]
 		}
 		p.existed = ok
-		p.sliding, r = Sliding(s, now, c.Limit)
+		p.sliding = s
+		p.sliding.take(now, &c.Limit, &r)
 	}
 	return r
 }

@@ -215,9 +215,16 @@ func TestMemoryGroupsDoNotDeadlock(t *testing.T) {
 	}
 }
 
-// insertKeys takes one token-bucket request for each key at one instant, so all stay live.
-func insertKeys(tb testing.TB, m *bucket.Memory, keys []bucket.Key) {
-	charge := []bucket.Charge{{Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 10}}}
+// bytesPerKeyLimits are the limits heapBytesPerKey measures with: one request leaves each key
+// live at t0.
+var (
+	tokenTen   = bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 10}
+	slidingTen = bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 10, Window: time.Minute}
+)
+
+// insertKeys takes one request of l for each key at one instant, so all stay live.
+func insertKeys(tb testing.TB, m *bucket.Memory, keys []bucket.Key, l bucket.Limit) {
+	charge := []bucket.Charge{{Limit: l}}
 	var r [1]bucket.Result
 	for _, k := range keys {
 		charge[0].Key = k
@@ -237,15 +244,14 @@ func randomKeys(n int) []bucket.Key {
 	return keys
 }
 
-// heapBytesPerKey measures the heap a Memory holding len(keys) live token-bucket keys uses, per
-// key. MaxKeys is set above len(keys): with keys spread unevenly over shards, the default per-shard
+// heapBytesPerKey measures the heap a Memory holding len(keys) live keys of l uses, per key. MaxKeys is set above len(keys): with keys spread unevenly over shards, the default per-shard
 // cap would start evicting slightly below it.
-func heapBytesPerKey(tb testing.TB, keys []bucket.Key) float64 {
+func heapBytesPerKey(tb testing.TB, keys []bucket.Key, l bucket.Limit) float64 {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: 2 * len(keys)})
-	insertKeys(tb, m, keys)
+	insertKeys(tb, m, keys, l)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	if got := m.Len(); got != len(keys) {
@@ -260,7 +266,7 @@ func TestMemoryBytesPerKey(t *testing.T) {
 		t.Skip("inserts 1M keys")
 	}
 	const limit = 128
-	if got := heapBytesPerKey(t, randomKeys(1_000_000)); got > limit {
+	if got := heapBytesPerKey(t, randomKeys(1_000_000), tokenTen); got > limit {
 		t.Errorf("got %.1f B per token-bucket key at 1M keys, want <= %d", got, limit)
 	} else {
 		t.Logf("%.1f B per token-bucket key at 1M keys", got)

@@ -290,3 +290,103 @@ func TestFixedWindowUpperBound(t *testing.T) {
 		}
 	}
 }
+
+// slidingReference is the sliding window written the plain way (a division to find the slot, a
+// modulo per ring step, every loop over all K+1 slots), kept to check the optimised Sliding
+// against: both must return the same state and the same verdict for every input.
+func slidingReference(s bucket.SlidingState, now int64, l bucket.Limit) (bucket.SlidingState, bucket.Result) {
+	const n = bucket.SlidingSlots + 1
+	ring := func(j int64) int { return int(((j % n) + n) % n) }
+	w := bucket.SlidingWidth(l)
+	cur := now / w
+	if now%w < 0 {
+		cur--
+	}
+	switch {
+	case s.Width != w:
+		s = bucket.SlidingState{Width: w, Slot: cur}
+	case cur-s.Slot >= n:
+		s.Counts = [n]uint32{}
+		s.Slot = cur
+	case cur > s.Slot:
+		for j := s.Slot + 1; j <= cur; j++ {
+			s.Counts[ring(j)] = 0
+		}
+		s.Slot = cur
+	}
+	var sum int64
+	for _, c := range s.Counts {
+		sum += int64(c)
+	}
+	leaves := func(j int64) time.Duration { return time.Duration((j+n)*w - now) }
+	r := bucket.Result{Limit: l.Count}
+	if sum < l.Count {
+		s.Counts[ring(s.Slot)]++
+		r.Allowed = true
+		r.Remaining = l.Count - sum - 1
+		r.Reset = leaves(s.Slot)
+		return s, r
+	}
+	for j := s.Slot; j > s.Slot-n; j-- {
+		if s.Counts[ring(j)] != 0 {
+			r.Reset = leaves(j)
+			break
+		}
+	}
+	r.RetryAfter = leaves(s.Slot)
+	rest := sum
+	for j := s.Slot - bucket.SlidingSlots; j <= s.Slot; j++ {
+		rest -= int64(s.Counts[ring(j)])
+		if rest < l.Count {
+			r.RetryAfter = leaves(j)
+			break
+		}
+	}
+	return s, r
+}
+
+// TestSlidingMatchesReference drives Sliding and slidingReference with the same random requests:
+// instants around t0 and before the epoch, steps forward within a slot, to a slot boundary (and
+// 1ns either side), across a few slots and past the ring, steps back, a Window changed by a
+// reload, and an invalid Count of 0. Every returned state and verdict must be equal, admitted or
+// not.
+func TestSlidingMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for round := range 200 {
+		l := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: rng.Int64N(30), Window: time.Duration(1 + rng.Int64N(int64(time.Minute)))}
+		start := t0.UnixNano()
+		if round%4 == 0 {
+			start = -start
+		}
+		var s bucket.SlidingState
+		now := start
+		for i := range 2000 {
+			w := bucket.SlidingWidth(l)
+			switch r := rng.IntN(100); {
+			case r < 30: // the same slot, mostly
+				now += rng.Int64N(w/4 + 1)
+			case r < 40: // next to a slot boundary
+				b := (now/w + rng.Int64N(3)) * w
+				now = b + rng.Int64N(3) - 1
+			case r < 80:
+				now += rng.Int64N(3*w + 1)
+			case r < 88:
+				now += rng.Int64N(20*w + 1)
+			case r < 96:
+				now -= rng.Int64N(5*w + 1)
+			case r < 98:
+				l.Window = time.Duration(1 + rng.Int64N(int64(time.Minute)))
+			default:
+				l.Count = rng.Int64N(30)
+			}
+			got, gotR := bucket.Sliding(s, now, l)
+			want, wantR := slidingReference(s, now, l)
+			if got != want || gotR != wantR {
+				t.Fatalf("round %d step %d: Sliding(%+v, %d, %+v):\n got %+v %+v\nwant %+v %+v", round, i, s, now, l, got, gotR, want, wantR)
+			}
+			if gotR.Allowed {
+				s = got
+			}
+		}
+	}
+}
