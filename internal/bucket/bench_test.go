@@ -113,7 +113,7 @@ func BenchmarkMemoryGroup3(b *testing.B) {
 func BenchmarkMemoryBytesPerKey(b *testing.B) { benchBytesPerKey(b, tokenTen) }
 
 // BenchmarkMemorySlidingBytesPerKey is BenchmarkMemoryBytesPerKey for sliding-window keys, whose
-// state is 64 bytes against a token bucket's 8.
+// state the store keeps in 32 bytes (a SlidingState's compact form) against a token bucket's 8.
 func BenchmarkMemorySlidingBytesPerKey(b *testing.B) { benchBytesPerKey(b, slidingTen) }
 
 // benchBytesPerKey reports the heap per key of a Memory holding 1M live keys of l.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -31,7 +32,11 @@ type MemoryOptions struct {
 // order, so concurrent groups cannot deadlock) for the whole evaluate-and-commit.
 //
 // State is small: a token- or leaky-bucket key is one int64 (its tat), a fixed-window key a
-// FixedState, a sliding-window key a SlidingState, each in a map of its own.
+// FixedState, each in a map of its own. A sliding-window key is kept in a compact form (16-bit
+// counters, 48 bytes with the key in a table of its own) when its counters and slot width fit,
+// and as a SlidingState in a map otherwise (Count above 65535, a counter above 65535 left from
+// such a Count, or a width without a 16-bit tag); a key moves between the two with its counts
+// intact.
 //
 // Memory stays bounded without a background goroutine. A key is idle when its state equals a
 // fresh key's (the bucket is full, every counted request has left its window); a shard forgets
@@ -61,10 +66,11 @@ type shard struct {
 	mu      sync.Mutex
 	gcra    map[Key]int64
 	fixed   map[Key]FixedState
-	sliding map[Key]SlidingState
-	maxKeys int // hard cap on this shard's keys
-	sweepAt int // sweep before inserting a new key when the shard holds this many
-	peak    int // most keys seen by a sweep since the maps were last rebuilt
+	sliding slidingTable         // sliding-window keys whose state fits the compact form
+	wide    map[Key]SlidingState // the other sliding-window keys; a key is in one of the two at most
+	maxKeys int                  // hard cap on this shard's keys
+	sweepAt int                  // sweep before inserting a new key when the shard holds this many
+	peak    int                  // most keys seen by a sweep since the maps were last rebuilt
 }
 
 // paddedShard keeps neighbouring shards' mutexes off each other's cache lines (128 bytes: the
@@ -99,7 +105,8 @@ func NewMemory(o MemoryOptions) *Memory {
 		m.shards[i].shard = shard{
 			gcra:    make(map[Key]int64),
 			fixed:   make(map[Key]FixedState),
-			sliding: make(map[Key]SlidingState),
+			sliding: newSlidingTable(rand.Uint64()),
+			wide:    make(map[Key]SlidingState),
 			maxKeys: limit,
 			sweepAt: min(minSweep, limit),
 		}
@@ -227,18 +234,83 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 			sh.fixed[c.Key] = st
 		}
 	default: // SlidingWindow; Take has checked the algorithm
-		st, existed := sh.sliding[c.Key]
-		st.take(now, &c.Limit, r)
-		if r.Allowed {
-			evicted = sh.makeRoom(existed, now)
-			sh.sliding[c.Key] = st
-		}
+		evicted = sh.takeSliding(c, now, r)
 	}
 	sh.mu.Unlock()
 	if evicted > 0 {
 		m.evicted.Add(evicted)
 	}
 	return r.Allowed || c.Shadow
+}
+
+// takeSliding is takeOne for a sliding window. The common case, a key in compact form (or a new
+// key) under a Count that fits it, is decided in place in the compact table; the rest goes through
+// a SlidingState. It returns the number of live keys evicted. The caller holds sh.mu.
+func (sh *shard) takeSliding(c *Charge, now int64, r *Result) (evicted uint64) {
+	if c.Limit.Count <= maxCompactCount {
+		w := slotWidth(c.Limit.Window)
+		i, existed := sh.sliding.find(&c.Key)
+		var st compactSliding
+		if existed {
+			st = sh.sliding.slots[i].st
+		}
+		if !existed || st.width() != w {
+			// A fresh state, as SlidingState.take starts one for a new key or another width;
+			// a key kept wide must be read from there instead.
+			tag, ok := widthTag(w)
+			if _, wide := sh.wide[c.Key]; !ok || !existed && wide {
+				return sh.takeWide(c, now, r)
+			}
+			st = compactSliding{slot: floorDiv(now, w), tag: tag}
+		}
+		st.take(now, w, c.Limit.Count, r)
+		switch {
+		case !r.Allowed:
+		case existed:
+			sh.sliding.slots[i].st = st
+		default:
+			// makeRoom may sweep, which moves the table's keys: insertNew probes again.
+			evicted = sh.makeRoom(false, now)
+			sh.sliding.insertNew(&c.Key, &st)
+		}
+		return evicted
+	}
+	return sh.takeWide(c, now, r)
+}
+
+// takeWide decides a sliding-window charge through a SlidingState, whichever map holds the key,
+// and stores the new state in the form it fits. The caller holds sh.mu.
+func (sh *shard) takeWide(c *Charge, now int64, r *Result) (evicted uint64) {
+	st, existed := sh.slidingState(c.Key)
+	st.take(now, &c.Limit, r)
+	if r.Allowed {
+		evicted = sh.makeRoom(existed, now)
+		sh.storeSliding(c.Key, &st, c.Limit.Count)
+	}
+	return evicted
+}
+
+// slidingState returns the key's sliding-window state from whichever map holds it.
+func (sh *shard) slidingState(k Key) (SlidingState, bool) {
+	if i, ok := sh.sliding.find(&k); ok {
+		return sh.sliding.slots[i].st.wide(), true
+	}
+	st, ok := sh.wide[k]
+	return st, ok
+}
+
+// storeSliding stores a key's sliding-window state, taken under a Limit of this Count, compact
+// when it fits and the Count lets it stay so, wide otherwise, and removes it from the other map.
+func (sh *shard) storeSliding(k Key, st *SlidingState, count int64) {
+	if count <= maxCompactCount {
+		if cs, ok := compactOf(st); ok {
+			sh.sliding.put(&k, &cs)
+			delete(sh.wide, k)
+			return
+		}
+	}
+	sh.wide[k] = *st
+	sh.sliding.remove(&k)
 }
 
 // sameState reports whether two algorithms keep their state in the same map.
@@ -279,7 +351,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		if prev != nil {
 			s, ok = prev.sliding, true
 		} else {
-			s, ok = sh.sliding[c.Key]
+			s, ok = sh.slidingState(c.Key)
 		}
 		p.existed = ok
 		p.sliding = s
@@ -301,7 +373,7 @@ func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
 	case FixedWindow:
 		sh.fixed[c.Key] = p.fixed
 	case SlidingWindow:
-		sh.sliding[c.Key] = p.sliding
+		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count)
 	}
 	return evicted
 }
@@ -315,7 +387,7 @@ func (sh *shard) makeRoom(existed bool, now int64) (evicted uint64) {
 	return evicted
 }
 
-func (sh *shard) len() int { return len(sh.gcra) + len(sh.fixed) + len(sh.sliding) }
+func (sh *shard) len() int { return len(sh.gcra) + len(sh.fixed) + sh.sliding.n + len(sh.wide) }
 
 // sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap it
 // evicts arbitrary live keys down to 15/16 of the cap, and returns how many. Maps do not shrink
@@ -333,9 +405,10 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 			delete(sh.fixed, k)
 		}
 	}
-	for k, s := range sh.sliding {
+	sh.sliding.deleteWhile(func(s *compactSliding) bool { return s.idle(now) }, func() bool { return false })
+	for k, s := range sh.wide {
 		if s.Idle(now) {
-			delete(sh.sliding, k)
+			delete(sh.wide, k)
 		}
 	}
 	n := sh.len()
@@ -345,7 +418,8 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 		evicted = uint64(n - low)
 		evict(sh.gcra, &n, low)
 		evict(sh.fixed, &n, low)
-		evict(sh.sliding, &n, low)
+		sh.sliding.deleteWhile(func(*compactSliding) bool { n--; return true }, func() bool { return n <= low })
+		evict(sh.wide, &n, low)
 	}
 	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
 	// requests each) they would be rebuilt and regrown on every sweep, allocating on the hot path,
@@ -354,7 +428,8 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 	if sh.peak >= rebuildPeak && n < sh.peak/8 {
 		sh.gcra = rebuilt(sh.gcra)
 		sh.fixed = rebuilt(sh.fixed)
-		sh.sliding = rebuilt(sh.sliding)
+		sh.sliding.shrink()
+		sh.wide = rebuilt(sh.wide)
 		sh.peak = n
 	}
 	sh.sweepAt = min(max(2*n, minSweep), sh.maxKeys)

@@ -135,36 +135,47 @@ func (s *SlidingState) take(now int64, l *Limit, r *Result) {
 	if start := s.Slot * w; s.Width != w || now < start || now-start >= w {
 		s.advance(floorDiv(now, w), w)
 	}
-	// One pass over the ring, oldest slot (Slot-K, whose counter is Slot+1's) first, sums the
+	decide(&s.Counts, s.Slot, now, w, l.Count, r)
+}
+
+// counter is the type of a ring's counters: uint32 in a SlidingState, uint16 in the memory
+// store's compact form (compactSliding).
+type counter interface{ ~uint16 | ~uint32 }
+
+// decide is the sliding-window decision on a ring whose newest slot is slot (of width w, with
+// now inside it, or before it after a clock stepped back): it counts the request in the newest
+// slot if the ring's sum is below count, and sets r.
+func decide[C counter](counts *[slidingRing]C, slot, now, w, count int64, r *Result) {
+	// One pass over the ring, oldest slot (slot-K, whose counter is slot+1's) first, sums the
 	// counters and notes which slots are non-empty, so that a rejection finds its Reset and
 	// RetryAfter slots without walking the empty ones. The two loops wrap the ring without a
 	// modulo per step.
-	newest := ring(s.Slot)
+	newest := ring(slot)
 	var (
 		sum  int64  // int64: K+1 counters of up to 1e9 overflow uint32
-		live uint32 // bit k is set when slot Slot-K+k is non-empty
+		live uint32 // bit k is set when slot slot-K+k is non-empty
 		k    uint   // shifted by k&31 (k <= K): no code for shift counts of 32 or more
 	)
 	for i := newest + 1; i < slidingRing; i++ {
-		c := s.Counts[i]
+		c := uint32(counts[i])
 		sum += int64(c)
 		live |= (c | -c) >> 31 << (k & 31) // branch-free c != 0
 		k++
 	}
 	for i := 0; i <= newest; i++ {
-		c := s.Counts[i]
+		c := uint32(counts[i])
 		sum += int64(c)
 		live |= (c | -c) >> 31 << (k & 31)
 		k++
 	}
-	// A request in slot Slot-back stops being counted when slot Slot-back+K+1 starts, end-back*w
+	// A request in slot slot-back stops being counted when slot slot-back+K+1 starts, end-back*w
 	// from now.
-	end := (s.Slot+slidingRing)*w - now
-	*r = Result{Limit: l.Count}
-	if sum < l.Count {
-		s.Counts[newest]++
+	end := (slot+slidingRing)*w - now
+	*r = Result{Limit: count}
+	if sum < count {
+		counts[newest]++
 		r.Allowed = true
-		r.Remaining = l.Count - sum - 1
+		r.Remaining = count - sum - 1
 		r.Reset = time.Duration(end)
 		return
 	}
@@ -183,42 +194,54 @@ func (s *SlidingState) take(now int64, l *Limit, r *Result) {
 		if i >= slidingRing {
 			i -= slidingRing
 		}
-		rest -= int64(s.Counts[i])
-		if rest < l.Count {
+		rest -= int64(counts[i])
+		if rest < count {
 			r.RetryAfter = time.Duration(end - int64(SlidingSlots-k)*w)
 			break
 		}
 	}
 }
 
-// advance moves the state to slot cur of width w: a state of another width (or a fresh one)
-// starts over, the slots that left the ring are cleared, and a cur older than Slot (a clock
-// that stepped back) leaves the state as it is, so the request counts in the newest slot.
-func (s *SlidingState) advance(cur, w int64) {
+// rotate moves a ring of the same width to slot cur: the slots that left it are cleared, and a
+// cur older than *slot (a clock that stepped back) leaves it as it is, so the request counts in
+// the newest slot.
+func rotate[C counter](counts *[slidingRing]C, slot *int64, cur int64) {
 	switch {
-	case s.Width != w:
-		*s = SlidingState{Width: w, Slot: cur}
-	case cur-s.Slot >= slidingRing:
-		s.Counts = [slidingRing]uint32{}
-		s.Slot = cur
-	case cur > s.Slot:
-		for i, j := ring(s.Slot), s.Slot; j < cur; j++ {
+	case cur-*slot >= slidingRing:
+		*counts = [slidingRing]C{}
+		*slot = cur
+	case cur > *slot:
+		for i, j := ring(*slot), *slot; j < cur; j++ {
 			if i++; i == slidingRing {
 				i = 0
 			}
-			s.Counts[i] = 0
+			counts[i] = 0
 		}
-		s.Slot = cur
+		*slot = cur
 	}
 }
 
-// Idle reports whether the state is indistinguishable from a fresh key's at now (every counted
-// request has left), so a store may forget it.
-func (s *SlidingState) Idle(now int64) bool {
-	for j := s.Slot; j > s.Slot-slidingRing; j-- {
-		if s.Counts[ring(j)] != 0 {
-			return (j+slidingRing)*s.Width <= now
+// idleRing reports whether every request counted in the ring has left at now.
+func idleRing[C counter](counts *[slidingRing]C, slot, w, now int64) bool {
+	for j := slot; j > slot-slidingRing; j-- {
+		if counts[ring(j)] != 0 {
+			return (j+slidingRing)*w <= now
 		}
 	}
 	return true
 }
+
+// advance moves the state to slot cur of width w: a state of another width (or a fresh one)
+// starts over, the slots that left the ring are cleared, and a cur older than Slot (a clock
+// that stepped back) leaves the state as it is, so the request counts in the newest slot.
+func (s *SlidingState) advance(cur, w int64) {
+	if s.Width != w {
+		*s = SlidingState{Width: w, Slot: cur}
+		return
+	}
+	rotate(&s.Counts, &s.Slot, cur)
+}
+
+// Idle reports whether the state is indistinguishable from a fresh key's at now (every counted
+// request has left), so a store may forget it.
+func (s *SlidingState) Idle(now int64) bool { return idleRing(&s.Counts, s.Slot, s.Width, now) }
