@@ -156,7 +156,7 @@ go_benches() {
   $GO test -run '^$' -bench '^BenchmarkHandler' -benchmem -count "$go_count" -benchtime "$go_time" \
     ./internal/proxy/ >"$out/handler.txt"
   note "Go benchmarks: bytes per key at 1M keys"
-  $GO test -run '^$' -bench '^BenchmarkMemoryBytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
+  $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
 
   # medians NAME -> name, ns/op, B/op, allocs/op (median of the -count runs).
   awk '
@@ -205,7 +205,8 @@ go_benches() {
     awk -F'\t' '$1 ~ /^BenchmarkHandler/ { printf "| %s | %.0f | %s | %s |\n", $1, $2, $3, $4 }' "$out/medians.tsv"
     echo
     bpk=$(awk '/BenchmarkMemoryBytesPerKey/ { for (i = 1; i < NF; i++) if ($(i+1) == "B/key") print $i }' "$out/bytes.txt")
-    echo "Memory store: **${bpk:-?} B per tracked token-bucket key at 1M keys** (Go heap delta; target <= 128)."
+    sbpk=$(awk '/BenchmarkMemorySlidingBytesPerKey/ { for (i = 1; i < NF; i++) if ($(i+1) == "B/key") print $i }' "$out/bytes.txt")
+    echo "Memory store: **${bpk:-?} B per tracked token-bucket key at 1M keys** (Go heap delta; target <= 128); ${sbpk:-?} B per sliding-window key."
     if $GO run golang.org/x/perf/cmd/benchstat@latest "$out/decision.txt" >"$out/benchstat.txt" 2>/dev/null; then
       echo
       echo "<details><summary>benchstat of the decision benchmarks</summary>"
@@ -374,6 +375,10 @@ start_servers() {
   srv_pids[cg]=$last_pid
   addrow cg "(c) at GOGC=100 (Go default)" cg "http://127.0.0.1:$((P_GW + 10))/" 10000 ""
   addrow dg "(d) at GOGC=100 (Go default)" cg "http://127.0.0.1:$((P_GW + 10))/" 0 "$hot_key"
+  # The 429 floor at the gateway's own GC setting, so that (d) / (d0g) compares equal settings.
+  start bare429-gogc "$SRV_CPU" env GOGC=400 "$out/bin/bare429" -listen 127.0.0.1:$((P_BARE + 10))
+  srv_pids[d0g]=$last_pid
+  addrow d0g "(d0) at GOGC=400" d0g "http://127.0.0.1:$((P_BARE + 10))/" 0 "$hot_key"
 
   if [ "${BENCH_DYNAMODB:-1}" = 1 ] && dynamo_available; then
     start_dynamo && addrow e "(e) ratelimit-proxy (c) on DynamoDB Local" e "http://127.0.0.1:$P_DYN/" 10000 ""
@@ -472,6 +477,11 @@ e2e() {
     fi
     echo
     echo "Targets: (c) >= 0.90x (b) req/s with p99 <= 1.20x (b); (d) >= 4x (b) req/s. nginx and HAProxy are the outside reference."
+    # How close the 429 path is to net/http's own floor, at equal GC settings.
+    awk -F'\t' '$1 == "d" { d = $3 } $1 == "d0g" { f = $3 } $1 == "dg" { dg = $3 } $1 == "d0" { f0 = $3 }
+      END { if (d && f) printf "The 429 path against its floor at equal GC: (d) / (d0 at GOGC=400) = %.2fx", d / f
+            if (dg && f0) printf "; (d at GOGC=100) / (d0) = %.2fx", dg / f0
+            if (d && f) print "." }' "$out/e2e-medians.tsv"
     n_rps=$(awk -F'\t' '$1 == "nc" { print $3 }' "$out/e2e-medians.tsv")
     if [ -n "$n_rps" ]; then
       awk -F'\t' -v n="$n_rps" '
