@@ -477,6 +477,20 @@ e2e() {
     fi
     echo
     echo "Targets: (c) >= 0.90x (b) req/s with p99 <= 1.20x (b); (d) >= 4x (b) req/s. nginx and HAProxy are the outside reference."
+    # Per-round ratios: the rows of one round ran seconds apart, so their ratio is less exposed to
+    # the machine's slow drifts (other tenants) than a ratio of medians; the spread says how far
+    # to trust either.
+    awk -F'\t' '
+      { v[$1, $2] = $3; if ($2 > rounds) rounds = $2 }
+      function ratio(x, y, name,   r, a, n, i, j, t) {
+        n = 0
+        for (r = 1; r <= rounds; r++) if (v[x, r] > 0 && v[y, r] > 0) a[++n] = v[x, r] / v[y, r]
+        if (n == 0) return
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+        printf "%s %.2fx (%.2f-%.2f over %d rounds); ", name, (n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2), a[1], a[n], n
+      }
+      END { printf "Per-round req/s ratios, median (range): "; ratio("c", "b", "(c)/(b)"); ratio("d", "b", "(d)/(b)"); ratio("d", "d0g", "(d)/(d0 at GOGC=400)"); print "" }
+    ' "$out/e2e.tsv"
     # How close the 429 path is to net/http's own floor, at equal GC settings.
     awk -F'\t' '$1 == "d" { d = $3 } $1 == "d0g" { f = $3 } $1 == "dg" { dg = $3 } $1 == "d0" { f0 = $3 }
       END { if (d && f) printf "The 429 path against its floor at equal GC: (d) / (d0 at GOGC=400) = %.2fx", d / f
