@@ -379,6 +379,11 @@ start_servers() {
   start bare429-gogc "$SRV_CPU" env GOGC=400 "$out/bin/bare429" -listen 127.0.0.1:$((P_BARE + 10))
   srv_pids[d0g]=$last_pid
   addrow d0g "(d0) at GOGC=400" d0g "http://127.0.0.1:$((P_BARE + 10))/" 0 "$hot_key"
+  # The same bare handler sending the gateway's 429 (its seven headers, a body of its length), at
+  # the gateway's GC: (d) / (d1) is the gateway's own work, (d1) / (d0g) the response contract's.
+  start bare429-full "$SRV_CPU" env GOGC=400 "$out/bin/bare429" -gateway-response -listen 127.0.0.1:$((P_BARE + 20))
+  srv_pids[d1]=$last_pid
+  addrow d1 "(d1) bare handler sending the gateway's 429 response, GOGC=400" d1 "http://127.0.0.1:$((P_BARE + 20))/" 0 "$hot_key"
 
   if [ "${BENCH_DYNAMODB:-1}" = 1 ] && dynamo_available; then
     start_dynamo && addrow e "(e) ratelimit-proxy (c) on DynamoDB Local" e "http://127.0.0.1:$P_DYN/" 10000 ""
@@ -419,8 +424,15 @@ e2e() {
   : >"$out/e2e.tsv"
   # Warm-up: connections, pools, JIT-free but page cache and GC pacing settle.
   for r in "${rows[@]}"; do load 1 "${row_url[$r]}" "${row_keys[$r]}" "${row_hot[$r]}" >/dev/null || true; done
+  local order i
   for round in $(seq "$rounds"); do
-    for r in "${rows[@]}"; do
+    # Every other round runs the rows in reverse (a b c ... c b a), so that no row always follows
+    # the same neighbour: the first run after a switch measured slower than the second.
+    order=("${rows[@]}")
+    if [ $((round % 2)) = 0 ]; then
+      order=(); for ((i = ${#rows[@]} - 1; i >= 0; i--)); do order+=("${rows[$i]}"); done
+    fi
+    for r in "${order[@]}"; do
       local ps t0 t1 line req
       # shellcheck disable=SC2046
       ps=$(server_pids "${row_srv[$r]}")
@@ -489,12 +501,13 @@ e2e() {
         for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
         printf "%s %.2fx (%.2f-%.2f over %d rounds); ", name, (n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2), a[1], a[n], n
       }
-      END { printf "Per-round req/s ratios, median (range): "; ratio("c", "b", "(c)/(b)"); ratio("d", "b", "(d)/(b)"); ratio("d", "d0g", "(d)/(d0 at GOGC=400)"); print "" }
+      END { printf "Per-round req/s ratios, median (range): "; ratio("c", "b", "(c)/(b)"); ratio("d", "b", "(d)/(b)"); ratio("d", "d0g", "(d)/(d0 at GOGC=400)"); ratio("d", "d1", "(d)/(d1)"); ratio("d1", "d0g", "(d1)/(d0 at GOGC=400)"); print "" }
     ' "$out/e2e.tsv"
     # How close the 429 path is to net/http's own floor, at equal GC settings.
-    awk -F'\t' '$1 == "d" { d = $3 } $1 == "d0g" { f = $3 } $1 == "dg" { dg = $3 } $1 == "d0" { f0 = $3 }
+    awk -F'\t' '$1 == "d" { d = $3 } $1 == "d0g" { f = $3 } $1 == "dg" { dg = $3 } $1 == "d0" { f0 = $3 } $1 == "d1" { d1 = $3 }
       END { if (d && f) printf "The 429 path against its floor at equal GC: (d) / (d0 at GOGC=400) = %.2fx", d / f
             if (dg && f0) printf "; (d at GOGC=100) / (d0) = %.2fx", dg / f0
+            if (d && d1 && f) printf "; (d) / (d1, the same response from a bare handler) = %.2fx, (d1) / (d0 at GOGC=400) = %.2fx", d / d1, d1 / f
             if (d && f) print "." }' "$out/e2e-medians.tsv"
     n_rps=$(awk -F'\t' '$1 == "nc" { print $3 }' "$out/e2e-medians.tsv")
     if [ -n "$n_rps" ]; then
