@@ -71,6 +71,7 @@ type shard struct {
 	maxKeys int                  // hard cap on this shard's keys
 	sweepAt int                  // sweep before inserting a new key when the shard holds this many
 	peak    int                  // most keys seen by a sweep since the maps were last rebuilt
+	sweeps  uint64               // sweeps so far: a pending state evaluated before one may be stale
 }
 
 // paddedShard keeps neighbouring shards' mutexes off each other's cache lines (128 bytes: the
@@ -124,7 +125,8 @@ const groupStack = 8
 
 // pending is one charge's evaluated state, committed only if the group is admitted.
 type pending struct {
-	existed bool // the key was already stored, so committing it adds no key
+	existed bool   // the key was already stored, so committing it adds no key
+	sweeps  uint64 // the shard's sweep count when existed was read
 	tat     int64
 	fixed   FixedState
 	sliding SlidingState
@@ -324,6 +326,7 @@ func sameState(a, b Algorithm) bool {
 // The caller holds sh.mu.
 func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 	var r Result
+	p.sweeps = sh.sweeps
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
 		var tat int64
@@ -363,10 +366,15 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 // commit stores c's evaluated state p, making room first when c adds a key, and returns the
 // number of live keys the shard's cap evicted. The caller holds sh.mu.
 func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
-	// p.existed is stale when a sweep for an earlier charge of the group forgot this (then
-	// idle, so fresh-equivalent) key: storing p is still right, and the shard exceeds its cap
-	// by at most the group's size.
-	evicted = sh.makeRoom(p.existed, now)
+	// A sweep for an earlier charge of the group may have forgotten this (then idle, so
+	// fresh-equivalent) key: storing p is still right, but it adds a key again, so it must make
+	// room like any new key or the shard would end over its cap. Sweeps are rare, so the key is
+	// looked up again only after one.
+	existed := p.existed
+	if existed && sh.sweeps != p.sweeps {
+		existed = sh.has(c)
+	}
+	evicted = sh.makeRoom(existed, now)
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
 		sh.gcra[c.Key] = p.tat
@@ -387,6 +395,22 @@ func (sh *shard) makeRoom(existed bool, now int64) (evicted uint64) {
 	return evicted
 }
 
+// has reports whether c's key is stored in the state kind of c's algorithm.
+func (sh *shard) has(c *Charge) bool {
+	var ok bool
+	switch c.Limit.Algorithm {
+	case TokenBucket, LeakyBucket:
+		_, ok = sh.gcra[c.Key]
+	case FixedWindow:
+		_, ok = sh.fixed[c.Key]
+	case SlidingWindow:
+		if _, ok = sh.sliding.find(&c.Key); !ok {
+			_, ok = sh.wide[c.Key]
+		}
+	}
+	return ok
+}
+
 func (sh *shard) len() int { return len(sh.gcra) + len(sh.fixed) + sh.sliding.n + len(sh.wide) }
 
 // sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap it
@@ -394,6 +418,7 @@ func (sh *shard) len() int { return len(sh.gcra) + len(sh.fixed) + sh.sliding.n 
 // when keys are deleted, so after a sweep that leaves under an eighth of a large peak the maps are
 // rebuilt. The caller holds sh.mu.
 func (sh *shard) sweep(now int64) (evicted uint64) {
+	sh.sweeps++
 	before := sh.len()
 	for k, tat := range sh.gcra {
 		if GCRAIdle(tat, now) {

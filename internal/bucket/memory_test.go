@@ -132,6 +132,33 @@ func TestMemoryForgetsIdleKeys(t *testing.T) {
 
 // TestMemoryCapEvictsLiveKeys: with more live keys than MaxKeys, the store stays at the cap,
 // counts what it evicted, and an evicted key is treated as fresh (lenient, never stricter).
+// TestMemoryCapHoldsWithinAGroup: a sweep made room for one charge of a group and forgot an idle
+// key that a later charge of the same group stores again. That charge must make room too, or the
+// shard ends one key over its cap.
+func TestMemoryCapHoldsWithinAGroup(t *testing.T) {
+	const maxKeys = 16
+	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: maxKeys})
+	slow := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1e-6, Burst: 1} // live for days
+	fast := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1000, Burst: 1} // idle after 1ms
+	idle := keyN(1000)
+	takeAt(t, m, t0, bucket.Charge{Key: idle, Limit: fast})
+	for i := range uint64(maxKeys - 1) {
+		takeAt(t, m, t0, bucket.Charge{Key: keyN(i), Limit: slow})
+	}
+	if got := m.Len(); got != maxKeys {
+		t.Fatalf("setup: got Len %d, want %d", got, maxKeys)
+	}
+	// A new key first (its sweep forgets the idle key), then the idle key again.
+	admitted, _ := takeAt(t, m, t0.Add(time.Second),
+		bucket.Charge{Key: keyN(500), Limit: slow}, bucket.Charge{Key: idle, Limit: fast})
+	if !admitted {
+		t.Fatal("group: got rejected, want admitted")
+	}
+	if got := m.Len(); got > maxKeys {
+		t.Errorf("after the group: got Len %d, want <= %d", got, maxKeys)
+	}
+}
+
 func TestMemoryCapEvictsLiveKeys(t *testing.T) {
 	const maxKeys, keys = 160, 1000
 	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: maxKeys})
