@@ -16,6 +16,14 @@ import (
 // may stay queued stay bounded; waiters past the cap go in the next batch.
 const maxBatch = 128
 
+// maxBatchRounds bounds the failed conditions of one batch. A condition fails only when
+// another writer (a replica, a refund) changed the item since this batch learnt its value, so
+// failures cannot go on without others making progress; but another replica draining its own
+// queue in small writes can win several rounds in a row (4 was seen to be too few with two
+// replicas on one hot item), and giving up fails every charge of the batch. The deadline of
+// the batch's context bounds the time.
+const maxBatchRounds = 16
+
 // compactAfter is how many waiters that left while queued a queue keeps before it is compacted
 // (when they are also at least half of it).
 const compactAfter = 64
@@ -279,7 +287,9 @@ func (s *Store) runBatch(b *batch) {
 		}
 		pending = nil
 	}
-	for writes := 0; len(pending) > 0; writes++ {
+	// Only failed conditions count against maxBatchRounds: a write that is applied decides at
+	// least one charge, so those are bounded by the batch's size.
+	for failed := 0; len(pending) > 0; {
 		m := b.fit(st, len(pending))
 		if m == 0 {
 			if observed {
@@ -290,7 +300,7 @@ func (s *Store) runBatch(b *batch) {
 			}
 			m = 1 // assumed full: one charge asks DynamoDB
 		}
-		if writes == maxRounds {
+		if failed == maxBatchRounds {
 			fail(fmt.Errorf("dynamo: update %s: %w", b.pk, ErrContention))
 			break
 		}
@@ -320,6 +330,7 @@ func (s *Store) runBatch(b *batch) {
 				break
 			}
 			observed = true
+			failed++
 		default:
 			s.m.errors.WithLabelValues(opUpdate).Inc()
 			fail(fmt.Errorf("dynamo: update %s: %w", b.pk, err))

@@ -453,3 +453,60 @@ func TestBatchCap(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchOutlastsRivalWrites: another replica's writes land before each of a batch's writes
+// five times in a row, each time leaving room for fewer charges than the batch asked for. Every
+// failed condition tells the batch the item's value, so it asks for fewer and finally gets what
+// is left: exact, and no ErrContention while others are making progress.
+func TestBatchOutlastsRivalWrites(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	api := newScriptedAPI()
+	s := dynamo.New(api, dynamo.Options{Table: "t"})
+	const burst = 100
+	charge := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1e-3, Burst: burst}}
+	ctxs := make([]*queuedCtx, 10)
+	for i := range ctxs {
+		ctxs[i] = newQueuedCtx(context.Background())
+	}
+	first, firstOut, outs := queueBehind(t, s, api, charge, ctxs...)
+	first.answer <- nil
+	outcome(t, firstOut)
+	// The batch of 10 asks for 10, 9, 8, 7, 6 while a rival leaves 9, 8, 7, 6, 5 places.
+	value := func(c scriptedCall, name string) int64 {
+		v, _ := strconv.ParseInt(c.in.ExpressionAttributeValues[name].(*types.AttributeValueMemberN).Value, 10, 64)
+		return v
+	}
+	tVal := func(c scriptedCall) int64 { return value(c, ":t") }
+	var emission int64
+	for round, left := range []int64{9, 8, 7, 6, 5} {
+		c := api.call(t)
+		if round == 0 {
+			emission = tVal(c) / 10
+		}
+		if got, want := tVal(c)/emission, left+1; got != want {
+			t.Fatalf("write %d: got %d charges, want %d", round+1, got, want)
+		}
+		api.mu.Lock()
+		api.tat = value(c, ":now") + (burst-left)*emission
+		api.mu.Unlock()
+		c.answer <- nil
+	}
+	c := api.call(t)
+	if got := tVal(c) / emission; got != 5 {
+		t.Fatalf("last write: got %d charges, want the 5 left", got)
+	}
+	c.answer <- nil
+	admitted := 0
+	for i, out := range outs {
+		o := outcome(t, out)
+		if o.err != nil {
+			t.Fatalf("queued Take %d: got error %v, want a decision", i, o.err)
+		}
+		if o.ok {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Errorf("got %d of 10 admitted, want the 5 places the rival left", admitted)
+	}
+}
