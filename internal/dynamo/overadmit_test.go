@@ -1,0 +1,188 @@
+package dynamo_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"go.uber.org/goleak"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+)
+
+// memAPI is an in-memory table that evaluates every conditional write form the Store sends
+// (GCRA forms (a) and (b), counter ADDs, refunds) atomically, yielding the processor a random
+// number of times before each call so that writes of concurrent requests interleave.
+type memAPI struct {
+	fakeAPI
+	mu    sync.Mutex
+	items map[string]map[string]int64
+}
+
+func newMemAPI() *memAPI { return &memAPI{items: map[string]map[string]int64{}} }
+
+func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	for range rand.IntN(4) {
+		runtime.Gosched()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	val := func(name string) int64 {
+		av, ok := in.ExpressionAttributeValues[name]
+		if !ok {
+			panic("missing value " + name)
+		}
+		n, err := strconv.ParseInt(av.(*types.AttributeValueMemberN).Value, 10, 64)
+		if err != nil {
+			panic(err)
+		}
+		return n
+	}
+	pk := in.Key["pk"].(*types.AttributeValueMemberS).Value
+	expr, cond := aws.ToString(in.UpdateExpression), aws.ToString(in.ConditionExpression)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	item := f.items[pk]
+	tat, hasTat := item["tat"]
+	cnt, hasCnt := item["count"]
+	var ok bool
+	switch cond {
+	case "attribute_not_exists(#tat) OR #tat < :now":
+		ok = !hasTat || tat < val(":now")
+	case "#tat >= :now AND #tat <= :last":
+		ok = hasTat && tat >= val(":now") && tat <= val(":last")
+	case "attribute_not_exists(#count) OR #count <= :last":
+		ok = !hasCnt || cnt <= val(":last")
+	case "#count <= :last":
+		ok = hasCnt && cnt <= val(":last")
+	case "attribute_exists(#tat)":
+		ok = hasTat
+	case "attribute_exists(#count)":
+		ok = hasCnt
+	default:
+		panic("unknown condition " + cond)
+	}
+	if !ok {
+		var old map[string]types.AttributeValue
+		if item != nil {
+			old = map[string]types.AttributeValue{}
+			for k, v := range item {
+				old[k] = memNum(v)
+			}
+		}
+		return nil, &types.ConditionalCheckFailedException{Message: aws.String("cond"), Item: old}
+	}
+	if item == nil {
+		item = map[string]int64{}
+		f.items[pk] = item
+	}
+	out := map[string]types.AttributeValue{}
+	switch expr {
+	case "SET #tat = :next, #ttl = :ttl":
+		item["tat"] = val(":next")
+		out["tat"] = memNum(item["tat"])
+	case "SET #tat = #tat + :t, #ttl = :ttl":
+		item["tat"] += val(":t")
+		out["tat"] = memNum(item["tat"])
+	case "ADD #count :m SET #ttl = :ttl":
+		item["count"] += val(":m")
+		out["count"] = memNum(item["count"])
+	case "SET #tat = #tat - :t":
+		item["tat"] -= val(":t")
+	case "ADD #count :minus":
+		item["count"] += val(":minus")
+	default:
+		panic("unknown update " + expr)
+	}
+	return &dynamodb.UpdateItemOutput{Attributes: out}, nil
+}
+
+// BatchGetItem answers that no closed sliding-window slot holds anything.
+func (f *memAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	return &dynamodb.BatchGetItemOutput{Responses: map[string][]map[string]types.AttributeValue{}}, nil
+}
+
+func memNum(v int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+}
+
+// TestCoalescedNeverOverAdmits hammers one hot key from two Stores sharing a table, with
+// groups that a second (tiny) limit often rejects (so applied charges are refunded behind the
+// writers' backs, making their tat hints stale), and requests that leave early. Whatever happens,
+// the admitted groups must not exceed the hot limit, every Take must return, and no writer
+// goroutine may outlive its queue.
+func TestCoalescedNeverOverAdmits(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, tc := range exactLimits {
+		for _, cancelSome := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/cancel=%v", tc.name, cancelSome), func(t *testing.T) {
+				api := newMemAPI()
+				stores := []*dynamo.Store{dynamo.New(api, dynamo.Options{Table: "t"}), dynamo.New(api, dynamo.Options{Table: "t"})}
+				hot := newKey(t)
+				tiny := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}
+				gates := []bucket.Key{newKey(t), newKey(t), newKey(t), newKey(t)}
+				const requests = 600
+				var mu sync.Mutex
+				var admitted int64
+				errs := make(chan error, requests)
+				var wg sync.WaitGroup
+				for g := range requests {
+					wg.Go(func() {
+						ctx := context.Background()
+						if cancelSome && g%3 == 0 {
+							c, cancel := context.WithCancel(ctx)
+							ctx = c
+							go func() {
+								for range rand.IntN(50) {
+									runtime.Gosched()
+								}
+								cancel()
+							}()
+						}
+						charges := []bucket.Charge{{Key: hot, Limit: tc.limit}}
+						if g%2 == 0 {
+							charges = append(charges, bucket.Charge{Key: gates[g%len(gates)], Limit: tiny})
+						}
+						r := make([]bucket.Result, len(charges))
+						done := make(chan struct{})
+						var ok bool
+						go func() {
+							ok, _ = stores[g%2].Take(ctx, t0, charges, r)
+							close(done)
+						}()
+						select {
+						case <-done:
+						case <-time.After(20 * time.Second):
+							errs <- fmt.Errorf("Take %d did not return within 20s (lost wakeup?)", g)
+							return
+						}
+						if ok {
+							mu.Lock()
+							admitted++
+							mu.Unlock()
+						}
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Fatal(err)
+				}
+				if admitted > tc.want {
+					t.Fatalf("admitted groups: got %d, want at most %d (the hot limit)", admitted, tc.want)
+				}
+				t.Logf("admitted %d of limit %d", admitted, tc.want)
+			})
+		}
+	}
+}
