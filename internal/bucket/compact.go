@@ -4,7 +4,7 @@ import "math"
 
 // compactSliding is the memory store's form of a SlidingState: the same ring with 16-bit
 // counters and the slot width as a 16-bit tag, 32 bytes against 64, so that with its 16-byte Key
-// it takes a 48-byte slot of a slidingTable rather than an 80-byte map entry.
+// it takes a 48-byte slot of a table rather than an 80-byte map entry.
 //
 // It holds a state exactly when every counter fits 16 bits and the width has a tag (widthTag);
 // the memory store keeps the others, and the keys of Limits with Count > maxCompactCount, as

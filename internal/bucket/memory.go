@@ -27,14 +27,15 @@ type MemoryOptions struct {
 	MaxKeys int
 }
 
-// Memory is the in-process Store: keyed algorithm state in a sharded map, each shard under its
-// own mutex. Decisions are exact under concurrency: a group's shards are locked (in ascending
+// Memory is the in-process Store: keyed algorithm state in sharded hash tables, each shard under
+// its own mutex. Decisions are exact under concurrency: a group's shards are locked (in ascending
 // order, so concurrent groups cannot deadlock) for the whole evaluate-and-commit.
 //
 // State is small: a token- or leaky-bucket key is one int64 (its tat), a fixed-window key a
-// FixedState, each in a map of its own. A sliding-window key is kept in a compact form (16-bit
-// counters, 48 bytes with the key in a table of its own) when its counters and slot width fit,
-// and as a SlidingState in a map otherwise (Count above 65535, a counter above 65535 left from
+// FixedState, each in an open-addressing table of its own (see table: one cache miss per lookup
+// where a map takes two). A sliding-window key is kept in a compact form (16-bit counters, 48
+// bytes with the key in a table of its own) when its counters and slot width fit, and as a
+// SlidingState in a map otherwise (Count above 65535, a counter above 65535 left from
 // such a Count, or a width without a 16-bit tag); a key moves between the two with its counts
 // intact.
 //
@@ -59,19 +60,20 @@ var _ Store = (*Memory)(nil)
 // every insert.
 const minSweep = 64
 
-// rebuildPeak is the smallest peak size from which a shard's maps are rebuilt to return memory.
+// rebuildPeak is the smallest peak size from which a shard's tables and map are rebuilt to return
+// memory.
 const rebuildPeak = 8 * minSweep
 
 type shard struct {
 	mu      sync.Mutex
-	gcra    map[Key]int64
-	fixed   map[Key]FixedState
-	sliding slidingTable         // sliding-window keys whose state fits the compact form
-	wide    map[Key]SlidingState // the other sliding-window keys; a key is in one of the two at most
-	maxKeys int                  // hard cap on this shard's keys
-	sweepAt int                  // sweep before inserting a new key when the shard holds this many
-	peak    int                  // most keys seen by a sweep since the maps were last rebuilt
-	sweeps  uint64               // sweeps so far: a pending state evaluated before one may be stale
+	gcra    table[int64]          // token- and leaky-bucket tats
+	fixed   table[FixedState]     // fixed-window states
+	sliding table[compactSliding] // sliding-window keys whose state fits the compact form
+	wide    map[Key]SlidingState  // the other sliding-window keys; a key is in one of the two at most
+	maxKeys int                   // hard cap on this shard's keys
+	sweepAt int                   // sweep before inserting a new key when the shard holds this many
+	peak    int                   // most keys seen by a sweep since the tables were last rebuilt
+	sweeps  uint64                // sweeps so far: a pending state evaluated before one may be stale
 }
 
 // paddedShard keeps neighbouring shards' mutexes off each other's cache lines (128 bytes: the
@@ -104,9 +106,9 @@ func NewMemory(o MemoryOptions) *Memory {
 			limit++
 		}
 		m.shards[i].shard = shard{
-			gcra:    make(map[Key]int64),
-			fixed:   make(map[Key]FixedState),
-			sliding: newSlidingTable(rand.Uint64()),
+			gcra:    newTable[int64](rand.Uint64()),
+			fixed:   newTable[FixedState](rand.Uint64()),
+			sliding: newTable[compactSliding](rand.Uint64()),
 			wide:    make(map[Key]SlidingState),
 			maxKeys: limit,
 			sweepAt: min(minSweep, limit),
@@ -221,19 +223,25 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 	sh.mu.Lock()
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
-		tat, existed := sh.gcra[c.Key]
+		i, existed := sh.gcra.find(&c.Key)
+		var tat int64
+		if existed {
+			tat = sh.gcra.slots[i].st
+		}
 		var next int64
 		next, *r = GCRA(tat, now, c.Limit)
 		if r.Allowed {
-			evicted = sh.makeRoom(existed, now)
-			sh.gcra[c.Key] = next
+			evicted = storeAt(&sh.shard, &sh.gcra, i, existed, &c.Key, &next, now)
 		}
 	case FixedWindow:
-		st, existed := sh.fixed[c.Key]
+		i, existed := sh.fixed.find(&c.Key)
+		var st FixedState
+		if existed {
+			st = sh.fixed.slots[i].st
+		}
 		st, *r = Fixed(st, now, c.Limit)
 		if r.Allowed {
-			evicted = sh.makeRoom(existed, now)
-			sh.fixed[c.Key] = st
+			evicted = storeAt(&sh.shard, &sh.fixed, i, existed, &c.Key, &st, now)
 		}
 	default: // SlidingWindow; Take has checked the algorithm
 		evicted = sh.takeSliding(c, now, r)
@@ -266,18 +274,26 @@ func (sh *shard) takeSliding(c *Charge, now int64, r *Result) (evicted uint64) {
 			st = compactSliding{slot: floorDiv(now, w), tag: tag}
 		}
 		st.take(now, w, c.Limit.Count, r)
-		switch {
-		case !r.Allowed:
-		case existed:
-			sh.sliding.slots[i].st = st
-		default:
-			// makeRoom may sweep, which moves the table's keys: insertNew probes again.
-			evicted = sh.makeRoom(false, now)
-			sh.sliding.insertNew(&c.Key, &st)
+		if r.Allowed {
+			evicted = storeAt(sh, &sh.sliding, i, existed, &c.Key, &st, now)
 		}
 		return evicted
 	}
 	return sh.takeWide(c, now, r)
+}
+
+// storeAt stores st (not the zero S) for k in t, a table of sh, where t.find(k) returned i and
+// existed: in place when k is stored, otherwise after making room (a sweep moves the table's
+// keys, so insertNew probes again). It returns the number of live keys evicted. The caller holds
+// sh.mu.
+func storeAt[S comparable](sh *shard, t *table[S], i int, existed bool, k *Key, st *S, now int64) (evicted uint64) {
+	if existed {
+		t.slots[i].st = *st
+		return 0
+	}
+	evicted = sh.makeRoom(false, now)
+	t.insertNew(k, st)
+	return evicted
 }
 
 // takeWide decides a sliding-window charge through a SlidingState, whichever map holds the key,
@@ -334,7 +350,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		if prev != nil {
 			tat, ok = prev.tat, true
 		} else {
-			tat, ok = sh.gcra[c.Key]
+			tat, ok = sh.gcra.get(&c.Key)
 		}
 		p.existed = ok
 		p.tat, r = GCRA(tat, now, c.Limit)
@@ -344,7 +360,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		if prev != nil {
 			s, ok = prev.fixed, true
 		} else {
-			s, ok = sh.fixed[c.Key]
+			s, ok = sh.fixed.get(&c.Key)
 		}
 		p.existed = ok
 		p.fixed, r = Fixed(s, now, c.Limit)
@@ -377,9 +393,9 @@ func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
 	evicted = sh.makeRoom(existed, now)
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
-		sh.gcra[c.Key] = p.tat
+		sh.gcra.put(&c.Key, &p.tat)
 	case FixedWindow:
-		sh.fixed[c.Key] = p.fixed
+		sh.fixed.put(&c.Key, &p.fixed)
 	case SlidingWindow:
 		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count)
 	}
@@ -400,9 +416,9 @@ func (sh *shard) has(c *Charge) bool {
 	var ok bool
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
-		_, ok = sh.gcra[c.Key]
+		_, ok = sh.gcra.find(&c.Key)
 	case FixedWindow:
-		_, ok = sh.fixed[c.Key]
+		_, ok = sh.fixed.find(&c.Key)
 	case SlidingWindow:
 		if _, ok = sh.sliding.find(&c.Key); !ok {
 			_, ok = sh.wide[c.Key]
@@ -411,26 +427,19 @@ func (sh *shard) has(c *Charge) bool {
 	return ok
 }
 
-func (sh *shard) len() int { return len(sh.gcra) + len(sh.fixed) + sh.sliding.n + len(sh.wide) }
+func (sh *shard) len() int { return sh.gcra.n + sh.fixed.n + sh.sliding.n + len(sh.wide) }
 
 // sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap it
-// evicts arbitrary live keys down to 15/16 of the cap, and returns how many. Maps do not shrink
-// when keys are deleted, so after a sweep that leaves under an eighth of a large peak the maps are
-// rebuilt. The caller holds sh.mu.
+// evicts arbitrary live keys down to 15/16 of the cap, and returns how many. Tables and maps do not
+// shrink when keys are deleted, so after a sweep that leaves under an eighth of a large peak they
+// are rebuilt. The caller holds sh.mu.
 func (sh *shard) sweep(now int64) (evicted uint64) {
 	sh.sweeps++
 	before := sh.len()
-	for k, tat := range sh.gcra {
-		if GCRAIdle(tat, now) {
-			delete(sh.gcra, k)
-		}
-	}
-	for k, s := range sh.fixed {
-		if s.Idle(now) {
-			delete(sh.fixed, k)
-		}
-	}
-	sh.sliding.deleteWhile(func(s *compactSliding) bool { return s.idle(now) }, func() bool { return false })
+	never := func() bool { return false }
+	sh.gcra.deleteWhile(func(tat *int64) bool { return GCRAIdle(*tat, now) }, never)
+	sh.fixed.deleteWhile(func(s *FixedState) bool { return s.Idle(now) }, never)
+	sh.sliding.deleteWhile(func(s *compactSliding) bool { return s.idle(now) }, never)
 	for k, s := range sh.wide {
 		if s.Idle(now) {
 			delete(sh.wide, k)
@@ -441,9 +450,10 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 	// keys from sweeping on every insert.
 	if low := sh.maxKeys - max(sh.maxKeys/16, 1); n > low {
 		evicted = uint64(n - low)
-		evict(sh.gcra, &n, low)
-		evict(sh.fixed, &n, low)
-		sh.sliding.deleteWhile(func(*compactSliding) bool { n--; return true }, func() bool { return n <= low })
+		done := func() bool { return n <= low }
+		sh.gcra.deleteWhile(func(*int64) bool { n--; return true }, done)
+		sh.fixed.deleteWhile(func(*FixedState) bool { n--; return true }, done)
+		sh.sliding.deleteWhile(func(*compactSliding) bool { n--; return true }, done)
 		evict(sh.wide, &n, low)
 	}
 	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
@@ -451,8 +461,8 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 	// to return a few kilobytes.
 	sh.peak = max(sh.peak, before)
 	if sh.peak >= rebuildPeak && n < sh.peak/8 {
-		sh.gcra = rebuilt(sh.gcra)
-		sh.fixed = rebuilt(sh.fixed)
+		sh.gcra.shrink()
+		sh.fixed.shrink()
 		sh.sliding.shrink()
 		sh.wide = rebuilt(sh.wide)
 		sh.peak = n

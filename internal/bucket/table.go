@@ -5,55 +5,69 @@ import (
 	"math/bits"
 )
 
-// slidingTable maps keys to compact sliding-window states: an open-addressing hash table with
-// linear probing, each 48-byte slot holding the key and its state side by side.
+// table maps keys to states of type S: an open-addressing hash table with linear probing, each
+// slot holding the key and its state side by side (24 bytes for a GCRA tat, 32 for a
+// FixedState, 48 for a compact sliding state).
 //
-// A Go map was the first home of the compact states, and a profile of 100k rotating keys showed
-// it spending most of a decision on two cache misses per lookup (the group's control word, then
-// the slot, 8+8*48 bytes apart) and a second probe to store the new state. Here a lookup
+// Go maps were the first home of every state kind, and a profile of 100k rotating keys showed
+// a map spending most of a decision on two cache misses per lookup (the group's control word,
+// then the slot, 8+8*slot bytes apart) and a second probe to store the new state. Here a lookup
 // usually reads one slot, and the state is updated where it lies.
+//
+// The zero S marks an empty slot, so a stored state must never be the zero S. No state the
+// memory store keeps is, whatever the clock: it stores only a state a request was taken from,
+// and a GCRA tat is then max(tat, now)+T >= T >= 1 (by induction from a fresh key's 0), a
+// FixedState has Count >= 1, a compact sliding state its width's tag. The empty test compares
+// with the zero S rather than calling a method of S: a method of a type parameter is called
+// through the generic dictionary, indirectly, on every probe. (For a compact sliding state the
+// comparison stops at its first word, its slot, on the occupied slots a probe mostly meets.)
 //
 // The probe sequence starts at a multiply-shift hash of the key's second half with a random odd
 // multiplier per table: keys are digests, but a client who can choose key values could otherwise
 // pile them onto one slot run (the shard is picked from the first half, so its low bits are
 // alike within a shard anyway).
 //
-// The zero slidingTable is empty but needs a multiplier: create one with newSlidingTable. Not
-// safe for concurrent use; the shard's mutex guards it.
-type slidingTable struct {
-	slots []slidingSlot // a power-of-two length, at most 3/4 full; nil when never used
-	n     int           // occupied slots
-	mul   uint64        // odd hash multiplier
-	shift uint          // 64 - log2(len(slots))
+// The zero table is empty but needs a multiplier: create one with newTable. Not safe for
+// concurrent use; the shard's mutex guards it.
+//
+// The header is 40 bytes, so that a shard's mutex and its three tables fit in 128 bytes (one
+// pair of cache lines): with a 48-byte header the sliding window's landed in a third line, and
+// two goroutines deciding on one hot key measured 10% slower.
+type table[S comparable] struct {
+	slots []tableSlot[S] // a power-of-two length, at most 3/4 full; nil when never used
+	n     int            // occupied slots
+	mul   uint64         // odd hash multiplier
 }
 
-// slidingSlot is one table slot. A state with tag 0 marks it empty: a stored state always has
-// its width's tag (a fresh state has none, and is never stored).
-type slidingSlot struct {
+// tableSlot is one table slot; a zero st marks it empty.
+type tableSlot[S comparable] struct {
 	key Key
-	st  compactSliding
+	st  S
 }
 
 // minTableSlots is the smallest table allocated.
 const minTableSlots = 16
 
-func newSlidingTable(mul uint64) slidingTable { return slidingTable{mul: mul | 1} }
+func newTable[S comparable](mul uint64) table[S] { return table[S]{mul: mul | 1} }
 
-// home is the slot a key's probe sequence starts at.
-func (t *slidingTable) home(k *Key) int {
-	return int((binary.LittleEndian.Uint64(k[8:]) * t.mul) >> t.shift)
+// home is the slot a key's probe sequence starts at: the top log2(len(t.slots)) bits of the
+// product. The shift, 64-log2(len), is derived from the length rather than kept (see table).
+func (t *table[S]) home(k *Key) int {
+	shift := bits.LeadingZeros64(uint64(len(t.slots))) + 1
+	return int((binary.LittleEndian.Uint64(k[8:]) * t.mul) >> shift)
 }
 
 // find returns the slot holding k and true, or the empty slot where a probe for k ended and
 // false. With no slots it returns -1, false.
-func (t *slidingTable) find(k *Key) (int, bool) {
+func (t *table[S]) find(k *Key) (int, bool) {
 	if len(t.slots) == 0 {
 		return -1, false
 	}
+	var zero S
 	mask := len(t.slots) - 1
 	for i := t.home(k); ; i = (i + 1) & mask {
 		s := &t.slots[i]
-		if s.st.tag == 0 {
+		if s.st == zero {
 			return i, false
 		}
 		if s.key == *k {
@@ -62,20 +76,20 @@ func (t *slidingTable) find(k *Key) (int, bool) {
 	}
 }
 
-// insertNew adds k, which the table does not hold, with state st (st.tag != 0), growing the
+// insertNew adds k, which the table does not hold, with state st (not the zero S), growing the
 // table first if it would become more than 3/4 full. (Half full made 100k rotating keys 30%
 // slower: the longer probes cost less than the larger footprint's cache and TLB misses.)
-func (t *slidingTable) insertNew(k *Key, st *compactSliding) {
+func (t *table[S]) insertNew(k *Key, st *S) {
 	if 4*(t.n+1) > 3*len(t.slots) {
 		t.resize(max(2*len(t.slots), minTableSlots))
 	}
 	i, _ := t.find(k)
-	t.slots[i] = slidingSlot{key: *k, st: *st}
+	t.slots[i] = tableSlot[S]{key: *k, st: *st}
 	t.n++
 }
 
-// put stores st (st.tag != 0) for k, adding k if needed.
-func (t *slidingTable) put(k *Key, st *compactSliding) {
+// put stores st (not the zero S) for k, adding k if needed.
+func (t *table[S]) put(k *Key, st *S) {
 	if i, ok := t.find(k); ok {
 		t.slots[i].st = *st
 		return
@@ -83,8 +97,17 @@ func (t *slidingTable) put(k *Key, st *compactSliding) {
 	t.insertNew(k, st)
 }
 
+// get returns k's state and true, or the zero S and false.
+func (t *table[S]) get(k *Key) (S, bool) {
+	if i, ok := t.find(k); ok {
+		return t.slots[i].st, true
+	}
+	var zero S
+	return zero, false
+}
+
 // remove deletes k if the table holds it.
-func (t *slidingTable) remove(k *Key) {
+func (t *table[S]) remove(k *Key) {
 	if i, ok := t.find(k); ok {
 		t.deleteAt(i)
 	}
@@ -94,15 +117,16 @@ func (t *slidingTable) remove(k *Key) {
 // hole (its home is not after the hole, cyclically) moves into it, so no probe for a key that
 // the table holds ever meets an empty slot before it. The slots that receive a key are i and
 // positions after it in the run.
-func (t *slidingTable) deleteAt(i int) {
+func (t *table[S]) deleteAt(i int) {
+	var zero S
 	mask := len(t.slots) - 1
-	for j := (i + 1) & mask; t.slots[j].st.tag != 0; j = (j + 1) & mask {
+	for j := (i + 1) & mask; t.slots[j].st != zero; j = (j + 1) & mask {
 		if h := t.home(&t.slots[j].key); (j-h)&mask >= (j-i)&mask {
 			t.slots[i] = t.slots[j]
 			i = j
 		}
 	}
-	t.slots[i] = slidingSlot{}
+	t.slots[i] = tableSlot[S]{}
 	t.n--
 }
 
@@ -110,9 +134,10 @@ func (t *slidingTable) deleteAt(i int) {
 // returns true. A slot that receives a key from a deletion is visited (again): deleteAt only
 // fills the hole and later positions of its run, so every key present throughout is visited at
 // least once.
-func (t *slidingTable) deleteWhile(del func(*compactSliding) bool, stop func() bool) {
+func (t *table[S]) deleteWhile(del func(*S) bool, stop func() bool) {
+	var zero S
 	for i := 0; i < len(t.slots) && !stop(); {
-		if s := &t.slots[i]; s.st.tag != 0 && del(&s.st) {
+		if s := &t.slots[i]; s.st != zero && del(&s.st) {
 			t.deleteAt(i)
 			continue
 		}
@@ -121,17 +146,17 @@ func (t *slidingTable) deleteWhile(del func(*compactSliding) bool, stop func() b
 }
 
 // resize moves every state into a new table of size slots (a power of two, size > 4/3*t.n).
-func (t *slidingTable) resize(size int) {
+func (t *table[S]) resize(size int) {
+	var zero S
 	old := t.slots
-	t.slots = make([]slidingSlot, size)
-	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	t.slots = make([]tableSlot[S], size)
 	mask := size - 1
 	for s := range old {
-		if old[s].st.tag == 0 {
+		if old[s].st == zero {
 			continue
 		}
 		i := t.home(&old[s].key)
-		for t.slots[i].st.tag != 0 {
+		for t.slots[i].st != zero {
 			i = (i + 1) & mask
 		}
 		t.slots[i] = old[s]
@@ -140,7 +165,7 @@ func (t *slidingTable) resize(size int) {
 
 // shrink rebuilds the table at the smallest size that holds its states at most half full, to
 // return memory and leave room to grow.
-func (t *slidingTable) shrink() {
+func (t *table[S]) shrink() {
 	size := minTableSlots
 	for 2*t.n > size {
 		size *= 2
