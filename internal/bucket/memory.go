@@ -343,34 +343,27 @@ func sameState(a, b Algorithm) bool {
 func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 	var r Result
 	p.sweeps = sh.sweeps
+	// With prev, the stored state is stale (the group has not committed yet): prev's wins. The
+	// lookup it replaces is wasted, but a group charging one key twice is rare.
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
-		var tat int64
-		var ok bool
+		tat, ok := sh.gcra.get(&c.Key)
 		if prev != nil {
 			tat, ok = prev.tat, true
-		} else {
-			tat, ok = sh.gcra.get(&c.Key)
 		}
 		p.existed = ok
 		p.tat, r = GCRA(tat, now, c.Limit)
 	case FixedWindow:
-		var s FixedState
-		var ok bool
+		s, ok := sh.fixed.get(&c.Key)
 		if prev != nil {
 			s, ok = prev.fixed, true
-		} else {
-			s, ok = sh.fixed.get(&c.Key)
 		}
 		p.existed = ok
 		p.fixed, r = Fixed(s, now, c.Limit)
 	case SlidingWindow:
-		var s SlidingState
-		var ok bool
+		s, ok := sh.slidingState(c.Key)
 		if prev != nil {
 			s, ok = prev.sliding, true
-		} else {
-			s, ok = sh.slidingState(c.Key)
 		}
 		p.existed = ok
 		p.sliding = s

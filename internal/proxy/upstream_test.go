@@ -205,17 +205,20 @@ func TestUpstreamTimeout_504(t *testing.T) {
 	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "timeout")
 }
 
+// resetConn closes the connection of the response w with a TCP reset.
+func resetConn(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0) // close with RST
+	}
+	_ = conn.Close()
+}
+
 func TestUpstreamReset_502(t *testing.T) {
-	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		if tc, ok := conn.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0) // close with RST
-		}
-		_ = conn.Close()
-	})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { resetConn(w) })
 	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, nil)
 
 	res, body := hs.get("/")
@@ -239,18 +242,10 @@ func TestUpstreamAbortedBody_Counted(t *testing.T) {
 		w.Header().Set("Content-Length", "1000")
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, "only the first bytes")
-		rc := http.NewResponseController(w)
-		if err := rc.Flush(); err != nil {
+		if err := http.NewResponseController(w).Flush(); err != nil {
 			return
 		}
-		conn, _, err := rc.Hijack()
-		if err != nil {
-			return
-		}
-		if tc, ok := conn.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0) // close with RST
-		}
-		_ = conn.Close()
+		resetConn(w)
 	})
 	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), up, nil)
 
