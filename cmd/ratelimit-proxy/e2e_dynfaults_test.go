@@ -373,9 +373,18 @@ func TestDynFaultSlowStore(t *testing.T) {
 			fn, ep := faultProxy(t, endpoint)
 			g := startGateway(t, up.URL, dynamoStore(table, ep, i == 0, dynFaultTimeout.String(), "  on_error: "+mode+"\n")+dynFaultPolicies, awsEnv()...)
 			c := newClient(t, 10*time.Second)
-			if a := fetch(c, g.proxy+"/load/x", "X-User-Id", "slow-warm"); a.err != nil || a.status != http.StatusOK || a.header.Get("X-RateLimit-Limit") == "" {
-				t.Fatalf("healthy store: got %d %v, X-RateLimit-Limit %q; want a limited 200", a.status, a.err, a.header.Get("X-RateLimit-Limit"))
+			// A DynamoDB Local that has just started (or a table just created) can miss the
+			// 50 ms timeout on its first calls: wait, with a deadline, for a decided request.
+			for deadline := time.Now().Add(10 * time.Second); ; runFor(20 * time.Millisecond) {
+				a := fetch(c, g.proxy+"/load/x", "X-User-Id", "slow-warm")
+				if a.err == nil && a.status == http.StatusOK && a.header.Get("X-RateLimit-Limit") != "" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("healthy store: got %d %v, X-RateLimit-Limit %q; want a limited 200 within 10s", a.status, a.err, a.header.Get("X-RateLimit-Limit"))
+				}
 			}
+			waitHealthy(t, g, c, 1)
 			fn.Set(faultnet.Fault{Delay: 200 * time.Millisecond})
 			// The first decision still reaches the store (the circuit is closed) and times out
 			// there; its write arrives after the gateway gave up on it.
@@ -387,12 +396,22 @@ func TestDynFaultSlowStore(t *testing.T) {
 			decided0 := metric(t, g.admin, fmt.Sprintf(`ratelimit_decisions_total{result=%q}`, result))
 			hits0 := up.hits.Load()
 			load := startLoad(c, g.proxy)
-			runFor(1500 * time.Millisecond)
+			// /readyz while the store is slow: with deny it must say 503 throughout. Its own probe
+			// may wait up to 1s and would see the slow store answer; turning ready on that would
+			// send traffic that times out again, a flap with every probe.
+			ready := map[int]int{}
+			for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); runFor(25 * time.Millisecond) {
+				ready[fetch(c, g.admin+"/readyz").status]++
+			}
 			as := load.stop()
+			t.Logf("on_error %s, store +200ms: /readyz answers %v", mode, ready)
 
 			want := http.StatusOK
 			if mode == "deny" {
 				want = http.StatusServiceUnavailable
+			}
+			if ready[want] == 0 || len(ready) != 1 {
+				t.Errorf("/readyz while the store is slow got %v, want only %d", ready, want)
 			}
 			var ds []time.Duration
 			for i, a := range as {
@@ -425,6 +444,26 @@ func TestDynFaultSlowStore(t *testing.T) {
 			}
 			if got := up.hits.Load() - hits0; got != wantHits {
 				t.Errorf("upstream hits got %d, want %d", got, wantHits)
+			}
+
+			if mode == "deny" {
+				// Out of the load balancer a pod gets no traffic, and only /readyz probes the store.
+				// Its first probe may wait up to 1s (it may have to reconnect) and sees the slow
+				// store answer; readiness must wait for the second, bounded by store.timeout, or the
+				// pod would turn ready, time out on its traffic and turn unready again.
+				calls := func() float64 { return metric(t, g.admin, `ratelimit_store_requests_total{op="update"}`) }
+				calls0, idle := calls(), map[int]int{}
+				for deadline := time.Now().Add(15 * time.Second); calls()-calls0 < 2 && idle[http.StatusOK] == 0; runFor(25 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("/readyz sent %v store calls in 15s, want a probe (2 calls) once the backoff passed", calls()-calls0)
+					}
+					idle[fetch(c, g.admin+"/readyz").status]++
+				}
+				idle[fetch(c, g.admin+"/readyz").status]++
+				t.Logf("on_error deny, store +200ms, no traffic: /readyz answers %v while it probed", idle)
+				if len(idle) != 1 || idle[http.StatusServiceUnavailable] == 0 {
+					t.Errorf("/readyz of an idle gateway whose store is slower than store.timeout got %v, want only 503", idle)
+				}
 			}
 
 			fn.Set(faultnet.Fault{})

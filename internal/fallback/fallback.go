@@ -17,7 +17,9 @@
 //     gateway whose store is down cannot serve; with Allow or Local it can, and taking every pod
 //     out of the load balancer during a store outage would be the outage. Ready probes the store
 //     itself once the backoff has passed, because a pod that is out of the load balancer gets no
-//     decisions that could probe it.
+//     decisions that could probe it. A probe closes the circuit only if the store answers within
+//     a decision's own timeout: a store that answers, but slower than decisions may wait, would
+//     otherwise turn the pod ready, fail its traffic and turn it unready again, over and over.
 //
 // The package is the consumer side of the store: it knows bucket.Store and nothing of DynamoDB.
 package fallback
@@ -75,6 +77,12 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// ProbeTimeout bounds the probe that Ready sends. (Optional) default DefaultProbeTimeout.
 	ProbeTimeout time.Duration
+	// DecisionTimeout is the time a decision may take (store.timeout). When set, a readiness
+	// probe that succeeds is followed by a second one bounded by DecisionTimeout, and only that
+	// one can close the circuit: the first may have had to open a connection, which can take
+	// longer than a decision's budget; the second asks what decisions need. (Optional) 0: one
+	// probe, bounded by ProbeTimeout.
+	DecisionTimeout time.Duration
 	// Healthy reports whether an error of the primary still shows a working store (for example
 	// contention on one hot key): such errors are handled like any other error (returned, or
 	// decided locally) but do not open the circuit. (Optional) default: every error is a failure.
@@ -100,6 +108,7 @@ type Store struct {
 	onChange func(healthy bool, err error)
 	now      func() time.Time
 	probeTO  time.Duration
+	decideTO time.Duration
 	min, max time.Duration
 
 	// isOpen mirrors open for the lock-free fast path of a healthy store.
@@ -141,6 +150,7 @@ func New(primary bucket.Store, o Options) (*Store, error) {
 		onChange: o.OnStateChange,
 		now:      o.Now,
 		probeTO:  o.ProbeTimeout,
+		decideTO: o.DecisionTimeout,
 		min:      o.MinBackoff,
 		max:      o.MaxBackoff,
 	}
@@ -366,18 +376,19 @@ var probeLimit = bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1_000_000_00
 
 // Ready reports whether the gateway can serve: an error only with OnError Deny while the circuit
 // is open. When the backoff has passed and no decision is probing, Ready sends the probe itself
-// (one charge on a reserved bucket, bounded by ProbeTimeout), so that a gateway that the load
-// balancer no longer sends requests to still finds out when the store is back.
+// (one charge on a reserved bucket, bounded by ProbeTimeout, then with DecisionTimeout set a
+// second one bounded by it), so that a gateway that the load balancer no longer sends requests to
+// still finds out when the store is back.
 func (s *Store) Ready(ctx context.Context) error {
 	if s.onError != Deny || s.Healthy() {
 		return nil
 	}
 	call, probe := s.acquire()
 	if call && probe {
-		pctx, cancel := context.WithTimeout(ctx, s.probeTO)
-		var r [1]bucket.Result
-		_, err := s.primary.Take(pctx, s.now(), []bucket.Charge{{Key: probeKey, Limit: probeLimit}}, r[:])
-		cancel()
+		err := s.probe(ctx, s.probeTO)
+		if (err == nil || s.healthy(err)) && s.decideTO > 0 {
+			err = s.probe(ctx, s.decideTO)
+		}
 		switch {
 		case err == nil || s.healthy(err):
 			s.report(true, nil)
@@ -392,4 +403,13 @@ func (s *Store) Ready(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("rate-limit store unavailable and store.on_error is deny: %w", s.openError())
+}
+
+// probe charges the reserved probe bucket once, within d.
+func (s *Store) probe(ctx context.Context, d time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var r [1]bucket.Result
+	_, err := s.primary.Take(pctx, s.now(), []bucket.Charge{{Key: probeKey, Limit: probeLimit}}, r[:])
+	return err
 }

@@ -28,16 +28,23 @@ type fakeStore struct {
 	charges []bucket.Charge // of the last call
 	block   chan struct{}   // when set, Take waits for it to close (or ctx to end)
 	entered chan struct{}   // when set, receives once per call before blocking
+	// needs, when set, makes a slow store: a call whose ctx leaves it less than this much time
+	// runs into its deadline; one with enough time answers at once.
+	needs time.Duration
 }
 
 func (f *fakeStore) Take(ctx context.Context, _ time.Time, charges []bucket.Charge, results []bucket.Result) (bool, error) {
 	f.mu.Lock()
 	f.calls++
 	f.charges = append([]bucket.Charge(nil), charges...)
-	block, entered := f.block, f.entered
+	block, entered, needs := f.block, f.entered, f.needs
 	f.mu.Unlock()
 	if entered != nil {
 		entered <- struct{}{}
+	}
+	if d, ok := ctx.Deadline(); ok && needs > 0 && time.Until(d) < needs {
+		<-ctx.Done()
+		return false, ctx.Err()
 	}
 	if block != nil {
 		select {
@@ -423,6 +430,52 @@ func TestReadyDeny(t *testing.T) {
 	}
 	if !f.store.Healthy() {
 		t.Error("Ready's successful probe did not close the circuit")
+	}
+}
+
+// TestReadySlowStoreStaysUnready: a store that answers, but slower than a decision may wait,
+// must not make a fail-closed gateway ready: its traffic would time out, the circuit would open,
+// and the pod would flap in and out of the load balancer. The readiness probe may take longer
+// (it may have to reconnect), but only a second probe within the decision timeout closes the
+// circuit.
+func TestReadySlowStoreStaysUnready(t *testing.T) {
+	const decide = 20 * time.Millisecond
+	f := newFixture(t, Options{OnError: Deny, DecisionTimeout: decide})
+	f.primary.set(errDown)
+	f.take(t, true)
+	f.primary.mu.Lock()
+	f.primary.err, f.primary.needs = nil, 10*decide // up again, but slow
+	f.primary.mu.Unlock()
+
+	backoff := DefaultMinBackoff
+	for i := range 3 {
+		f.clock.advance(backoff)
+		before := f.primary.count()
+		if err := f.store.Ready(context.Background()); err == nil || !errors.Is(err, ErrOpen) {
+			t.Fatalf("probe %d of a slow store: Ready got %v, want the open-circuit error", i, err)
+		}
+		if got := f.primary.count() - before; got != 2 {
+			t.Fatalf("probe %d: primary calls got %d, want 2 (a probe that may reconnect, then one within the decision timeout)", i, got)
+		}
+		if f.store.Healthy() {
+			t.Fatalf("probe %d: a store slower than the decision timeout closed the circuit", i)
+		}
+		if _, err := f.take(t, false); !errors.Is(err, ErrOpen) {
+			t.Fatalf("probe %d: a decision during the backoff got %v, want ErrOpen without calling the store", i, err)
+		}
+		backoff *= 2
+	}
+
+	// Fast again: the next probe pair closes the circuit.
+	f.primary.mu.Lock()
+	f.primary.needs = 0
+	f.primary.mu.Unlock()
+	f.clock.advance(backoff)
+	if err := f.store.Ready(context.Background()); err != nil {
+		t.Fatalf("store fast again: Ready got %v, want nil", err)
+	}
+	if !f.store.Healthy() {
+		t.Error("a store that answers within the decision timeout did not close the circuit")
 	}
 }
 

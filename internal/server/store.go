@@ -88,7 +88,9 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		// A probe may have to open a new connection (TLS to DynamoDB): give it more than one
 		// decision's budget, but never less.
 		ProbeTimeout: max(cfg.Store.Timeout, fallback.DefaultProbeTimeout),
-		Healthy:      healthy,
+		// ... and then judge the store by what decisions need.
+		DecisionTimeout: cfg.Store.Timeout,
+		Healthy:         healthy,
 		OnStateChange: func(ok bool, err error) {
 			if ok {
 				log.Info("rate-limit store recovered; circuit closed", zap.String("store", cfg.Store.Backend))
