@@ -11,7 +11,10 @@ import (
 )
 
 // ErrUnauthorized is returned (wrapped) by Set.Plan when the request carries a bearer token that
-// fails verification: the request must be answered 401 and neither forwarded nor charged.
+// fails verification, or several Authorization lines of which one is Bearer. Such a request is
+// never forwarded. Plan leaves in the Plan the charges of its matching ip policies only: the
+// caller takes them and answers 429 when they are over the limit, else 401, so bad tokens are
+// still held by the ip limits but drain no other policy's pool.
 var ErrUnauthorized = errors.New("policy: invalid bearer token")
 
 // ResetFormat says how X-RateLimit-Reset is written.

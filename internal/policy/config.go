@@ -32,8 +32,15 @@ type IdentityConfig struct {
 	// APIKeyHeader carries the API key. (Optional) default X-Api-Key.
 	APIKeyHeader string `mapstructure:"api_key_header"`
 	// UserHeader carries a user id set by a trusted auth sidecar. (Optional) exclusive with JWT.
+	// With TrustedProxies set it is read only from requests whose TCP peer is trusted; without,
+	// it is read from every request, so a sidecar in front must overwrite it.
 	UserHeader string     `mapstructure:"user_header"`
 	JWT        *JWTConfig `mapstructure:"jwt"`
+	// IPv6Prefix is how many leading bits of an IPv6 client address make its ip key: one
+	// customer usually holds a whole /64 and could rotate through it, so all its addresses share
+	// one bucket. 128 keys every address on its own. IPv4 clients (and IPv4-mapped IPv6 ones)
+	// are keyed per address. (Optional) default 64, from 1 to 128.
+	IPv6Prefix int `mapstructure:"ipv6_prefix"`
 }
 
 // JWTConfig verifies `Authorization: Bearer` tokens and takes the user from a claim.

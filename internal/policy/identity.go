@@ -266,13 +266,44 @@ func isTchar(c byte) bool {
 // BearerToken returns the credentials of an `Authorization: Bearer <token>` header (the first
 // Authorization line; the scheme is case-insensitive). ok is false when there is no
 // Authorization header or its scheme is not Bearer: such a request simply has no user. When ok
-// is true tok may still be empty or malformed; verification rejects it.
+// is true tok may still be empty or malformed; verification rejects it. Set.Plan does not stop
+// at the first line: it refuses a request with several Authorization lines of which any is
+// Bearer (see errAmbiguousBearer).
 func BearerToken(h http.Header) (tok string, ok bool) {
 	lines := h["Authorization"]
 	if len(lines) == 0 {
 		return "", false
 	}
-	v := trimOWS(lines[0])
+	return bearer(lines[0])
+}
+
+// errAmbiguousBearer refuses a request with several Authorization lines of which one or more
+// is Bearer. Upstreams differ on which line they read (or join them), so a token verified here
+// might not be the credential the upstream acts on; and a Basic line first would hide the
+// Bearer one from the user policies.
+var errAmbiguousBearer = errors.New("several Authorization lines with a Bearer one")
+
+// bearerLines is BearerToken over all Authorization lines: ok when the only line is Bearer,
+// errAmbiguousBearer when one of several is.
+func bearerLines(lines []string) (tok string, ok bool, err error) {
+	switch len(lines) {
+	case 0:
+		return "", false, nil
+	case 1:
+		tok, ok = bearer(lines[0])
+		return tok, ok, nil
+	}
+	for _, l := range lines {
+		if _, ok := bearer(l); ok {
+			return "", false, errAmbiguousBearer
+		}
+	}
+	return "", false, nil
+}
+
+// bearer reads one Authorization line.
+func bearer(line string) (tok string, ok bool) {
+	v := trimOWS(line)
 	const scheme = "bearer"
 	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
 		return "", false
@@ -306,6 +337,9 @@ func newVerifier(j *JWTConfig, keys jwtKeys, now func() time.Time) *verifier {
 		jwt.WithValidMethods(algs),
 		jwt.WithTimeFunc(now),
 		jwt.WithLeeway(j.Leeway),
+		// jwt/v5 checks exp only when the token has one; a token without it would be valid
+		// forever, and one leaked token a user id for good.
+		jwt.WithExpirationRequired(),
 		// Numbers as json.Number: a numeric user id keeps all its digits.
 		jwt.WithJSONNumber(),
 	}
@@ -324,7 +358,8 @@ func newVerifier(j *JWTConfig, keys jwtKeys, now func() time.Time) *verifier {
 
 var errMissingClaim = errors.New("user claim missing or not a string or number")
 
-// user verifies tok (signature, exp, nbf, iss, aud) and returns its user claim.
+// user verifies tok (signature, exp, which is required, nbf, iss, aud) and returns its user
+// claim.
 func (v *verifier) user(tok string) (string, error) {
 	claims := jwt.MapClaims{}
 	_, err := v.parser.ParseWithClaims(tok, claims, v.key)

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -229,6 +230,8 @@ func TestPlanJWT(t *testing.T) {
 		{"HS256 signed with the RSA public key (algorithm confusion)", rsOnly, "Bearer " + sign(t, hs, pubPEM, good(nil)), "", true},
 		{"RS256 token against an HS256-only config", hsOnly, "Bearer " + sign(t, rs, rsaKey, good(nil)), "", true},
 		{"expired", hsOnly, "Bearer " + sign(t, hs, []byte(secret32), good(jwt.MapClaims{"exp": t0.Add(-time.Minute).Unix()})), "", true},
+		{"no exp", hsOnly, "Bearer " + sign(t, hs, []byte(secret32), good(jwt.MapClaims{"exp": nil})), "", true},
+		{"no exp, RS256", rsOnly, "Bearer " + sign(t, rs, rsaKey, good(jwt.MapClaims{"exp": nil})), "", true},
 		{"expired within leeway", hsOnly, "Bearer " + sign(t, hs, []byte(secret32), good(jwt.MapClaims{"exp": t0.Add(-10 * time.Second).Unix()})), "alice", false},
 		{"nbf in the future", hsOnly, "Bearer " + sign(t, hs, []byte(secret32), good(jwt.MapClaims{"nbf": t0.Add(time.Minute).Unix()})), "", true},
 		{"nbf passed", hsOnly, "Bearer " + sign(t, hs, []byte(secret32), good(jwt.MapClaims{"nbf": t0.Add(-time.Minute).Unix()})), "alice", false},
@@ -256,8 +259,9 @@ func TestPlanJWT(t *testing.T) {
 				t.Fatalf("got error %v, want ErrUnauthorized: %v", err, tt.wantErr)
 			}
 			if tt.wantErr {
-				if len(p.Charges) != 0 {
-					t.Errorf("got %d charges on a 401, want none", len(p.Charges))
+				// The only policy is keyed by user: a 401 charges no user policy.
+				if len(p.Charges) != 0 || len(p.Policies) != 0 {
+					t.Errorf("got %d charges, %d policies on a 401, want none", len(p.Charges), len(p.Policies))
 				}
 				return
 			}
@@ -303,6 +307,137 @@ func mustAddr(t *testing.T, s string) netip.Addr {
 	return a
 }
 
+// A token without exp would be valid forever: it is refused however late it is presented.
+func TestPlanJWTRequiresExp(t *testing.T) {
+	for _, at := range []time.Time{t0, t0.Add(50 * 365 * 24 * time.Hour)} {
+		set, err := Compile(mustParse(t, "upstream: http://h\nidentity: {jwt: {hs256_secret_env: S, leeway: 1h}}\npolicies:\n"+
+			"  - {name: u, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n", noEnv),
+			CompileOptions{Getenv: env("S", secret32), Now: func() time.Time { return at }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := sign(t, jwt.SigningMethodHS256, []byte(secret32), jwt.MapClaims{"sub": "alice", "iat": t0.Unix()})
+		err = set.Plan(newRequest("GET", "/", "192.0.2.1:1", "Authorization", "Bearer "+tok), &Plan{})
+		if !errors.Is(err, ErrUnauthorized) || !errors.Is(err, jwt.ErrTokenRequiredClaimMissing) {
+			t.Errorf("at %s: got %v, want ErrUnauthorized for a missing exp", at, err)
+		}
+	}
+}
+
+// Several Authorization lines of which one is Bearer are refused (ambiguous credentials): a
+// Basic line first must not hide the Bearer one, and two Bearer lines name two users.
+func TestPlanJWTSeveralAuthorizationLines(t *testing.T) {
+	set, err := Compile(mustParse(t, "upstream: http://h\nidentity: {jwt: {hs256_secret_env: S}}\npolicies:\n"+
+		"  - {name: u, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n", noEnv),
+		CompileOptions{Getenv: env("S", secret32), Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := "Bearer " + sign(t, jwt.SigningMethodHS256, []byte(secret32), jwt.MapClaims{"sub": "alice", "exp": t0.Add(time.Hour).Unix()})
+	tests := []struct {
+		name     string
+		lines    []string
+		wantErr  bool
+		wantUser bool
+	}{
+		{"one Bearer line", []string{good}, false, true},
+		{"Basic then Bearer", []string{"Basic dXNlcjpwYXNz", good}, true, false},
+		{"Bearer then Basic", []string{good, "Basic dXNlcjpwYXNz"}, true, false},
+		{"two Bearer lines", []string{good, good}, true, false},
+		{"two Basic lines: no user", []string{"Basic a", "Basic b"}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRequest("GET", "/", "192.0.2.1:1")
+			r.Header["Authorization"] = tt.lines
+			var p Plan
+			err := set.Plan(r, &p)
+			if gotErr := errors.Is(err, ErrUnauthorized); gotErr != tt.wantErr {
+				t.Fatalf("got error %v, want ErrUnauthorized: %v", err, tt.wantErr)
+			}
+			if got := len(p.Charges) == 1; got != tt.wantUser {
+				t.Errorf("got %d user charges, want user charged: %v", len(p.Charges), tt.wantUser)
+			}
+		})
+	}
+}
+
+// The contract of Plan on ErrUnauthorized: the charges of the matching ip policies stay in the
+// plan (so bad tokens are held by the ip limits), and nothing else (api_key, user, header and
+// global pools are not drained by requests that are never forwarded).
+func TestPlanUnauthorizedChargesIPPoliciesOnly(t *testing.T) {
+	set, err := Compile(mustParse(t, `upstream: http://h
+identity: {jwt: {hs256_secret_env: S}}
+policies:
+  - name: per-ip
+    key: ip
+    algorithm: token_bucket
+    rate: 1/s
+    burst: 1
+    overrides: [{key: 198.51.100.0/24, unlimited: true}]
+  - {name: per-ip-api, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1, match: {path_prefix: /api/}}
+  - {name: per-ip-shadow, key: ip, algorithm: fixed_window, limit: 5, window: 1m, mode: shadow}
+  - {name: per-key, key: api_key, algorithm: token_bucket, rate: 1/s, burst: 1}
+  - {name: per-user, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}
+  - {name: per-tenant, key: 'header:X-Tenant', algorithm: token_bucket, rate: 1/s, burst: 1}
+  - {name: account, key: global, algorithm: token_bucket, rate: 1/s, burst: 1}
+`, noEnv), CompileOptions{Getenv: env("S", secret32), Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ipAlgs := map[string]string{"per-ip": "token_bucket", "per-ip-api": "token_bucket", "per-ip-shadow": "fixed_window"}
+	good := "Bearer " + sign(t, jwt.SigningMethodHS256, []byte(secret32), jwt.MapClaims{"sub": "alice", "exp": t0.Add(time.Hour).Unix()})
+	bad := good[:len(good)-4] + "AAAA"
+	tests := []struct {
+		name    string
+		r       *http.Request
+		wantErr bool
+		want    []string
+	}{
+		{"valid token: every policy", newRequest("GET", "/api/x", "192.0.2.1:1", "Authorization", good, "X-Api-Key", "k", "X-Tenant", "t"), false,
+			[]string{"per-ip", "per-ip-api", "per-ip-shadow", "per-key", "per-user", "per-tenant", "account"}},
+		{"bad signature: matching ip policies", newRequest("GET", "/api/x", "192.0.2.1:1", "Authorization", bad, "X-Api-Key", "k", "X-Tenant", "t"), true,
+			[]string{"per-ip", "per-ip-api", "per-ip-shadow"}},
+		{"bad signature off /api/", newRequest("GET", "/", "192.0.2.1:1", "Authorization", bad, "X-Api-Key", "k"), true,
+			[]string{"per-ip", "per-ip-shadow"}},
+		{"malformed token", newRequest("GET", "/", "192.0.2.1:1", "Authorization", "Bearer garbage"), true,
+			[]string{"per-ip", "per-ip-shadow"}},
+		{"ambiguous lines", newRequest("GET", "/", "192.0.2.1:1", "Authorization", "Basic a", "Authorization", good), true,
+			[]string{"per-ip", "per-ip-shadow"}},
+		{"unlimited override still applies", newRequest("GET", "/", "198.51.100.7:1", "Authorization", bad), true,
+			[]string{"per-ip-shadow"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Plan{Charges: []bucket.Charge{{}}, Policies: []*Policy{{Name: "stale"}}}
+			err := set.Plan(tt.r, &p)
+			if gotErr := errors.Is(err, ErrUnauthorized); gotErr != tt.wantErr {
+				t.Fatalf("got error %v, want ErrUnauthorized: %v", err, tt.wantErr)
+			}
+			if len(p.Charges) != len(p.Policies) {
+				t.Fatalf("got %d charges for %d policies", len(p.Charges), len(p.Policies))
+			}
+			var got []string
+			for _, pol := range p.Policies {
+				got = append(got, pol.Name)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("got policies %v, want %v", got, tt.want)
+			}
+			if !tt.wantErr {
+				return
+			}
+			// The ip charges are the client's usual ones: a 401 shares the ip buckets.
+			client, _, _ := strings.Cut(tt.r.RemoteAddr, ":")
+			for i, pol := range p.Policies {
+				if want := keyOf(pol.Name, ipAlgs[pol.Name], "ip", client); p.Charges[i].Key != want {
+					t.Errorf("%s: got key %s, want %s's ip key %s", pol.Name, p.Charges[i].Key, client, want)
+				}
+			}
+		})
+	}
+}
+
 func BenchmarkPlanJWT(b *testing.B) {
 	cfg, err := Parse([]byte("upstream: http://h\nidentity: {jwt: {hs256_secret_env: S}}\npolicies:\n  - {name: u, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n"), LoadOptions{Getenv: noEnv})
 	if err != nil {
@@ -322,6 +457,46 @@ func BenchmarkPlanJWT(b *testing.B) {
 	for b.Loop() {
 		if err := set.Plan(r, &p); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPlanJWTBadSignature measures a request with a bad RS256 signature: it costs an RSA
+// verification, and (the ErrUnauthorized contract) still takes the ip policy's charge, which is
+// what holds a flood of such tokens. Compare BenchmarkPlanJWT.
+func BenchmarkPlanJWTBadSignature(b *testing.B) {
+	k := testRSAKey()
+	path := b.TempDir() + "/pub.pem"
+	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := Parse([]byte("upstream: http://h\nidentity: {jwt: {rs256_public_key_file: "+path+"}}\npolicies:\n"+
+		"  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n"), LoadOptions{Getenv: noEnv})
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := Compile(cfg, CompileOptions{Getenv: noEnv, Now: func() time.Time { return t0 }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	good, err := jwt.NewWithClaims(jwt.SigningMethodRS256, jwt.MapClaims{"sub": "a", "exp": t0.Add(time.Hour).Unix()}).SignedString(k)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bad := good[:len(good)-4] + "AAAA" // same shape, wrong signature
+	r := newRequest("GET", "/", "192.0.2.1:1", "Authorization", "Bearer "+bad)
+	var p Plan
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := set.Plan(r, &p); !errors.Is(err, ErrUnauthorized) {
+			b.Fatalf("got %v, want ErrUnauthorized", err)
+		}
+		if len(p.Charges) != 1 {
+			b.Fatalf("got %d charges on a 401, want the ip policy's 1", len(p.Charges))
 		}
 	}
 }

@@ -41,6 +41,7 @@ var defaults = []struct {
 	{"listen", "127.0.0.1:8080"},
 	{"admin_listen", "127.0.0.1:9090"},
 	{"identity.api_key_header", "X-Api-Key"},
+	{"identity.ipv6_prefix", defaultIPv6Prefix},
 	{"headers.reset", "unix"},
 	{"store.backend", "memory"},
 	{"store.on_error", "allow"},
@@ -56,9 +57,10 @@ var defaults = []struct {
 }
 
 const (
-	defaultClaim = "sub"
-	modeEnforce  = "enforce"
-	modeShadow   = "shadow"
+	defaultClaim      = "sub"
+	defaultIPv6Prefix = 64
+	modeEnforce       = "enforce"
+	modeShadow        = "shadow"
 )
 
 // The values of store.dynamodb.mode.

@@ -61,7 +61,7 @@ func TestParseDefaults(t *testing.T) {
 		AdminListen:     "127.0.0.1:9090",
 		Upstream:        "http://127.0.0.1:3000",
 		UpstreamTimeout: 60 * time.Second,
-		Identity:        IdentityConfig{APIKeyHeader: "X-Api-Key", JWT: &JWTConfig{Claim: "sub", HS256SecretEnv: "S"}},
+		Identity:        IdentityConfig{APIKeyHeader: "X-Api-Key", JWT: &JWTConfig{Claim: "sub", HS256SecretEnv: "S"}, IPv6Prefix: 64},
 		Headers:         HeadersConfig{Reset: "unix"},
 		Store:           StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
 		Server: ServerConfig{
@@ -182,6 +182,7 @@ func TestEnvOverrides(t *testing.T) {
 		"RATELIMIT_UPSTREAM", "https://api.internal",
 		"RATELIMIT_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.0.1",
 		"RATELIMIT_IDENTITY_USER_HEADER", "X-Auth-User",
+		"RATELIMIT_IDENTITY_IPV6_PREFIX", "56",
 		"RATELIMIT_HEADERS_RESET", "delta",
 		"RATELIMIT_HEADERS_IETF_DRAFT", "true",
 		"RATELIMIT_STORE_BACKEND", "dynamodb",
@@ -203,6 +204,7 @@ func TestEnvOverrides(t *testing.T) {
 		{"trusted_proxies", cfg.TrustedProxies, []string{"10.0.0.0/8", "192.168.0.1"}},
 		{"identity.user_header", cfg.Identity.UserHeader, "X-Auth-User"},
 		{"identity.api_key_header (default kept)", cfg.Identity.APIKeyHeader, "X-Api-Key"},
+		{"identity.ipv6_prefix", cfg.Identity.IPv6Prefix, 56},
 		{"headers.reset", cfg.Headers.Reset, "delta"},
 		{"headers.ietf_draft", cfg.Headers.IETFDraft, true},
 		{"store.backend", cfg.Store.Backend, "dynamodb"},
@@ -231,7 +233,7 @@ func TestEnvOverrideNames(t *testing.T) {
 	}
 	for _, name := range []string{
 		"RATELIMIT_LISTEN", "RATELIMIT_ADMIN_LISTEN", "RATELIMIT_UPSTREAM", "RATELIMIT_TRUSTED_PROXIES",
-		"RATELIMIT_IDENTITY_API_KEY_HEADER", "RATELIMIT_IDENTITY_USER_HEADER",
+		"RATELIMIT_IDENTITY_API_KEY_HEADER", "RATELIMIT_IDENTITY_USER_HEADER", "RATELIMIT_IDENTITY_IPV6_PREFIX",
 		"RATELIMIT_IDENTITY_JWT_CLAIM", "RATELIMIT_IDENTITY_JWT_HS256_SECRET_ENV",
 		"RATELIMIT_IDENTITY_JWT_RS256_PUBLIC_KEY_FILE", "RATELIMIT_IDENTITY_JWT_ISSUER",
 		"RATELIMIT_IDENTITY_JWT_AUDIENCE", "RATELIMIT_IDENTITY_JWT_LEEWAY",
@@ -247,8 +249,8 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 32 {
-		t.Errorf("got %d overrides, want 32: a new field needs a line above", len(got))
+	if len(got) != 33 {
+		t.Errorf("got %d overrides, want 33: a new field needs a line above", len(got))
 	}
 }
 

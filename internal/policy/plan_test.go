@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -126,15 +127,16 @@ func TestPlanMatchingAndAbsentKeys(t *testing.T) {
 		{"bare GET: ip and global", newRequest("GET", "/", "192.0.2.1:1"), []string{"per-ip", "account"}},
 		{"api key", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "k1"), []string{"per-ip", "per-key", "account"}},
 		{"empty api key is absent", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", ""), []string{"per-ip", "account"}},
-		{"user on GET: method does not match", newRequest("GET", "/api/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
-		{"user on POST /api/", newRequest("POST", "/api/orders", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
-		{"user on PUT /api/", newRequest("PUT", "/api/orders/1", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
-		{"POST outside the prefix", newRequest("POST", "/public/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
-		{"POST /api without slash", newRequest("POST", "/api", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
-		{"dot segments resolved", newRequest("POST", "/public/../api/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
-		{"double slash resolved", newRequest("POST", "//api//x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
-		{"escaped path decoded", newRequest("POST", "/%61pi/x", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
-		{"POST /api/ without user", newRequest("POST", "/api/x", "192.0.2.1:1"), []string{"per-ip", "account"}},
+		{"user on GET: method does not match", newRequest("GET", "/api/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
+		{"user on POST /api/", newRequest("POST", "/api/orders", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"user on PUT /api/", newRequest("PUT", "/api/orders/1", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"POST outside the prefix", newRequest("POST", "/public/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
+		{"POST /api without slash", newRequest("POST", "/api", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
+		{"dot segments resolved", newRequest("POST", "/public/../api/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"double slash resolved", newRequest("POST", "//api//x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"escaped path decoded", newRequest("POST", "/%61pi/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"POST /api/ without user", newRequest("POST", "/api/x", "10.0.0.1:1"), []string{"per-ip", "account"}},
+		{"user header from an untrusted peer is ignored", newRequest("POST", "/api/orders", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
 		{"tenant header", newRequest("GET", "/", "192.0.2.1:1", "X-Tenant", "acme"), []string{"per-ip", "per-tenant", "account"}},
 		{"internal key is unlimited", newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "internal"), []string{"per-ip", "account"}},
 		{"unlimited CIDR", newRequest("GET", "/", "198.51.100.130:1"), []string{"account"}},
@@ -181,7 +183,8 @@ func TestPlanLimitsAndOverrides(t *testing.T) {
 
 func TestPlanKeys(t *testing.T) {
 	set := mustCompile(t, planConfig)
-	m := plan(t, set, newRequest("POST", "/api/x", "192.0.2.1:1", "X-Api-Key", "k1", "X-User-Id", "alice", "X-Tenant", "acme"))
+	// Through a trusted proxy, which is also what makes X-User-Id believed.
+	m := plan(t, set, newRequest("POST", "/api/x", "10.0.0.7:1", "X-Forwarded-For", "192.0.2.1", "X-Api-Key", "k1", "X-User-Id", "alice", "X-Tenant", "acme"))
 	want := map[string]bucket.Key{
 		"per-ip":          keyOf("per-ip", "token_bucket", "ip", "192.0.2.1"),
 		"per-key":         keyOf("per-key", "fixed_window", "api_key", "k1"),
@@ -200,10 +203,10 @@ func TestPlanKeys(t *testing.T) {
 			t.Errorf("%s: got Shadow %v, want %v", name, c.Shadow, wantShadow)
 		}
 	}
-	// The same client through a trusted proxy lands in the same ip bucket.
-	via := plan(t, set, newRequest("GET", "/", "10.0.0.7:1", "X-Forwarded-For", "192.0.2.1"))
-	if via["per-ip"].Key != m["per-ip"].Key {
-		t.Errorf("via proxy: got key %s, want the direct client's %s", via["per-ip"].Key, m["per-ip"].Key)
+	// The same client directly lands in the same ip bucket.
+	direct := plan(t, set, newRequest("GET", "/", "192.0.2.1:1"))
+	if direct["per-ip"].Key != m["per-ip"].Key {
+		t.Errorf("direct: got key %s, want the proxied client's %s", direct["per-ip"].Key, m["per-ip"].Key)
 	}
 	// A spoofed header from an untrusted peer does not move the bucket.
 	spoof := plan(t, set, newRequest("GET", "/", "203.0.113.9:1", "X-Forwarded-For", "192.0.2.1"))
@@ -231,7 +234,7 @@ policies:
 func TestPlanReusesAndResets(t *testing.T) {
 	set := mustCompile(t, planConfig)
 	var p Plan
-	if err := set.Plan(newRequest("POST", "/api/x", "192.0.2.1:1", "X-Api-Key", "k", "X-User-Id", "u", "X-Tenant", "t"), &p); err != nil {
+	if err := set.Plan(newRequest("POST", "/api/x", "10.0.0.1:1", "X-Api-Key", "k", "X-User-Id", "u", "X-Tenant", "t"), &p); err != nil {
 		t.Fatal(err)
 	}
 	if len(p.Charges) != 5 {
@@ -302,6 +305,8 @@ func TestPlanAllocations(t *testing.T) {
 		"via proxy chain":  newRequest("GET", "/", "10.0.0.1:1234", "X-Forwarded-For", "198.51.100.9, 203.0.113.7, 10.0.0.2", "X-Api-Key", "k"),
 		"forwarded":        newRequest("GET", "/", "10.0.0.1:1234", "Forwarded", `for="[2001:db8::1]:80";proto=https, for=10.0.0.2`),
 		"IPv6 CIDR lookup": newRequest("GET", "/", "[2001:db8::5]:1234"),
+		"IPv6 /64 via XFF": newRequest("GET", "/", "10.0.0.1:1234", "X-Forwarded-For", "2001:db8:1:2:3:4:5:6"),
+		"user header":      newRequest("POST", "/api/x", "10.0.0.1:1234", "X-User-Id", "alice"),
 		"override CIDR":    newRequest("GET", "/", "198.51.100.5:1"),
 	}
 	for name, r := range reqs {
@@ -333,4 +338,180 @@ func BenchmarkPlan(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The methods of a policy that lists GET also cover HEAD, which Go (and most servers) answer
+// with the GET handler; nothing else is added.
+func TestPlanHEADMatchesGETPolicies(t *testing.T) {
+	set := mustCompile(t, `upstream: http://h
+policies:
+  - {name: reads, key: global, algorithm: token_bucket, rate: 1/s, burst: 1, match: {methods: [GET]}}
+  - {name: writes, key: global, algorithm: token_bucket, rate: 1/s, burst: 1, match: {methods: [POST]}}
+  - {name: heads, key: global, algorithm: token_bucket, rate: 1/s, burst: 1, match: {methods: [HEAD]}}
+`)
+	tests := []struct {
+		method string
+		want   []string
+	}{
+		{"GET", []string{"reads"}},
+		{"HEAD", []string{"reads", "heads"}},
+		{"POST", []string{"writes"}},
+		{"OPTIONS", nil},
+	}
+	for _, tt := range tests {
+		var got []string
+		for name := range plan(t, set, newRequest(tt.method, "/", "192.0.2.1:1")) {
+			got = append(got, name)
+		}
+		slices.Sort(got)
+		slices.Sort(tt.want)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: got policies %v, want %v", tt.method, got, tt.want)
+		}
+	}
+	// The summary shows the methods as written.
+	if got, want := set.Policies()[0].Summary, "reads: key=global token_bucket rate=1/s burst=1 enforce methods=GET"; got != want {
+		t.Errorf("got summary %q, want %q", got, want)
+	}
+}
+
+// identity.user_header is believed only from a trusted peer when trusted_proxies is set, and
+// from every peer when it is not (a sidecar in front must then overwrite the header).
+func TestPlanUserHeaderTrust(t *testing.T) {
+	policies := "identity: {user_header: X-User-Id}\npolicies:\n" +
+		"  - {name: per-user, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n"
+	withTrusted := mustCompile(t, "upstream: http://h\ntrusted_proxies: [10.0.0.0/8]\n"+policies)
+	without := mustCompile(t, "upstream: http://h\n"+policies)
+	tests := []struct {
+		name   string
+		set    *Set
+		r      *http.Request
+		charge bool
+	}{
+		{"trusted peer", withTrusted, newRequest("GET", "/", "10.0.0.1:1", "X-User-Id", "alice"), true},
+		{"trusted IPv4-mapped peer", withTrusted, newRequest("GET", "/", "[::ffff:10.0.0.1]:1", "X-User-Id", "alice"), true},
+		{"untrusted peer", withTrusted, newRequest("GET", "/", "203.0.113.9:1", "X-User-Id", "alice"), false},
+		{"untrusted peer naming a trusted hop", withTrusted, newRequest("GET", "/", "203.0.113.9:1", "X-User-Id", "alice", "X-Forwarded-For", "10.0.0.1"), false},
+		{"unix socket peer is not trusted", withTrusted, newRequest("GET", "/", "@", "X-User-Id", "alice"), false},
+		{"no trusted_proxies: any peer", without, newRequest("GET", "/", "203.0.113.9:1", "X-User-Id", "alice"), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, ok := plan(t, tt.set, tt.r)["per-user"]
+			if ok != tt.charge {
+				t.Fatalf("got charged %v, want %v", ok, tt.charge)
+			}
+			if want := userKey("per-user", "token_bucket", "alice"); ok && c.Key != want {
+				t.Errorf("got key %s, want alice's %s", c.Key, want)
+			}
+		})
+	}
+}
+
+// An IPv6 client is keyed by its identity.ipv6_prefix (default /64), in netip.Prefix text form;
+// IPv4 and IPv4-mapped clients by their address; CIDR overrides still see the whole address.
+func TestPlanIPv6Prefix(t *testing.T) {
+	cfg := func(extra string) string {
+		return "upstream: http://h\ntrusted_proxies: [10.0.0.0/8]\n" + extra + "policies:\n" +
+			"  - name: per-ip\n    key: ip\n    algorithm: token_bucket\n    rate: 1/s\n    burst: 1\n    overrides:\n" +
+			"      - {key: '2001:db8:1:2::5', unlimited: true}\n" +
+			"      - {key: '" + sha256Key("2001:db8:9::/64") + "', burst: 9}\n"
+	}
+	def := mustCompile(t, cfg(""))
+	per48 := mustCompile(t, cfg("identity: {ipv6_prefix: 48}\n"))
+	per128 := mustCompile(t, cfg("identity: {ipv6_prefix: 128}\n"))
+	key := func(v string) bucket.Key { return keyOf("per-ip", "token_bucket", "ip", v) }
+	tests := []struct {
+		name      string
+		set       *Set
+		r         *http.Request
+		want      bucket.Key
+		wantBurst int64 // 0: not charged
+	}{
+		{"default /64", def, newRequest("GET", "/", "[2001:db8:1:2::1]:1"), key("2001:db8:1:2::/64"), 1},
+		{"same /64, other address", def, newRequest("GET", "/", "[2001:db8:1:2:ffff::9]:1"), key("2001:db8:1:2::/64"), 1},
+		{"other /64", def, newRequest("GET", "/", "[2001:db8:1:3::1]:1"), key("2001:db8:1:3::/64"), 1},
+		{"zone dropped", def, newRequest("GET", "/", "[fe80::1%eth0]:1"), key("fe80::/64"), 1},
+		{"forwarded client", def, newRequest("GET", "/", "10.0.0.1:1", "X-Forwarded-For", "2001:db8:1:2::7"), key("2001:db8:1:2::/64"), 1},
+		{"IPv4 per address", def, newRequest("GET", "/", "192.0.2.1:1"), key("192.0.2.1"), 1},
+		{"IPv4-mapped is IPv4", def, newRequest("GET", "/", "[::ffff:192.0.2.1]:1"), key("192.0.2.1"), 1},
+		{"forwarded IPv4-mapped is IPv4", def, newRequest("GET", "/", "10.0.0.1:1", "X-Forwarded-For", "::ffff:192.0.2.1"), key("192.0.2.1"), 1},
+		{"CIDR override matches the full address", def, newRequest("GET", "/", "[2001:db8:1:2::5]:1"), bucket.Key{}, 0},
+		{"sha256 override of the prefix text", def, newRequest("GET", "/", "[2001:db8:9::abc]:1"), key("2001:db8:9::/64"), 9},
+		{"/48", per48, newRequest("GET", "/", "[2001:db8:1:2::1]:1"), key("2001:db8:1::/48"), 1},
+		{"/128 is per address", per128, newRequest("GET", "/", "[2001:db8:1:2::1]:1"), key("2001:db8:1:2::1"), 1},
+		{"/128 IPv4 unchanged", per128, newRequest("GET", "/", "192.0.2.1:1"), key("192.0.2.1"), 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, ok := plan(t, tt.set, tt.r)["per-ip"]
+			if ok != (tt.wantBurst != 0) {
+				t.Fatalf("got charged %v, want %v", ok, tt.wantBurst != 0)
+			}
+			if !ok {
+				return
+			}
+			if c.Key != tt.want {
+				t.Errorf("got key %s, want %s", c.Key, tt.want)
+			}
+			if c.Limit.Burst != tt.wantBurst {
+				t.Errorf("got burst %d, want %d", c.Limit.Burst, tt.wantBurst)
+			}
+		})
+	}
+}
+
+// A key header sent on several lines is keyed by the lines joined with ", ", as many upstreams
+// join them, for api_key, header:NAME and the user header alike.
+func TestPlanRepeatedKeyHeaders(t *testing.T) {
+	set := mustCompile(t, `upstream: http://h
+identity: {user_header: X-User-Id}
+policies:
+  - name: per-key
+    key: api_key
+    algorithm: token_bucket
+    rate: 1/s
+    burst: 1
+    overrides:
+      - {key: "`+sha256Key("throwaway-1, real-key")+`", burst: 3}
+  - {name: per-tenant, key: 'header:X-Tenant', algorithm: token_bucket, rate: 1/s, burst: 1}
+  - {name: per-user, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}
+`)
+	r := newRequest("GET", "/", "192.0.2.1:1",
+		"X-Api-Key", "throwaway-1", "X-Api-Key", "real-key",
+		"X-Tenant", "a", "X-Tenant", "b", "X-Tenant", "c",
+		"X-User-Id", "alice", "X-User-Id", "bob")
+	m := plan(t, set, r)
+	want := map[string]bucket.Key{
+		"per-key":    keyOf("per-key", "token_bucket", "api_key", "throwaway-1, real-key"),
+		"per-tenant": keyOf("per-tenant", "token_bucket", "header:x-tenant", "a, b, c"),
+		"per-user":   userKey("per-user", "token_bucket", "alice, bob"),
+	}
+	for name, k := range want {
+		if got := m[name].Key; got != k {
+			t.Errorf("%s: got key %s, want the joined value's %s", name, got, k)
+		}
+	}
+	if got := m["per-key"].Limit.Burst; got != 3 {
+		t.Errorf("got burst %d, want the joined value's override 3", got)
+	}
+	// One line is keyed as it is.
+	one := plan(t, set, newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "real-key"))
+	if got, want := one["per-key"].Key, keyOf("per-key", "token_bucket", "api_key", "real-key"); got != want {
+		t.Errorf("one line: got key %s, want %s", got, want)
+	}
+}
+
+// When X-Forwarded-For is present at all, Forwarded is ignored (README: a trusted proxy that
+// writes only Forwarded must remove X-Forwarded-For). This pins that precedence.
+func TestPlanXFFWinsOverForwarded(t *testing.T) {
+	set := mustCompile(t, "upstream: http://h\ntrusted_proxies: [10.0.0.0/8]\npolicies:\n"+
+		"  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n")
+	r := newRequest("GET", "/", "10.0.0.1:1",
+		"X-Forwarded-For", "198.51.100.77", // written by the client
+		"Forwarded", "for=203.0.113.5") // written by the trusted proxy
+	got := plan(t, set, r)["per-ip"].Key
+	if want := keyOf("per-ip", "token_bucket", "ip", "198.51.100.77"); got != want {
+		t.Fatalf("got key %s, want the X-Forwarded-For client's %s", got, want)
+	}
 }

@@ -35,6 +35,7 @@ type Set struct {
 	userHeader string    // canonical name; "" when users come from JWT or nowhere
 	jwt        *verifier // nil without identity.jwt
 	needIP     bool      // some policy is keyed by ip
+	ipv6Bits   int       // identity.ipv6_prefix: leading bits of an IPv6 client that key it
 }
 
 // rule is the request-time side of one policy.
@@ -76,7 +77,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 	if now == nil {
 		now = time.Now
 	}
-	s := &Set{headers: Headers{Reset: ResetUnix, IETF: cfg.Headers.IETFDraft}}
+	s := &Set{headers: Headers{Reset: ResetUnix, IETF: cfg.Headers.IETFDraft}, ipv6Bits: cfg.Identity.IPv6Prefix}
 	if cfg.Headers.Reset == "delta" {
 		s.headers.Reset = ResetDelta
 	}
@@ -109,7 +110,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		ru := rule{
 			pol:       pol,
 			kind:      kind,
-			methods:   slices.Clone(pc.Match.Methods),
+			methods:   matchMethods(pc.Match.Methods),
 			prefix:    pc.Match.PathPrefix,
 			keyPrefix: keyPrefix(pc.Name, alg, kind, hdr),
 		}
@@ -148,6 +149,17 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		s.rules[i] = ru
 	}
 	return s, nil
+}
+
+// matchMethods is the methods a policy matches: those listed and, when GET is, also HEAD.
+// net/http (and so every Go upstream, and most others) answers HEAD with the GET handler, so a
+// GET-only policy that let HEAD through would let a client run the same handler unlimited.
+func matchMethods(listed []string) []string {
+	ms := slices.Clone(listed)
+	if slices.Contains(ms, http.MethodGet) && !slices.Contains(ms, http.MethodHead) {
+		ms = append(ms, http.MethodHead)
+	}
+	return ms
 }
 
 // limitOf builds the bucket limit from validated fields.
@@ -232,33 +244,59 @@ func ietfPolicy(p *Policy) string {
 	return `"` + p.Name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
 }
 
-// Plan fills p with the charges for r. It returns an error wrapping ErrUnauthorized for a bearer
-// token that fails verification: such a request must be answered 401 and charged nothing.
+// Plan fills p with the charges for r.
 //
-// With identity.jwt configured every request that carries `Authorization: Bearer` is verified,
-// whichever policies match, so a bad token is refused the same way on every path. Policies
-// whose match fails, or whose key the request lacks (no API key, no user, an empty header), are
-// skipped; ip and global keys are always present. An unlimited override skips its policy.
+// Identity. With identity.jwt configured every request that carries `Authorization: Bearer` is
+// verified, whichever policies match, so a bad token is refused the same way on every path; a
+// request with several Authorization lines of which any is Bearer is refused too (ambiguous
+// credentials: the upstream might act on another line than the one verified). With
+// identity.user_header the header is read only when trusted_proxies is empty or the request's
+// TCP peer (RemoteAddr) is one of them: from another peer the request has no user, exactly as
+// without the header.
 //
-// A key's raw value, hashed into the bucket key and compared with sha256 overrides, is the header
-// value as received, the user id, or for ip keys the address's text form (netip.Addr.String:
-// 192.0.2.1, 2001:db8::1). A request whose RemoteAddr is no address (a Unix socket) has the
-// empty ip value, so all such requests share one ip bucket.
+// Errors. When the bearer token fails verification (or is ambiguous), Plan returns an error
+// wrapping ErrUnauthorized and leaves in p the charges, and Policies entries, of the request's
+// matching ip policies only. The caller takes those charges and answers 429 when they are over
+// their limit, else 401: so a flood of garbage tokens is still held by the ip limits, while the
+// api_key, user, header and global pools, which legitimate traffic shares, are not drained by
+// requests that never reach the upstream. On any other error p is empty.
+//
+// Matching. Policies whose match fails, or whose key the request lacks (no API key, no user, an
+// empty header), are skipped; ip and global keys are always present. An unlimited override
+// skips its policy. A policy whose match.methods lists GET also matches HEAD (see
+// matchMethods).
+//
+// Key values. A key's raw value, hashed into the bucket key and compared with sha256
+// overrides, is the header value as received (several lines of the header joined with ", ",
+// as most upstreams join them), the user id, or for ip keys: an IPv4 client's address text
+// (192.0.2.1; IPv4-mapped IPv6 clients are IPv4 ones), an IPv6 client's prefix of
+// identity.ipv6_prefix bits in netip.Prefix text form (2001:db8:1:2::/64), or its address text
+// (2001:db8::1) when ipv6_prefix is 128. CIDR overrides still match the full client address. A
+// request whose RemoteAddr is no address (a Unix socket) has the empty ip value, so all such
+// requests share one ip bucket.
 //
 // Plan does not allocate for ip, api_key, global and header keys when p has capacity, except
-// for key values longer than about 200 bytes.
+// for key values longer than about 200 bytes and headers sent on several lines.
 func (s *Set) Plan(r *http.Request, p *Plan) error {
 	p.Reset()
+	var peer netip.Addr
+	if s.needIP || (s.userHeader != "" && len(s.trusted) > 0) {
+		peer = peerAddr(r.RemoteAddr)
+	}
 	var user string
+	var authErr error // non-nil: only ip policies charge, and Plan returns ErrUnauthorized
 	if s.jwt != nil {
-		if tok, ok := BearerToken(r.Header); ok {
-			u, err := s.jwt.user(tok)
-			if err != nil {
-				return fmt.Errorf("%w: %w", ErrUnauthorized, err)
-			}
-			user = u
+		tok, ok, err := bearerLines(r.Header["Authorization"])
+		switch {
+		case err != nil:
+			authErr = err
+		case ok:
+			user, authErr = s.jwt.user(tok)
 		}
-	} else if s.userHeader != "" {
+	} else if s.userHeader != "" && (len(s.trusted) == 0 || s.Trusted(peer)) {
+		// With trusted_proxies set, only they may speak for a user: a client that reaches the
+		// gateway directly would otherwise pick its own user id (rotating it to escape its
+		// limit, or naming someone else to drain theirs).
 		user = headerValue(r.Header, s.userHeader)
 	}
 
@@ -266,8 +304,8 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 	var ipBuf [64]byte
 	var ipText []byte
 	if s.needIP {
-		client = ClientIP(peerAddr(r.RemoteAddr), r.Header, s.Trusted)
-		ipText = client.AppendTo(ipBuf[:0])
+		client = ClientIP(peer, r.Header, s.Trusted)
+		ipText = s.appendIPKey(ipBuf[:0], client)
 	}
 	reqPath := ""
 	if r.URL != nil {
@@ -276,6 +314,9 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 
 	for i := range s.rules {
 		ru := &s.rules[i]
+		if authErr != nil && ru.kind != keyIP {
+			continue
+		}
 		if !ru.matches(r.Method, reqPath) {
 			continue
 		}
@@ -296,7 +337,23 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 			p.Policies = append(p.Policies, ru.pol)
 		}
 	}
+	if authErr != nil {
+		return fmt.Errorf("%w: %w", ErrUnauthorized, authErr)
+	}
 	return nil
+}
+
+// appendIPKey appends the ip key value of client: an IPv6 client is keyed by its prefix of
+// ipv6Bits bits, because one subscriber holds a whole /64 (or more) and could rotate through
+// 2^64 addresses, each a fresh bucket. ClientIP has unmapped IPv4-mapped addresses, so they
+// are keyed as IPv4, per address. Neither branch allocates.
+func (s *Set) appendIPKey(b []byte, client netip.Addr) []byte {
+	if client.Is6() && !client.Is4In6() && s.ipv6Bits < 128 {
+		if pfx, err := client.WithZone("").Prefix(s.ipv6Bits); err == nil {
+			return pfx.AppendTo(b)
+		}
+	}
+	return client.AppendTo(b)
 }
 
 // charge builds the charge of one policy for the key value v. ok is false when the request lacks
@@ -366,12 +423,19 @@ func pathHasPrefix(p, prefix string) bool {
 	return strings.HasPrefix(clean, prefix)
 }
 
-// headerValue is the first value of a header, by canonical name (no allocation).
+// headerValue is the value of a header, by canonical name. A header sent on several lines is
+// their values joined with ", ", as Node, WSGI and many proxies join them: keying on the first
+// line only would charge a throw-away first value while the upstream might authenticate the
+// joined or another one. Only that rare case allocates.
 func headerValue(h http.Header, canonical string) string {
-	if vs := h[canonical]; len(vs) > 0 {
+	switch vs := h[canonical]; len(vs) {
+	case 0:
+		return ""
+	case 1:
 		return vs[0]
+	default:
+		return strings.Join(vs, ", ")
 	}
-	return ""
 }
 
 // peerAddr parses http.Request.RemoteAddr. A RemoteAddr that is no address (a Unix socket) gives

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -150,6 +151,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 	id := c.Identity
 	checkHeaderName(&es, "identity.api_key_header", id.APIKeyHeader, true)
 	checkHeaderName(&es, "identity.user_header", id.UserHeader, false)
+	if p := id.IPv6Prefix; p < 1 || p > 128 {
+		es.add("identity.ipv6_prefix", strconv.Itoa(p), "must be from 1 to 128 (128: every IPv6 address is its own ip key)")
+	}
 	if j := id.JWT; j != nil {
 		if id.UserHeader != "" {
 			es.add("identity.jwt", "", "cannot be combined with identity.user_header: the user comes from one of them")
@@ -236,9 +240,9 @@ func checkStore(es *Errors, st *StoreConfig) {
 		u, err := url.Parse(d.Endpoint)
 		switch {
 		case err != nil, u.Scheme != "http" && u.Scheme != "https", u.Opaque != "", u.Host == "":
-			es.add("store.dynamodb.endpoint", d.Endpoint, "must be an http or https URL with a host, such as http://127.0.0.1:8000")
+			es.add("store.dynamodb.endpoint", redactURL(d.Endpoint), "must be an http or https URL with a host, such as http://127.0.0.1:8000")
 		case u.User != nil:
-			es.add("store.dynamodb.endpoint", d.Endpoint, "must not carry credentials: they come from the AWS chain")
+			es.add("store.dynamodb.endpoint", redactURL(d.Endpoint), "must not carry credentials: they come from the AWS chain")
 		}
 	}
 	if d.Region != "" && !validRegion(d.Region) {
@@ -278,13 +282,41 @@ func checkUpstream(es *Errors, s string) {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil, u.Scheme != "http" && u.Scheme != "https", u.Opaque != "":
-		es.add("upstream", s, "must be an absolute http or https URL")
+		es.add("upstream", redactURL(s), "must be an absolute http or https URL")
 	case u.Host == "":
-		es.add("upstream", s, "must name a host")
+		es.add("upstream", redactURL(s), "must name a host")
 	case u.User != nil:
-		// Credentials in a URL end up in logs and in `validate` output.
-		es.add("upstream", s, "must not carry credentials")
+		// Credentials in a URL end up in logs and in `validate` output; so would this message
+		// if it quoted them.
+		es.add("upstream", redactURL(s), "must not carry credentials")
 	}
+}
+
+// redactURL is a URL as an error message may quote it: url.URL.Redacted masks the password,
+// and a user name without a password is masked as well, because that is where a bare token
+// goes (https://TOKEN@host). A text that does not parse as a URL with an authority (a
+// malformed escape, or a forgotten scheme making `user:pass@host` an opaque URL) has
+// everything before its last '@' masked instead, past the scheme when there is one.
+func redactURL(s string) string {
+	const mask = "xxxxx"
+	if u, err := url.Parse(s); err == nil && u.Opaque == "" {
+		if u.User == nil {
+			return s // as written: re-encoding would show the user another text than theirs
+		}
+		if _, ok := u.User.Password(); !ok {
+			u.User = url.User(mask)
+		}
+		return u.Redacted()
+	}
+	at := strings.LastIndexByte(s, '@')
+	if at < 0 {
+		return s
+	}
+	start := 0
+	if i := strings.Index(s, "://"); i >= 0 && i < at {
+		start = i + len("://")
+	}
+	return s[:start] + mask + s[at:]
 }
 
 func checkHostPort(es *Errors, path, s string) {
@@ -323,7 +355,24 @@ func checkHeaderName(es *Errors, path, name string, required bool) {
 		es.add(path, "", "required")
 	case name != "" && !httpguts.ValidHeaderFieldName(name):
 		es.add(path, name, "must be a valid header name")
+	case name != "":
+		if why := unseenHeader(name); why != "" {
+			es.add(path, name, why)
+		}
 	}
+}
+
+// unseenHeader says why a request header cannot carry a key, or returns "". net/http's server
+// moves Host to Request.Host and Transfer-Encoding to Request.TransferEncoding, deleting both
+// from Request.Header (HTTP/2 never puts them there either), so a key read from them would be
+// absent from every request and its policy would silently never charge. Names are compared in
+// canonical form, as http.Header stores them.
+func unseenHeader(name string) string {
+	switch c := http.CanonicalHeaderKey(name); c {
+	case "Host", "Transfer-Encoding":
+		return c + " never reaches the request headers (net/http moves it out), so this key would never be present"
+	}
+	return ""
 }
 
 func checkJWT(es *Errors, j *JWTConfig, getenv func(string) string) jwtKeys {
@@ -332,13 +381,19 @@ func checkJWT(es *Errors, j *JWTConfig, getenv func(string) string) jwtKeys {
 		es.add("identity.jwt", "", "needs hs256_secret_env or rs256_public_key_file (or both)")
 	}
 	if name := j.HS256SecretEnv; name != "" {
-		// The value is a secret: messages name the variable, never its content.
+		// The variable's value is a secret: messages name the variable, never its content. A
+		// "name" that is no identifier is probably the secret itself, pasted in the wrong
+		// field: it is not quoted either.
+		shown := name
+		if !isIdentifier(name) {
+			shown = ""
+		}
 		secret := getenv(name)
 		switch {
 		case secret == "":
-			es.add("identity.jwt.hs256_secret_env", name, "environment variable is not set or empty")
+			es.add("identity.jwt.hs256_secret_env", shown, "environment variable is not set or empty")
 		case len(secret) < minSecret:
-			es.add("identity.jwt.hs256_secret_env", name, fmt.Sprintf("secret must be at least %d bytes (RFC 7518 §3.2)", minSecret))
+			es.add("identity.jwt.hs256_secret_env", shown, fmt.Sprintf("secret must be at least %d bytes (RFC 7518 §3.2)", minSecret))
 		default:
 			keys.secret = []byte(secret)
 		}
@@ -416,6 +471,8 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 		es.add(at+".key", p.Key, "must be ip, api_key, user, global or header:NAME")
 	case kind == keyHeader && !httpguts.ValidHeaderFieldName(header):
 		es.add(at+".key", p.Key, "header:NAME needs a valid header name")
+	case kind == keyHeader && unseenHeader(header) != "":
+		es.add(at+".key", p.Key, unseenHeader(header))
 	case kind == keyUser && !hasUser:
 		es.add(at+".key", p.Key, "needs identity.user_header or identity.jwt")
 	}
@@ -555,8 +612,12 @@ func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK
 			es.add(oat+".key", o.Key, `must be "sha256:" and 64 lower-case hex digits, or an IP address or CIDR`)
 		case isAddrOrPrefix(o.Key):
 			es.add(oat+".key", o.Key, `addresses and CIDRs are keys of ip policies only; use "sha256:" and the hex SHA-256 of the value`)
-		default:
+		case hasFoldPrefix(o.Key, "sha256:"):
 			es.add(oat+".key", o.Key, `must be "sha256:" and 64 lower-case hex digits`)
+		default:
+			// Most likely the raw key itself, pasted where its hash belongs: quoting it would
+			// put a credential into stderr and the reload log.
+			es.add(oat+".key", "", `must be "sha256:" and 64 lower-case hex digits (the value is not shown: it may be a raw key; hash it with printf %s KEY | sha256sum)`)
 		}
 		f := limitFields{o.Rate, o.Burst, o.Limit, o.Window}
 		setsLimit := f != (limitFields{})
@@ -622,6 +683,22 @@ func isSHA256Key(s string) bool {
 		}
 	}
 	return true
+}
+
+// hasFoldPrefix is strings.HasPrefix, ignoring ASCII case.
+func hasFoldPrefix(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// isIdentifier reports a C identifier, the shape of a portable environment variable name.
+func isIdentifier(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || i > 0 && isDigit(c)) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func isAddrOrPrefix(s string) bool {

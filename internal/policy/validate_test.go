@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"bufio"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -87,7 +89,8 @@ func TestValidate(t *testing.T) {
 		{"upstream scheme", "upstream: ftp://h\npolicies:\n" + okPolicy, nil, []string{`upstream: "ftp://h": must be an absolute http or https URL`}},
 		{"upstream relative", "upstream: /api\npolicies:\n" + okPolicy, nil, []string{`upstream: "/api": must be an absolute http or https URL`}},
 		{"upstream no host", "upstream: 'http:///x'\npolicies:\n" + okPolicy, nil, []string{`upstream: "http:///x": must name a host`}},
-		{"upstream credentials", "upstream: http://u:p@h\npolicies:\n" + okPolicy, nil, []string{`upstream: "http://u:p@h": must not carry credentials`}},
+		{"upstream credentials", "upstream: http://u:p@h\npolicies:\n" + okPolicy, nil, []string{`upstream: "http://u:xxxxx@h": must not carry credentials`}},
+		{"upstream token as user", "upstream: https://tok3n@h\npolicies:\n" + okPolicy, nil, []string{`upstream: "https://xxxxx@h": must not carry credentials`}},
 		{"upstream https with path", "upstream: https://h:8443/base\npolicies:\n" + okPolicy, nil, nil},
 		{"listen without port", minimal + "listen: localhost\n", nil, []string{`listen: "localhost": must be host:port, such as 127.0.0.1:8080 or :8080`}},
 		{"listen bad port", minimal + "listen: :70000\n", nil, []string{`listen: ":70000": port must be a number from 0 to 65535`}},
@@ -102,6 +105,16 @@ func TestValidate(t *testing.T) {
 		{"api key header", minimal + "identity: {api_key_header: 'X Api'}\n", nil, []string{`identity.api_key_header: "X Api": must be a valid header name`}},
 		{"api key header empty", minimal + "identity: {api_key_header: ''}\n", nil, []string{`identity.api_key_header: required`}},
 		{"user header", minimal + "identity: {user_header: 'X:User'}\n", nil, []string{`identity.user_header: "X:User": must be a valid header name`}},
+		{"api key header Host", minimal + "identity: {api_key_header: host}\n", nil,
+			[]string{`identity.api_key_header: "host": Host never reaches the request headers (net/http moves it out), so this key would never be present`}},
+		{"user header Transfer-Encoding", minimal + "identity: {user_header: TRANSFER-encoding}\n", nil,
+			[]string{`identity.user_header: "TRANSFER-encoding": Transfer-Encoding never reaches the request headers (net/http moves it out), so this key would never be present`}},
+		{"ipv6 prefix bounds", minimal + "identity: {ipv6_prefix: 0}\n", nil,
+			[]string{`identity.ipv6_prefix: "0": must be from 1 to 128 (128: every IPv6 address is its own ip key)`}},
+		{"ipv6 prefix too long", minimal + "identity: {ipv6_prefix: 129}\n", nil,
+			[]string{`identity.ipv6_prefix: "129": must be from 1 to 128 (128: every IPv6 address is its own ip key)`}},
+		{"ipv6 prefix per address", minimal + "identity: {ipv6_prefix: 128}\n", nil, nil},
+		{"ipv6 prefix /1", minimal + "identity: {ipv6_prefix: 1}\n", nil, nil},
 		{"jwt and user header", minimal + "identity: {user_header: X-User, jwt: {hs256_secret_env: S}}\n", env("S", secret32),
 			[]string{"identity.jwt: cannot be combined with identity.user_header: the user comes from one of them"}},
 		{"jwt without keys", minimal + "identity: {jwt: {claim: sub}}\n", nil, []string{"identity.jwt: needs hs256_secret_env or rs256_public_key_file (or both)"}},
@@ -135,7 +148,7 @@ func TestValidate(t *testing.T) {
 		{"store dynamodb short table", minimal + "store: {backend: dynamodb, dynamodb: {table: rl}}\n", nil,
 			[]string{`store.dynamodb.table: "rl": must be 3 to 255 of A-Z a-z 0-9 _ . -`}},
 		{"store dynamodb endpoint credentials", minimal + "store: {backend: dynamodb, dynamodb: {table: t-1, endpoint: 'http://AKID:secret@127.0.0.1:8000'}}\n", nil,
-			[]string{`store.dynamodb.endpoint: "http://AKID:secret@127.0.0.1:8000": must not carry credentials: they come from the AWS chain`}},
+			[]string{`store.dynamodb.endpoint: "http://AKID:xxxxx@127.0.0.1:8000": must not carry credentials: they come from the AWS chain`}},
 		{"store dynamodb endpoint https path", minimal + "store: {backend: dynamodb, dynamodb: {table: t-1, endpoint: 'https://dynamodb.example.internal/base'}}\n", nil, nil},
 		{"store dynamodb block with memory", minimal + "store: {dynamodb: {table: rate-limits}}\n", nil,
 			[]string{"store.dynamodb: set, but store.backend is memory: set store.backend: dynamodb, or remove the block"}},
@@ -169,6 +182,12 @@ func TestValidate(t *testing.T) {
 		{"key header empty", "upstream: http://h\npolicies:\n  - {name: a, key: 'header:', algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil,
 			[]string{`policies[0].key: "header:": header:NAME needs a valid header name`}},
 		{"key header ok", "upstream: http://h\npolicies:\n  - {name: a, key: 'header:X-Tenant-Id', algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil, nil},
+		{"key header Host", "upstream: http://h\npolicies:\n  - {name: a, key: 'header:Host', algorithm: token_bucket, rate: 1/s, burst: 1}\n" +
+			"  - {name: b, key: 'header:transfer-encoding', algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil,
+			[]string{
+				`policies[0].key: "header:Host": Host never reaches the request headers (net/http moves it out), so this key would never be present`,
+				`policies[1].key: "header:transfer-encoding": Transfer-Encoding never reaches the request headers (net/http moves it out), so this key would never be present`,
+			}},
 		{"key user without identity", "upstream: http://h\npolicies:\n  - {name: a, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil,
 			[]string{`policies[0].key: "user": needs identity.user_header or identity.jwt`}},
 		{"key user with header", "upstream: http://h\nidentity: {user_header: X-User}\npolicies:\n  - {name: a, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil, nil},
@@ -212,7 +231,7 @@ func TestValidate(t *testing.T) {
 			[]string{
 				`policies[0].overrides[0].key: "sha256:BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD": must be "sha256:" and 64 lower-case hex digits`,
 				`policies[0].overrides[1].key: "sha256:abc": must be "sha256:" and 64 lower-case hex digits`,
-				`policies[0].overrides[2].key: "abc": must be "sha256:" and 64 lower-case hex digits`,
+				`policies[0].overrides[2].key: must be "sha256:" and 64 lower-case hex digits (the value is not shown: it may be a raw key; hash it with printf %s KEY | sha256sum)`,
 				`policies[0].overrides[3].key: "10.0.0.0/8": addresses and CIDRs are keys of ip policies only; use "sha256:" and the hex SHA-256 of the value`,
 				`policies[0].overrides[4].key: required: "sha256:" and the hex SHA-256 of the key value`,
 			}},
@@ -285,6 +304,92 @@ func TestValidateNeverShowsTheSecret(t *testing.T) {
 	}
 }
 
+// TestValidateNeverEchoesCredentials covers every message that quotes a value which may hold a
+// credential: URLs with user info (parsed or not), a raw key written where its hash belongs, and
+// a secret written where its variable's name belongs. Each must still name the field.
+func TestValidateNeverEchoesCredentials(t *testing.T) {
+	const pw = "hunter2"
+	tests := []struct {
+		name, yaml, field string
+	}{
+		{"upstream password", "upstream: http://svc:" + pw + "@h\npolicies:\n" + okPolicy, "upstream"},
+		{"upstream token as user", "upstream: https://" + pw + "@h\npolicies:\n" + okPolicy, "upstream"},
+		{"upstream bad scheme with password", "upstream: ftp://u:" + pw + "@h\npolicies:\n" + okPolicy, "upstream"},
+		{"upstream without scheme (opaque)", "upstream: 'svc:" + pw + "@h'\npolicies:\n" + okPolicy, "upstream"},
+		{"upstream unparseable with password", "upstream: 'http://u:" + pw + "@h/%zz'\npolicies:\n" + okPolicy, "upstream"},
+		{"upstream password without host", "upstream: 'http://u:" + pw + "@'\npolicies:\n" + okPolicy, "upstream"},
+		{"dynamodb endpoint password", minimal + "store: {backend: dynamodb, dynamodb: {table: t-1, endpoint: 'http://AKID:" + pw + "@127.0.0.1:8000'}}\n", "store.dynamodb.endpoint"},
+		{"dynamodb endpoint unparseable", minimal + "store: {backend: dynamodb, dynamodb: {table: t-1, endpoint: 'http://AKID:" + pw + "@127.0.0.1:8000/%zz'}}\n", "store.dynamodb.endpoint"},
+		{"dynamodb endpoint opaque", minimal + "store: {backend: dynamodb, dynamodb: {table: t-1, endpoint: 'AKID:" + pw + "@127.0.0.1'}}\n", "store.dynamodb.endpoint"},
+		{"raw api key as override", "upstream: http://h\npolicies:\n  - {name: a, key: api_key, algorithm: token_bucket, rate: 1/s, burst: 1, overrides: [{key: " + pw + ", unlimited: true}]}\n", "policies[0].overrides[0].key"},
+		{"secret as the variable's name", minimal + "identity: {jwt: {hs256_secret_env: '" + pw + "+/='}}\n", "identity.jwt.hs256_secret_env"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := mustParse(t, tt.yaml, noEnv).Validate(noEnv)
+			if err == nil {
+				t.Fatal("got no error, want one")
+			}
+			if strings.Contains(err.Error(), pw) {
+				t.Errorf("error %q repeats %q", err, pw)
+			}
+			if !strings.HasPrefix(err.Error(), tt.field+":") {
+				t.Errorf("error %q does not start with the field %s", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"http://h:8080/p", "http://h:8080/p"},
+		{"http://u:p@h", "http://u:xxxxx@h"},
+		{"https://token@h/x", "https://xxxxx@h/x"},
+		{"http://u:p@h/%zz", "http://xxxxx@h/%zz"},
+		{"u:p@h", "xxxxx@h"},
+		{"not a url", "not a url"},
+		{"http://h/%zz", "http://h/%zz"},
+	}
+	for _, tt := range tests {
+		if got := redactURL(tt.in); got != tt.want {
+			t.Errorf("redactURL(%q): got %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// readServerRequest parses raw as net/http's server does, so that header handling (Host moved
+// out of the map, canonical names) is the real one.
+func readServerRequest(t *testing.T, raw string) *http.Request {
+	t.Helper()
+	r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))
+	if err != nil {
+		t.Fatalf("ReadRequest: %v", err)
+	}
+	r.RemoteAddr = "192.0.2.1:1234"
+	return r
+}
+
+// TestUnseenHeadersLeaveRequestHeader pins the reason validation refuses header:Host and
+// header:Transfer-Encoding: net/http's server takes them out of Request.Header. If a Go release
+// kept them, this fails and the refusal can be reconsidered.
+func TestUnseenHeadersLeaveRequestHeader(t *testing.T) {
+	r := readServerRequest(t, "POST / HTTP/1.1\r\nHost: tenant-a.example\r\nTransfer-Encoding: chunked\r\nX-Tenant: acme\r\n\r\n0\r\n\r\n")
+	for _, name := range []string{"Host", "Transfer-Encoding"} {
+		if v, ok := r.Header[name]; ok {
+			t.Errorf("got %s: %q in Request.Header, want it moved out by net/http", name, v)
+		}
+		if unseenHeader(name) == "" {
+			t.Errorf("unseenHeader(%q): got \"\", want a reason", name)
+		}
+	}
+	if got := r.Header.Get("X-Tenant"); got != "acme" {
+		t.Errorf("got X-Tenant %q, want acme: other headers stay", got)
+	}
+	if unseenHeader("X-Tenant") != "" {
+		t.Errorf("unseenHeader(X-Tenant): got a reason, want none")
+	}
+}
+
 func TestValidateNilGetenvReadsProcessEnv(t *testing.T) {
 	t.Setenv("RATELIMIT_POLICY_TEST_SECRET", secret32)
 	cfg := mustParse(t, minimal+"identity: {jwt: {hs256_secret_env: RATELIMIT_POLICY_TEST_SECRET}}\n", noEnv)
@@ -310,6 +415,9 @@ var badConfigs = map[string]string{
 	"jwt_secret_unset":             `identity.jwt.hs256_secret_env: "RATELIMIT_TEST_UNSET_SECRET": environment variable is not set`,
 	"key_bad":                      `policies[0].key: "cookie": must be ip, api_key, user, global or header:NAME`,
 	"key_header_bad_name":          `policies[0].key: "header:X Tenant": header:NAME needs a valid header name`,
+	"key_header_host":              `policies[0].key: "header:Host": Host never reaches the request headers`,
+	"ipv6_prefix_bad":              `identity.ipv6_prefix: "0": must be from 1 to 128`,
+	"upstream_credentials":         `upstream: "http://svc:xxxxx@127.0.0.1:3000": must not carry credentials`,
 	"key_user_without_identity":    `policies[0].key: "user": needs identity.user_header or identity.jwt`,
 	"limit_too_large":              `policies[0].limit: "2000000000": must be at most 1000000000`,
 	"listen_no_port":               `listen: "127.0.0.1": must be host:port`,
