@@ -637,6 +637,77 @@ policies:
 	}
 }
 
+// TestBadTokensHeldByIPLimit: a flood of invalid bearer tokens is refused 401 and never
+// forwarded, but it is charged to the ip policy (and only to it): once the peer is over its IP
+// limit it gets 429, and the per-user and global pools are untouched.
+func TestBadTokensHeldByIPLimit(t *testing.T) {
+	up := newUpstream(t, nil)
+	secret := "0123456789abcdef0123456789abcdef-test-only"
+	g := startGateway(t, up.URL, `identity:
+  jwt:
+    claim: sub
+    hs256_secret_env: E2E_JWT_SECRET
+policies:
+  - name: per-ip
+    key: ip
+    algorithm: fixed_window
+    limit: 3
+    window: 1h
+  - name: per-user
+    key: user
+    algorithm: fixed_window
+    limit: 100
+    window: 1h
+  - name: account
+    key: global
+    algorithm: fixed_window
+    limit: 100
+    window: 1h
+`, "E2E_JWT_SECRET="+secret)
+	forged, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "exp": time.Now().Add(time.Hour).Unix()}).
+		SignedString([]byte("another-secret-another-secret-xx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for range 5 {
+		resp, _ := get(t, g.proxy+"/", "Authorization", "Bearer "+forged)
+		got = append(got, resp.StatusCode)
+		if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+			t.Error("429 for a bad token without Retry-After")
+		}
+		if resp.StatusCode == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == "" {
+			t.Error("401 without WWW-Authenticate")
+		}
+	}
+	if want := []int{401, 401, 401, 429, 429}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("statuses for 5 forged tokens from one peer got %v, want %v (401 while the IP limit of 3 holds, then 429)", got, want)
+	}
+	if n := up.hits.Load(); n != 0 {
+		t.Errorf("upstream saw %d requests with forged tokens, want 0", n)
+	}
+	for sel, want := range map[string]float64{
+		`ratelimit_decisions_total{result="unauthorized"}`:           3,
+		`ratelimit_decisions_total{result="limited"}`:                2,
+		`ratelimit_requests_total{policy="per-ip",result="limited"}`: 2,
+	} {
+		if v := metric(t, g.admin, sel); v != want {
+			t.Errorf("%s got %v, want %v", sel, v, want)
+		}
+	}
+	// The other layers were never charged: their series are absent (metric: -1) or zero.
+	for _, sel := range []string{
+		`ratelimit_requests_total{policy="per-user",result="allowed"}`,
+		`ratelimit_requests_total{policy="per-user",result="limited"}`,
+		`ratelimit_requests_total{policy="account",result="allowed"}`,
+		`ratelimit_requests_total{policy="account",result="limited"}`,
+	} {
+		if v := metric(t, g.admin, sel); v > 0 {
+			t.Errorf("%s got %v, want none: a refused token must not draw on that pool", sel, v)
+		}
+	}
+}
+
 func TestLeakyBucketShapesUpstreamRate(t *testing.T) {
 	var mu sync.Mutex
 	var arrivals []time.Time

@@ -2,13 +2,16 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"testing"
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 // staticUpstream answers every request 200 with an empty body, without a network.
@@ -136,4 +139,49 @@ func (s *seqLimiter) Take(_ context.Context, _ time.Time, _ []bucket.Charge, res
 	results[0] = s.results[min(s.calls, len(s.results)-1)]
 	s.calls++
 	return false, nil
+}
+
+// BenchmarkHandler_PlainReverseProxy is configuration (b) of `make bench` in process: a plain
+// httputil.ReverseProxy (SetURL, SetXForwarded, a pooled copy buffer) over the same in-memory
+// upstream as BenchmarkHandler_Admitted, so that the two differ only by the gateway's own work
+// (plan, limiter call, headers, metrics, forwarding rules) and not by sockets or machine drift.
+func BenchmarkHandler_PlainReverseProxy(b *testing.B) {
+	u := &url.URL{Scheme: "http", Host: "upstream.invalid"}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(u)
+			pr.SetXForwarded()
+		},
+		Transport:  staticUpstream{},
+		BufferPool: copyBuffers{},
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := httptest.NewRequest(http.MethodGet, "http://proxy.local/v1/items", nil)
+		req.RemoteAddr = "192.0.2.1:1234"
+		for pb.Next() {
+			rec := httptest.NewRecorder()
+			rp.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK {
+				b.Fatalf("status = %d, want 200", rec.Code)
+			}
+		}
+	})
+}
+
+// BenchmarkHandlerOwn_UnauthorizedLimited is a flood of garbage bearer tokens from one address:
+// Plan fails verification and leaves the ip charge, which is over its limit (429).
+func BenchmarkHandlerOwn_UnauthorizedLimited(b *testing.B) {
+	pol := (&fakePolicies{err: fmt.Errorf("jwt: malformed: %w", policy.ErrUnauthorized)}).add("per-ip", false, 1)
+	h, err := New(Options{
+		Upstream: &url.URL{Scheme: "http", Host: "upstream.invalid"},
+		Policies: func() Policies { return pol },
+		Limiter: fixedLimiter{results: []bucket.Result{
+			{Allowed: false, Limit: 10, Reset: 2 * time.Second, RetryAfter: 1500 * time.Millisecond}}},
+		Transport: staticUpstream{},
+	})
+	if err != nil {
+		b.Fatalf("New: %v", err)
+	}
+	benchServeOwn(b, h, http.StatusTooManyRequests)
 }

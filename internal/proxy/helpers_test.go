@@ -26,7 +26,9 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
-// fakePolicies plans fixed charges (or fails with err). Safe for concurrent use.
+// fakePolicies plans fixed charges (or fails with err). Like policy.Set.Plan, an err wrapping
+// policy.ErrUnauthorized still leaves the charges in the plan (a test then configures the
+// request's ip charges); any other err leaves the plan empty. Safe for concurrent use.
 type fakePolicies struct {
 	charges  []bucket.Charge
 	policies []*policy.Policy
@@ -43,12 +45,12 @@ type fakePolicies struct {
 func (f *fakePolicies) Plan(_ *http.Request, p *policy.Plan) error {
 	f.plans.Add(1)
 	p.Reset()
-	if f.err != nil {
+	if f.err != nil && !errors.Is(f.err, policy.ErrUnauthorized) {
 		return f.err
 	}
 	p.Charges = append(p.Charges, f.charges...)
 	p.Policies = append(p.Policies, f.policies...)
-	return nil
+	return f.err
 }
 
 func (f *fakePolicies) Headers() policy.Headers { return f.headers }
@@ -85,12 +87,13 @@ type fakeLimiter struct {
 	err      error
 	block    bool
 
-	calls   atomic.Int64
-	sawDone chan struct{} // closed when a blocking Take observed ctx.Done
-	once    sync.Once
-	mu      sync.Mutex
-	lastNow time.Time
-	lastLen int
+	calls       atomic.Int64
+	sawDone     chan struct{} // closed when a blocking Take observed ctx.Done
+	once        sync.Once
+	mu          sync.Mutex
+	lastNow     time.Time
+	lastLen     int
+	lastCharges []bucket.Charge // a copy of the last call's charges
 }
 
 func newFakeLimiter(admitted bool, results ...bucket.Result) *fakeLimiter {
@@ -101,6 +104,7 @@ func (f *fakeLimiter) Take(ctx context.Context, now time.Time, charges []bucket.
 	f.calls.Add(1)
 	f.mu.Lock()
 	f.lastNow, f.lastLen = now, len(charges)
+	f.lastCharges = append(f.lastCharges[:0], charges...)
 	f.mu.Unlock()
 	if f.block {
 		<-ctx.Done()
@@ -112,6 +116,13 @@ func (f *fakeLimiter) Take(ctx context.Context, now time.Time, charges []bucket.
 	}
 	copy(results, f.results)
 	return f.admitted, nil
+}
+
+// charges returns a copy of the charges of the last Take.
+func (f *fakeLimiter) charges() []bucket.Charge {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]bucket.Charge(nil), f.lastCharges...)
 }
 
 // countingUpstream is a real HTTP server that counts and records what reaches it.

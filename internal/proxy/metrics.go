@@ -88,7 +88,9 @@ type policyCounters struct {
 //	    increment per charge of an admitted request (allowed, or shadow_limited for a shadow
 //	    charge that did not conform), and on a rejected request one "limited" per enforced
 //	    charge that did not conform; the other charges of a rejected request consumed nothing
-//	    and are not counted.
+//	    and are not counted. A request with an invalid bearer token is charged only its ip
+//	    policies: when they reject it, it counts like any rejected request; when they admit
+//	    it, it is answered 401 and counts nothing here, as nothing reached the upstream.
 //	ratelimit_decisions_total{result}            one per request: allowed|limited|unauthorized|
 //	    store_error_allowed|store_error_denied|unmatched|error
 //	ratelimit_store_duration_seconds{backend}    time spent in Limiter.Take

@@ -34,7 +34,9 @@ import (
 type Policies interface {
 	// Plan fills p with the charges for r and the policy of each (p may hold an earlier
 	// request's plan; Plan resets it). An error wrapping policy.ErrUnauthorized means a bearer
-	// token failed verification.
+	// token failed verification; p then holds the charges (and Policies entries) of the
+	// request's matching ip policies only, so that garbage tokens still pay for the flood
+	// protection. On any other error p is empty.
 	Plan(r *http.Request, p *policy.Plan) error
 	// Headers says how rate-limit response headers are written.
 	Headers() policy.Headers
@@ -105,7 +107,10 @@ type Options struct {
 // safe for concurrent use. Create it with New; the zero Handler is not usable.
 //
 // Per request: one Policies value, Plan, Take (bounded by StoreTimeout), then
-//   - 401 problem for an invalid bearer token (not charged, not forwarded);
+//   - for an invalid bearer token, never forwarded: its ip charges (the only ones Plan leaves)
+//     are taken like any others; when they are not admitted, the 429 below; otherwise, and also
+//     when the store fails (OnError does not apply: the request is refused either way), a 401
+//     problem;
 //   - forward without rate-limit headers when no policy matched, or when the store failed and
 //     OnError is Allow; 503 problem with Retry-After: 1 when it failed and OnError is Deny;
 //   - 429 problem with Retry-After and X-RateLimit-* of the enforced policy that asks for the
@@ -258,7 +263,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // policiesKey carries the request's Policies to the reverse proxy's Rewrite hook, so that the
-// X-Forwarded-For trust decision uses the same set as the rate-limit decision.
+// X-Forwarded-* trust decision uses the same set as the rate-limit decision.
 type policiesKey struct{}
 
 // ServeHTTP implements http.Handler.
@@ -278,10 +283,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.plan.Reset()
 	if err := pols.Plan(r, &st.plan); err != nil {
 		if errors.Is(err, policy.ErrUnauthorized) {
-			h.m.decision[decUnauthorized].Inc()
-			w.Header()["Www-Authenticate"] = wwwAuthenticate
-			st.buf = writeProblem(w, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
-				Detail: "The bearer token is not valid."})
+			h.unauthorized(w, r, st, pols)
 			return
 		}
 		h.m.decision[decError].Inc()
@@ -290,12 +292,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Detail: "The request could not be matched against the rate-limit policies."})
 		return
 	}
-	charges := st.plan.Charges
-	if len(charges) == 0 {
+	if len(st.plan.Charges) == 0 {
 		h.m.decision[decUnmatched].Inc()
 		h.forward(w, r, pols)
 		return
 	}
+	admitted, timedOut, err := h.take(r, st)
+	if err != nil {
+		h.storeError(w, r, pols, err, timedOut)
+		return
+	}
+	if !admitted {
+		h.reject(w, st, pols)
+		return
+	}
+	h.admit(w, r, st, pols)
+}
+
+// take asks the limiter about st.plan.Charges (at least one) under the store timeout, filling
+// st.results and st.now, and observes the store duration. timedOut reports whether the store
+// ran out of time.
+func (h *Handler) take(r *http.Request, st *reqState) (admitted, timedOut bool, err error) {
+	charges := st.plan.Charges
 	if cap(st.results) < len(charges) {
 		st.results = make([]bucket.Result, len(charges))
 	}
@@ -312,26 +330,48 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.clockIsNow {
 		st.now = h.now()
 	}
-	admitted, err := h.limiter.Take(ctx, st.now, charges, results)
+	admitted, err = h.limiter.Take(ctx, st.now, charges, results)
 	end := time.Now()
 	h.storeDur.Observe(end.Sub(start).Seconds())
-	timedOut := ctx.timedOut(end)
+	timedOut = ctx.timedOut(end)
 	ctx.release()
 	if ctx.reusable() {
 		ctx.parent = nil // do not keep the request's context alive in the pool
 	} else {
 		st.ctx = nil
 	}
+	return admitted, timedOut, err
+}
 
-	if err != nil {
-		h.storeError(w, r, pols, err, timedOut)
-		return
+// unauthorized answers a request whose bearer token failed verification. Plan left only its ip
+// charges; they are taken first, because otherwise a flood of garbage tokens would bypass the ip
+// limits: a group that is not admitted gets the ordinary 429. Anything else gets 401: an admitted
+// group (its charges stay consumed, but nothing reaches the upstream, so nothing is counted as
+// allowed) and a store failure too, without OnError, since the request is refused either way and
+// an outage must turn a 401 into neither a 503 nor a forward.
+func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
+	if len(st.plan.Charges) > 0 {
+		admitted, timedOut, err := h.take(r, st)
+		switch {
+		case err != nil:
+			if r.Context().Err() != nil && !timedOut {
+				// The client left while we asked the store: nobody to answer.
+				h.m.canceled[stageStore].Inc()
+				return
+			}
+			reason := h.countStoreError(err, timedOut)
+			if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
+				ce.Write(zap.String("reason", reason), zap.String("answer", "unauthorized"), zap.Error(err))
+			}
+		case !admitted:
+			h.reject(w, st, pols)
+			return
+		}
 	}
-	if !admitted {
-		h.reject(w, st, pols)
-		return
-	}
-	h.admit(w, r, st, pols)
+	h.m.decision[decUnauthorized].Inc()
+	w.Header()["Www-Authenticate"] = wwwAuthenticate
+	st.buf = writeProblem(w, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
+		Detail: "The bearer token is not valid."})
 }
 
 // storeError applies OnError to a request the limiter could not decide.
@@ -341,13 +381,7 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Polici
 		h.m.canceled[stageStore].Inc()
 		return
 	}
-	reason := "error"
-	if timedOut || errors.Is(err, context.DeadlineExceeded) {
-		reason = "timeout"
-		h.storeErr[0].Inc()
-	} else {
-		h.storeErr[1].Inc()
-	}
+	reason := h.countStoreError(err, timedOut)
 	if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
 		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", h.onError == Allow), zap.Error(err))
 	}
@@ -359,6 +393,16 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Polici
 	h.m.decision[decStoreErrorDenied].Inc()
 	writeProblem(w, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 		Detail: "The rate limiter is unavailable; retry shortly.", RetryAfter: 1})
+}
+
+// countStoreError counts a failed Take by reason and returns the reason's label.
+func (h *Handler) countStoreError(err error, timedOut bool) string {
+	if timedOut || errors.Is(err, context.DeadlineExceeded) {
+		h.storeErr[0].Inc()
+		return "timeout"
+	}
+	h.storeErr[1].Inc()
+	return "error"
 }
 
 // reject answers 429 for a group the limiter did not admit. Only the rejecting non-shadow
@@ -474,10 +518,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 }
 
 // forward hands the request to the reverse proxy. The request's policy set travels in its
-// context only when the rewrite needs it, to judge an inbound X-Forwarded-For: copying the request
-// for a new context costs two allocations, and most requests carry no such header.
+// context only when the rewrite needs it, to judge an inbound X-Forwarded-For, -Proto or -Host:
+// copying the request for a new context costs two allocations, and most requests carry none of
+// them.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies) {
-	if len(r.Header["X-Forwarded-For"]) > 0 {
+	if len(r.Header["X-Forwarded-For"]) > 0 || len(r.Header["X-Forwarded-Proto"]) > 0 ||
+		len(r.Header["X-Forwarded-Host"]) > 0 {
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
 	}
 	if r.Body == nil || r.Body == http.NoBody {

@@ -167,8 +167,12 @@ func TestRejected_RetryAfterAtLeastOne(t *testing.T) {
 	}
 }
 
-func TestUnauthorized_401NotForwardedNotCharged(t *testing.T) {
-	pol := &fakePolicies{err: fmt.Errorf("jwt: token is expired: %w", policy.ErrUnauthorized)}
+// errBadToken is what a policy set returns for a bearer token that failed verification.
+var errBadToken = fmt.Errorf("jwt: token is expired: %w", policy.ErrUnauthorized)
+
+// With no ip policy matching, a bad token is answered 401 without asking the store.
+func TestUnauthorized_NoCharges_401NotForwardedNotCharged(t *testing.T) {
+	pol := &fakePolicies{err: errBadToken}
 	lim := newFakeLimiter(true)
 	hs := newHarness(t, pol, lim, nil, nil)
 
@@ -191,6 +195,151 @@ func TestUnauthorized_401NotForwardedNotCharged(t *testing.T) {
 		if strings.Contains(fmt.Sprint(e.ContextMap()), "expired.token") {
 			t.Errorf("log line %q carries the token", e.Message)
 		}
+	}
+}
+
+// A bad token still pays the ip charges Plan left: over the limit it gets the ordinary 429, so
+// garbage tokens cannot bypass the ip flood protection.
+func TestUnauthorized_IPChargeOverLimit_429(t *testing.T) {
+	pol := (&fakePolicies{err: errBadToken, headers: policy.Headers{Reset: policy.ResetDelta}}).add("per-ip", false, 1)
+	lim := newFakeLimiter(false,
+		bucket.Result{Allowed: false, Limit: 10, Reset: 6 * time.Second, RetryAfter: 2500 * time.Millisecond})
+	hs := newHarness(t, pol, lim, nil, nil)
+
+	res, body := hs.get("/", "Authorization", "Bearer garbage.token.value")
+
+	if res.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("status = %d, want 429", res.StatusCode)
+	}
+	if got := hs.up.hits.Load(); got != 0 {
+		t.Errorf("upstream hits = %d, want 0", got)
+	}
+	if got := lim.calls.Load(); got != 1 {
+		t.Errorf("limiter calls = %d, want 1", got)
+	}
+	if got, want := fmt.Sprint(lim.charges()), fmt.Sprint(pol.charges); got != want {
+		t.Errorf("limiter charges = %s, want the ip charges %s", got, want)
+	}
+	wantHeader(t, res, "Retry-After", "3")
+	wantHeader(t, res, "X-RateLimit-Limit", "10")
+	wantHeader(t, res, "X-RateLimit-Remaining", "0")
+	wantHeader(t, res, "X-RateLimit-Reset", "6")
+	wantHeader(t, res, "WWW-Authenticate", "")
+	p := decodeProblem(t, res, body)
+	if p.Type != problemRateLimited || p.Policy != "per-ip" || p.RetryAfter != 3 {
+		t.Errorf("problem = %+v, want type %s, policy per-ip, retry_after_seconds 3", p, problemRateLimited)
+	}
+	wantCounter(t, hs.reg, 1, mRequests, "policy", "per-ip", "result", "limited")
+	wantCounter(t, hs.reg, 0, mRequests, "policy", "per-ip", "result", "allowed")
+	wantCounter(t, hs.reg, 1, mDecisions, "result", "limited")
+	wantCounter(t, hs.reg, 0, mDecisions, "result", "unauthorized")
+	if n, _ := histogram(t, hs.reg, "ratelimit_store_duration_seconds", "backend", "memory"); n != 1 {
+		t.Errorf("store duration samples = %d, want 1", n)
+	}
+	for _, e := range hs.logs.All() {
+		if strings.Contains(fmt.Sprint(e.ContextMap()), "garbage.token") {
+			t.Errorf("log line %q carries the token", e.Message)
+		}
+	}
+}
+
+// Under the limit, a bad token is still refused with 401, and its ip charge stays taken.
+func TestUnauthorized_IPChargeUnderLimit_401Charged(t *testing.T) {
+	pol := (&fakePolicies{err: errBadToken}).add("per-ip", false, 1).add("per-ip-burst", false, 2)
+	lim := newFakeLimiter(true,
+		bucket.Result{Allowed: true, Limit: 10, Remaining: 9, Reset: time.Second},
+		bucket.Result{Allowed: true, Limit: 100, Remaining: 99, Reset: time.Second})
+	hs := newHarness(t, pol, lim, nil, nil)
+
+	res, body := hs.get("/", "Authorization", "Bearer garbage.token.value")
+
+	if res.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status = %d, want 401", res.StatusCode)
+	}
+	if got := hs.up.hits.Load(); got != 0 {
+		t.Errorf("upstream hits = %d, want 0", got)
+	}
+	if got := lim.calls.Load(); got != 1 {
+		t.Errorf("limiter calls = %d, want 1", got)
+	}
+	if got, want := fmt.Sprint(lim.charges()), fmt.Sprint(pol.charges); got != want {
+		t.Errorf("limiter charges = %s, want the ip charges %s", got, want)
+	}
+	lim.mu.Lock()
+	now := lim.lastNow
+	lim.mu.Unlock()
+	if want := time.Unix(1_700_000_000, 250_000_000); !now.Equal(want) {
+		t.Errorf("limiter now = %v, want the handler's clock %v", now, want)
+	}
+	if got := res.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
+		t.Errorf("WWW-Authenticate = %q, want a Bearer challenge", got)
+	}
+	for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+		wantHeader(t, res, h, "")
+	}
+	if p := decodeProblem(t, res, body); p.Type != problemUnauthorized {
+		t.Errorf("type = %q, want %q", p.Type, problemUnauthorized)
+	}
+	wantCounter(t, hs.reg, 1, mDecisions, "result", "unauthorized")
+	wantCounter(t, hs.reg, 0, mDecisions, "result", "allowed")
+	// Nothing reached the upstream, so nothing counts as allowed.
+	wantCounter(t, hs.reg, 0, mRequests, "policy", "per-ip", "result", "allowed")
+	if n, _ := histogram(t, hs.reg, "ratelimit_store_duration_seconds", "backend", "memory"); n != 1 {
+		t.Errorf("store duration samples = %d, want 1", n)
+	}
+}
+
+// A store that fails on a bad token's ip charges does not apply on_error: the request is refused
+// either way, so it is neither forwarded (allow) nor turned into a 503 (deny).
+func TestUnauthorized_StoreError_401(t *testing.T) {
+	tests := []struct {
+		name       string
+		onError    OnError
+		block      bool
+		wantReason string
+	}{
+		{"error allow", Allow, false, "error"},
+		{"error deny", Deny, false, "error"},
+		{"timeout allow", Allow, true, "timeout"},
+		{"timeout deny", Deny, true, "timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pol := (&fakePolicies{err: errBadToken}).add("per-ip", false, 1)
+			lim := newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 1})
+			lim.err = errors.New("store: connection reset")
+			lim.block = tt.block
+			hs := newHarness(t, pol, lim, nil, func(o *Options) {
+				o.OnError = tt.onError
+				o.Backend = "dynamodb"
+				o.StoreTimeout = 20 * time.Millisecond
+			})
+
+			res, body := hs.get("/", "Authorization", "Bearer garbage.token.value")
+
+			if res.StatusCode != http.StatusUnauthorized {
+				t.Fatalf("status = %d, want 401", res.StatusCode)
+			}
+			if got := hs.up.hits.Load(); got != 0 {
+				t.Errorf("upstream hits = %d, want 0", got)
+			}
+			if got := lim.calls.Load(); got != 1 {
+				t.Errorf("limiter calls = %d, want 1", got)
+			}
+			if got := res.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
+				t.Errorf("WWW-Authenticate = %q, want a Bearer challenge", got)
+			}
+			if p := decodeProblem(t, res, body); p.Type != problemUnauthorized {
+				t.Errorf("type = %q, want %q", p.Type, problemUnauthorized)
+			}
+			wantCounter(t, hs.reg, 1, "ratelimit_store_errors_total", "backend", "dynamodb", "reason", tt.wantReason)
+			wantCounter(t, hs.reg, 1, mDecisions, "result", "unauthorized")
+			wantCounter(t, hs.reg, 0, mDecisions, "result", "store_error_allowed")
+			wantCounter(t, hs.reg, 0, mDecisions, "result", "store_error_denied")
+			if n := hs.logs.FilterMessage("rate-limit store error").Len(); n != 1 {
+				t.Errorf("store error log lines = %d, want 1", n)
+			}
+		})
 	}
 }
 
@@ -446,28 +595,30 @@ func TestAppendIETFItem(t *testing.T) {
 	}
 }
 
+// A trusted proxy's forwarding headers are kept (its list extended by the peer); an untrusted
+// client's are replaced by what the gateway saw. Trust is asked once, about the direct peer.
 func TestForwardingHeaders(t *testing.T) {
 	for _, trusted := range []bool{true, false} {
 		t.Run(fmt.Sprintf("trusted=%v", trusted), func(t *testing.T) {
 			pol := &fakePolicies{trust: trusted}
 			hs := newHarness(t, pol, newFakeLimiter(true), nil, nil)
 
-			hs.get("/", "X-Forwarded-For", "203.0.113.7", "X-Forwarded-Host", "evil.example",
+			hs.get("/", "X-Forwarded-For", "203.0.113.7", "X-Forwarded-Host", "public.example",
 				"X-Forwarded-Proto", "https", "Forwarded", "for=198.51.100.1")
 
 			in := hs.up.lastRequest(t)
-			want := "127.0.0.1"
+			wantFor, wantHost, wantProto := "127.0.0.1", hs.srv.Listener.Addr().String(), "http"
 			if trusted {
-				want = "203.0.113.7, 127.0.0.1"
+				wantFor, wantHost, wantProto = "203.0.113.7, 127.0.0.1", "public.example", "https"
 			}
-			if got := strings.Join(in.Header.Values("X-Forwarded-For"), "|"); got != want {
-				t.Errorf("X-Forwarded-For = %q, want %q", got, want)
+			if got := strings.Join(in.Header.Values("X-Forwarded-For"), "|"); got != wantFor {
+				t.Errorf("X-Forwarded-For = %q, want %q", got, wantFor)
 			}
-			if got, want := in.Header.Get("X-Forwarded-Host"), hs.srv.Listener.Addr().String(); got != want {
-				t.Errorf("X-Forwarded-Host = %q, want %q", got, want)
+			if got := strings.Join(in.Header.Values("X-Forwarded-Host"), "|"); got != wantHost {
+				t.Errorf("X-Forwarded-Host = %q, want %q", got, wantHost)
 			}
-			if got := in.Header.Get("X-Forwarded-Proto"); got != "http" {
-				t.Errorf("X-Forwarded-Proto = %q, want http", got)
+			if got := strings.Join(in.Header.Values("X-Forwarded-Proto"), "|"); got != wantProto {
+				t.Errorf("X-Forwarded-Proto = %q, want %q", got, wantProto)
 			}
 			if got := in.Header.Get("Forwarded"); got != "" {
 				t.Errorf("Forwarded = %q, want it dropped", got)
@@ -485,12 +636,93 @@ func TestForwardingHeaders(t *testing.T) {
 	}
 }
 
+// Which inbound X-Forwarded-Proto and X-Forwarded-Host values survive, each sent alone (so the
+// policy set must reach the rewrite without an X-Forwarded-For too).
+func TestForwardingHeaders_ProtoAndHost(t *testing.T) {
+	const self = "" // stands for the value the gateway sets itself
+	tests := []struct {
+		name    string
+		trusted bool
+		header  string
+		values  []string // one line each
+		want    string   // self: the connection's scheme (http) or the client's Host
+	}{
+		// Behind a TLS-terminating load balancer listed in trusted_proxies.
+		{"trusted proto https", true, "X-Forwarded-Proto", []string{"https"}, "https"},
+		{"trusted proto HTTPS", true, "X-Forwarded-Proto", []string{"HTTPS"}, "https"},
+		{"trusted proto Http", true, "X-Forwarded-Proto", []string{"Http"}, "http"},
+		{"trusted proto list", true, "X-Forwarded-Proto", []string{"https, http"}, self},
+		{"trusted proto two lines", true, "X-Forwarded-Proto", []string{"https", "https"}, self},
+		{"trusted proto other scheme", true, "X-Forwarded-Proto", []string{"wss"}, self},
+		{"trusted proto empty", true, "X-Forwarded-Proto", []string{""}, self},
+		{"untrusted proto https", false, "X-Forwarded-Proto", []string{"https"}, self},
+		{"trusted host", true, "X-Forwarded-Host", []string{"public.example"}, "public.example"},
+		{"trusted host two lines", true, "X-Forwarded-Host", []string{"a.example", "b.example"}, self},
+		{"trusted host empty", true, "X-Forwarded-Host", []string{""}, self},
+		{"untrusted host", false, "X-Forwarded-Host", []string{"evil.example"}, self},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pol := &fakePolicies{trust: tt.trusted}
+			hs := newHarness(t, pol, newFakeLimiter(true), nil, nil)
+			var kv []string
+			for _, v := range tt.values {
+				kv = append(kv, tt.header, v)
+			}
+
+			hs.get("/", kv...)
+
+			want := tt.want
+			if want == self {
+				want = "http"
+				if tt.header == "X-Forwarded-Host" {
+					want = hs.srv.Listener.Addr().String()
+				}
+			}
+			if got := strings.Join(hs.up.lastRequest(t).Header.Values(tt.header), "|"); got != want {
+				t.Errorf("%s = %q at the upstream, want %q", tt.header, got, want)
+			}
+			if got := pol.trustedCalls.Load(); got != 1 {
+				t.Errorf("Trusted calls = %d, want 1", got)
+			}
+		})
+	}
+}
+
+// Without inbound forwarding headers the peer's trust is not even asked (the cheap path).
 func TestForwardingHeaders_NoInboundList(t *testing.T) {
 	pol := &fakePolicies{trust: true}
 	hs := newHarness(t, pol, newFakeLimiter(true), nil, nil)
 	hs.get("/")
-	if got := hs.up.lastRequest(t).Header.Get("X-Forwarded-For"); got != "127.0.0.1" {
+	in := hs.up.lastRequest(t)
+	if got := in.Header.Get("X-Forwarded-For"); got != "127.0.0.1" {
 		t.Errorf("X-Forwarded-For = %q, want 127.0.0.1", got)
+	}
+	if got := in.Header.Get("X-Forwarded-Proto"); got != "http" {
+		t.Errorf("X-Forwarded-Proto = %q, want http", got)
+	}
+	if got := pol.trustedCalls.Load(); got != 0 {
+		t.Errorf("Trusted calls = %d, want 0", got)
+	}
+}
+
+// A client cannot use Connection to strip the forwarding headers the gateway writes:
+// ReverseProxy drops the hop-by-hop headers it names before Rewrite runs.
+func TestForwardingHeaders_ConnectionCannotStripThem(t *testing.T) {
+	pol := &fakePolicies{trust: false}
+	hs := newHarness(t, pol, newFakeLimiter(true), nil, nil)
+
+	hs.get("/", "Connection", "X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host", "X-Forwarded-For", "198.51.100.1")
+
+	in := hs.up.lastRequest(t)
+	if got := in.Header.Get("X-Forwarded-For"); got != "127.0.0.1" {
+		t.Errorf("X-Forwarded-For = %q, want 127.0.0.1", got)
+	}
+	if got := in.Header.Get("X-Forwarded-Proto"); got != "http" {
+		t.Errorf("X-Forwarded-Proto = %q, want http", got)
+	}
+	if got, want := in.Header.Get("X-Forwarded-Host"), hs.srv.Listener.Addr().String(); got != want {
+		t.Errorf("X-Forwarded-Host = %q, want the client's Host %q", got, want)
 	}
 }
 

@@ -67,28 +67,54 @@ func (h *Handler) newReverseProxy(upstream *url.URL, rt http.RoundTripper) *http
 // Host: pr.SetURL makes the outbound Host the upstream's, which is what virtual-hosted upstreams
 // and TLS SNI expect; the client's Host travels in X-Forwarded-Host.
 //
-// X-Forwarded-For: ReverseProxy has already removed the inbound value. When the direct peer is a
-// trusted proxy (per the request's policy set) its list is kept and the peer appended, as
-// SetXForwarded would; otherwise the client could forge it, so it is replaced by the peer.
-// X-Forwarded-Host and -Proto are set as SetXForwarded sets them.
+// ReverseProxy has already removed the inbound X-Forwarded-* headers from the outbound request.
+// Whether the direct peer is a trusted proxy (per the request's policy set) is decided once, and
+// only when the request carries one of them: for anyone else the client could forge them.
+//   - X-Forwarded-For: a trusted peer's list is kept and the peer appended, as SetXForwarded
+//     would; otherwise it is replaced by the peer.
+//   - X-Forwarded-Proto: a trusted peer's value is kept when it is exactly one line saying http
+//     or https (any case, surrounding spaces ignored; forwarded in lower case), so that an
+//     upstream behind a TLS-terminating load balancer sees https; otherwise it is the scheme
+//     of the connection to us.
+//   - X-Forwarded-Host: a trusted peer's value is kept when it is exactly one non-empty line
+//     (trimmed); otherwise it is the client's Host.
 func rewrite(pr *httputil.ProxyRequest, upstream *url.URL) {
 	pr.SetURL(upstream)
+	in := pr.In.Header
+	xff, xfp, xfh := in["X-Forwarded-For"], in["X-Forwarded-Proto"], in["X-Forwarded-Host"]
+	host, _, err := net.SplitHostPort(pr.In.RemoteAddr)
+	trusted := err == nil && len(xff)+len(xfp)+len(xfh) > 0 && trustedPeer(pr.In, host)
+
 	vals := make([]string, 2) // one allocation for both header values
 	vals[0] = pr.In.Host
+	if trusted && len(xfh) == 1 {
+		if v := strings.TrimSpace(xfh[0]); v != "" {
+			vals[0] = v
+		}
+	}
 	pr.Out.Header["X-Forwarded-Host"] = vals[0:1:1]
-	host, _, err := net.SplitHostPort(pr.In.RemoteAddr)
 	if err == nil {
 		vals[1] = host
-		if prior := pr.In.Header["X-Forwarded-For"]; len(prior) > 0 && trustedPeer(pr.In, host) {
-			vals[1] = strings.Join(prior, ", ") + ", " + host
+		if trusted && len(xff) > 0 {
+			vals[1] = strings.Join(xff, ", ") + ", " + host
 		}
 		pr.Out.Header["X-Forwarded-For"] = vals[1:2:2]
 	}
+	proto := protoHTTP
 	if pr.In.TLS != nil {
-		pr.Out.Header["X-Forwarded-Proto"] = protoHTTPS
-	} else {
-		pr.Out.Header["X-Forwarded-Proto"] = protoHTTP
+		proto = protoHTTPS
 	}
+	if trusted && len(xfp) == 1 {
+		switch v := strings.TrimSpace(xfp[0]); {
+		case strings.EqualFold(v, "https"):
+			proto = protoHTTPS
+		case strings.EqualFold(v, "http"):
+			proto = protoHTTP
+		}
+	}
+	// The shared slices have capacity 1, so an Add on the outbound header copies instead of
+	// writing into them.
+	pr.Out.Header["X-Forwarded-Proto"] = proto
 }
 
 var (

@@ -240,7 +240,8 @@ go_benches() {
         }
       }' "$out/decision-ratios.tsv" "$out/medians.tsv"
     echo
-    echo "Full handler (internal/proxy, in-memory upstream, no sockets: the allocation budget of a request):"
+    echo "Full handler (internal/proxy, in-memory upstream, no sockets: the allocation budget of a request;"
+    echo "BenchmarkHandler_PlainReverseProxy is (b) in process, over the same in-memory upstream as _Admitted):"
     echo
     echo "| benchmark | ns/op | B/op | allocs/op |"
     echo "|---|---:|---:|---:|"
