@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,11 +36,24 @@ type Reloader struct {
 
 	current atomic.Pointer[policy.Set]
 
-	mu       sync.Mutex // serialises reloads and guards the fields below
-	lastSum  [sha256.Size]byte
+	mu sync.Mutex // serialises reloads and guards the fields below
+	// inputs are the files the running set was compiled from, with their digests: the config
+	// file and every file it references. A watcher event that changes none of them is ignored.
+	inputs []input
+	// refs are the files referenced by the last config that parsed, valid or not: the watcher
+	// watches their directories, so a key file that appears after a failed reload is seen.
+	refs     []input
 	base     *policy.Config // the config the process started with: non-reloadable fields
 	reloads  *prometheus.CounterVec
 	lastGood prometheus.Gauge
+}
+
+// input is one file a compiled set depends on.
+type input struct {
+	field string // the config field that names the file; "" for the config file itself
+	path  string // as written in the config: policy resolves it against the working directory
+	sum   [sha256.Size]byte
+	ok    bool // the file was readable; an unreadable file never compares equal
 }
 
 // NewReloader loads and compiles path; it fails when the file is invalid, so a process never
@@ -64,31 +78,88 @@ func NewReloader(path string, opts policy.LoadOptions, comp policy.CompileOption
 			return nil, nil, fmt.Errorf("register reload metrics: %w", err)
 		}
 	}
-	data, err := os.ReadFile(path)
+	cfg, inputs, err := r.read()
 	if err != nil {
-		return nil, nil, fmt.Errorf("read config: %w", err)
+		return nil, nil, err
 	}
-	cfg, set, err := r.compile(data)
+	set, err := r.compile(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
 	r.base = cfg
-	r.lastSum = sha256.Sum256(data)
+	r.inputs = inputs
+	r.refs = inputs[1:]
 	r.current.Store(set)
 	r.lastGood.SetToCurrentTime()
 	return r, cfg, nil
 }
 
-func (r *Reloader) compile(data []byte) (*policy.Config, *policy.Set, error) {
+// read reads and parses the config file and reads the files it references; inputs[0] is the
+// config file.
+func (r *Reloader) read() (*policy.Config, []input, error) {
+	data, err := os.ReadFile(r.path)
+	if err != nil {
+		// A rename-over briefly removes the file; the Create that follows triggers another reload.
+		return nil, nil, fmt.Errorf("read config: %w", err)
+	}
 	cfg, err := policy.Parse(data, r.opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", r.path, err)
 	}
+	// The referenced files are hashed before Compile reads them: if one changes in between, the
+	// set holds the newer content under the older digest, and the event of that change (which
+	// comes after) reloads again. Hashing after Compile could record a digest newer than the
+	// compiled content, and the next event would wrongly find nothing changed.
+	inputs := append([]input{{path: r.path, sum: sha256.Sum256(data), ok: true}}, referencedFiles(cfg)...)
+	return cfg, inputs, nil
+}
+
+// compile validates cfg, which reads the referenced files again: an unreadable or invalid one is
+// reported with its field and path, like any bad field.
+func (r *Reloader) compile(cfg *policy.Config) (*policy.Set, error) {
 	set, err := policy.Compile(cfg, r.comp)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", r.path, err)
+		return nil, fmt.Errorf("%s: %w", r.path, err)
 	}
-	return cfg, set, nil
+	return set, nil
+}
+
+// referencedFiles reads every file that cfg names and that Compile reads. Paths stay as written:
+// policy opens them relative to the working directory, and so does this.
+func referencedFiles(cfg *policy.Config) []input {
+	var out []input
+	add := func(field, path string) {
+		if path == "" {
+			return
+		}
+		in := input{field: field, path: path}
+		if data, err := os.ReadFile(path); err == nil {
+			in.sum, in.ok = sha256.Sum256(data), true
+		}
+		out = append(out, in)
+	}
+	if j := cfg.Identity.JWT; j != nil {
+		add("identity.jwt.rs256_public_key_file", j.RS256PublicKeyFile)
+	}
+	return out
+}
+
+// changedInputs names the inputs of cur that differ from old (a field, or "config" for the file
+// itself); a file that is no longer referenced is not named, the config's change already is.
+func changedInputs(old, cur []input) []string {
+	var out []string
+	for _, c := range cur {
+		i := slices.IndexFunc(old, func(o input) bool { return o.field == c.field && o.path == c.path })
+		if i >= 0 && old[i].ok && c.ok && old[i].sum == c.sum {
+			continue
+		}
+		name := c.field
+		if name == "" {
+			name = "config"
+		}
+		out = append(out, name)
+	}
+	return out
 }
 
 // Current returns the set in force. It never returns nil.
@@ -97,31 +168,44 @@ func (r *Reloader) Current() proxy.Policies { return r.current.Load() }
 // Set returns the compiled set in force.
 func (r *Reloader) Set() *policy.Set { return r.current.Load() }
 
-// Reload re-reads the file and swaps in its policies when the content changed and is valid.
+// Reload re-reads the config file and the files it references (the JWT public key) and swaps in
+// their policies when they are valid, even when nothing changed: it is what SIGHUP does, and an
+// operator who sends SIGHUP expects a recompile. A reload of unchanged inputs builds the same
+// bucket keys, so no count is lost; it is counted as a success and logged as changing nothing.
 // On error the running policies stay and the error is returned (and logged, and counted).
-func (r *Reloader) Reload() error {
+func (r *Reloader) Reload() error { return r.reload(true) }
+
+// reload is Reload; without force, inputs identical to the running set's are not recompiled
+// (nothing logged or counted), which is what a watcher event that changed nothing deserves.
+func (r *Reloader) reload(force bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	data, err := os.ReadFile(r.path)
-	if err != nil {
-		// A rename-over briefly removes the file; the Create that follows triggers another reload.
-		r.fail(fmt.Errorf("read config: %w", err))
-		return err
-	}
-	sum := sha256.Sum256(data)
-	if sum == r.lastSum {
-		return nil
-	}
-	cfg, set, err := r.compile(data)
+	cfg, inputs, err := r.read()
 	if err != nil {
 		r.fail(err)
 		return err
 	}
-	r.lastSum = sum
+	// Followed even when the config turns out invalid: the key file it names may be on its way.
+	r.refs = inputs[1:]
+	changed := changedInputs(r.inputs, inputs)
+	if len(changed) == 0 && !force {
+		r.log.Debug("config and referenced files unchanged; not reloaded", zap.String("path", r.path))
+		return nil
+	}
+	set, err := r.compile(cfg)
+	if err != nil {
+		r.fail(err)
+		return err
+	}
+	r.inputs = inputs
 	r.current.Store(set)
 	r.reloads.WithLabelValues("success").Inc()
 	r.lastGood.SetToCurrentTime()
-	r.log.Info("config reloaded", zap.String("path", r.path), zap.Int("policies", len(set.Policies())))
+	msg := "config reloaded"
+	if len(changed) == 0 {
+		msg = "config reloaded; nothing changed since the last reload"
+	}
+	r.log.Info(msg, zap.String("path", r.path), zap.Strings("changed", changed), zap.Int("policies", len(set.Policies())))
 	for _, f := range restartOnly(r.base, cfg) {
 		r.log.Warn("config field changed but needs a restart to apply; the running value stays", zap.String("field", f))
 	}
@@ -152,18 +236,70 @@ func restartOnly(old, cur *policy.Config) []string {
 	return out
 }
 
-// Watch reloads when the file changes and whenever hup receives, until ctx ends. It watches the
-// directory, not the file, so both in-place rewrites and atomic renames over the file (editors,
-// Kubernetes ConfigMap symlink swaps) are seen; an unchanged file is not reloaded.
+// watchDirs are the directories the watcher should watch: the config file's and those of the
+// files the last parsed config references. Absolute, so that `key.pem` and `./key.pem` are one
+// watch; relative paths resolve against the working directory, as policy resolves them.
+func (r *Reloader) watchDirs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	dirs := []string{absDir(r.path)}
+	for _, in := range r.refs {
+		if d := absDir(in.path); !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
+}
+
+func absDir(path string) string {
+	dir := filepath.Dir(path)
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return filepath.Clean(dir)
+}
+
+// syncWatches makes w watch exactly watchDirs. It compares with w's own list, not a copy, because
+// fsnotify drops the watch of a directory that is deleted or moved away; the next sync adds it
+// back once the directory exists again. A directory that cannot be watched is logged and skipped:
+// SIGHUP still reloads.
+func (r *Reloader) syncWatches(w *fsnotify.Watcher) {
+	want := r.watchDirs()
+	for _, d := range w.WatchList() {
+		if !slices.Contains(want, d) {
+			_ = w.Remove(d) // already gone when fsnotify dropped it
+		}
+	}
+	have := w.WatchList()
+	for _, d := range want {
+		if slices.Contains(have, d) {
+			continue
+		}
+		if err := w.Add(d); err != nil {
+			r.log.Warn("cannot watch a directory of the config or of a file it references; SIGHUP reloads it",
+				zap.String("dir", d), zap.Error(err))
+		}
+	}
+}
+
+// Watch reloads when the config file or a file it references (the JWT public key) changes, and
+// whenever hup receives, until ctx ends. It watches directories, not files, so in-place rewrites,
+// atomic renames over a file (editors) and Kubernetes ConfigMap and Secret updates (a symlink swap
+// of `..data` in the mounted directory) are all seen. An event that changed none of the files
+// reloads nothing; a hup always recompiles. After each reload the watched directories follow the
+// files the config now references.
 func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch config: %w", err)
 	}
 	defer w.Close()
-	if err := w.Add(filepath.Dir(r.path)); err != nil {
+	// The config's directory must be watchable (a caller falls back to SIGHUP only); the others
+	// are best effort.
+	if err := w.Add(absDir(r.path)); err != nil {
 		return fmt.Errorf("watch config dir: %w", err)
 	}
+	r.syncWatches(w)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -174,6 +310,7 @@ func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
 		case <-hup:
 			r.log.Info("SIGHUP: reloading config")
 			_ = r.Reload() // logged and counted inside
+			r.syncWatches(w)
 		case ev, ok := <-w.Events:
 			if !ok {
 				return nil
@@ -188,7 +325,8 @@ func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
 			}
 			r.log.Warn("config watcher error", zap.Error(err))
 		case <-timer.C:
-			_ = r.Reload()
+			_ = r.reload(false)
+			r.syncWatches(w)
 		}
 	}
 }
