@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -197,6 +198,8 @@ func TestDynamoThreeReplicasAdmitExactlyTheLimit(t *testing.T) {
 				text = v.Value
 			case *types.AttributeValueMemberN:
 				text = v.Value
+			case *types.AttributeValueMemberBOOL:
+				text = strconv.FormatBool(v.Value)
 			default:
 				t.Errorf("attribute %s has type %T, want S or N", name, v)
 			}
@@ -208,7 +211,7 @@ func TestDynamoThreeReplicasAdmitExactlyTheLimit(t *testing.T) {
 				if !pkRe.MatchString(text) {
 					t.Errorf("pk %q does not match %s", text, pkRe)
 				}
-			case "tat", "count", "ttl":
+			case "tat", "since", "count", "sealed", "ttl":
 			default:
 				t.Errorf("unexpected attribute %s = %q", name, text)
 			}

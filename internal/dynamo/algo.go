@@ -1,6 +1,8 @@
 package dynamo
 
 import (
+	"time"
+
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
@@ -66,5 +68,18 @@ func slidingResult(l bucket.Limit, cur int64, c *slotCounts, now int64) bucket.R
 		s.Counts[((slot%n)+n)%n] = uint32(v)
 	}
 	_, r := bucket.Sliding(s, now, l)
+	return r
+}
+
+// sealedResult is the verdict of a sliding-window request in slot cur whose write found the slot
+// sealed (another replica has moved past it and taken its count as final), with counts c known
+// (c[K] the slot's final count). The request is rejected whatever c says: it could conform no
+// earlier than when the counts allow it (as for any rejection) and not before its own slot ends,
+// since every request decided in the slot writes to it.
+func sealedResult(l bucket.Limit, cur int64, c *slotCounts, now int64) bucket.Result {
+	r := slidingResult(l, cur, c, now)
+	r.Allowed, r.Remaining, r.Wait = false, 0, 0
+	end := (cur + 1) * bucket.SlidingWidth(l)
+	r.RetryAfter = max(r.RetryAfter, time.Duration(end-now))
 	return r
 }

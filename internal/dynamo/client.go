@@ -58,6 +58,10 @@ func NewClient(ctx context.Context, o ClientOptions) (*dynamodb.Client, error) {
 		return nil, fmt.Errorf("dynamo: load AWS config: %w", err)
 	}
 	return dynamodb.NewFromConfig(cfg, func(do *dynamodb.Options) {
+		// A client-level RetryMaxAttempts wraps and overrides the retryer above. The config
+		// loader (v1.33) does not take AWS_MAX_ATTEMPTS or max_attempts when a retryer is given,
+		// so today this only restates maxAttempts; it keeps two attempts if that ever changes.
+		do.RetryMaxAttempts = maxAttempts
 		if o.Endpoint != "" {
 			do.BaseEndpoint = aws.String(o.Endpoint)
 			// DynamoDB Local's error responses carry no X-Amz-Crc32 header, so validation would

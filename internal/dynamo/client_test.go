@@ -3,8 +3,12 @@ package dynamo_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,5 +64,35 @@ func TestClientHonoursDeadline(t *testing.T) {
 	}
 	if elapsed > time.Second {
 		t.Errorf("returned after %v, want about the 50ms deadline", elapsed)
+	}
+}
+
+// TestClientKeepsMaxAttemptsOverEnvironment: AWS_MAX_ATTEMPTS in the environment does not
+// replace the client's two attempts per call: a server that always answers 500 sees exactly two
+// requests. (A pin: with config v1.33 the loader ignores the variable when a retryer is given,
+// and NewClient also sets the client's own RetryMaxAttempts, which would otherwise override it.)
+func TestClientKeepsMaxAttemptsOverEnvironment(t *testing.T) {
+	t.Setenv("AWS_MAX_ATTEMPTS", "5")
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected"}`)
+	}))
+	defer srv.Close()
+	api, err := newLocalClient(srv.URL)
+	if err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	s := dynamo.New(api, dynamo.Options{Table: "t"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := make([]bucket.Result, 1)
+	if admitted, err := s.Take(ctx, t0, []bucket.Charge{{Key: newKey(t), Limit: allAlgorithms[0]}}, r); admitted || err == nil {
+		t.Fatalf("Take against a failing server: got admitted=%v err=%v, want an error", admitted, err)
+	}
+	if got := hits.Load(); got != 2 {
+		t.Errorf("requests for one call with AWS_MAX_ATTEMPTS=5: got %d, want 2", got)
 	}
 }

@@ -64,6 +64,7 @@ type waiter struct {
 
 	// Outcome, set by the writer before done is closed.
 	applied, decided bool
+	epoch            epoch
 	result           bucket.Result
 	err              error
 }
@@ -85,10 +86,11 @@ type batch struct {
 }
 
 // itemState is what a batch knows or assumes of its item: a tat or a count, or that the
-// attribute is absent.
+// attribute is absent; and for a sliding window's slot whether it is sealed.
 type itemState struct {
 	v       int64
 	present bool
+	sealed  bool
 }
 
 func compatible(a, b *waiter) bool {
@@ -152,7 +154,7 @@ func (s *Store) applyCoalesced(ctx context.Context, ops []op, n int64) {
 
 // take copies the writer's outcome for w into o.
 func (o *op) take(w *waiter) {
-	o.applied, o.done, o.result, o.err = w.applied, w.decided, w.result, w.err
+	o.applied, o.done, o.result, o.err, o.epoch = w.applied, w.decided, w.result, w.err, w.epoch
 }
 
 // leave takes w out of its queue, or out of its batch's count of waiters, whose write is
@@ -277,7 +279,7 @@ func (s *Store) runBatch(b *batch) {
 	var st itemState // what the item holds, assumed until observed
 	if isGCRA(b.l) {
 		if tat, ok := s.hints.get(b.key, b.n); ok {
-			st = itemState{tat, true}
+			st = itemState{v: tat, present: true}
 		}
 	}
 	observed := false
@@ -305,7 +307,7 @@ func (s *Store) runBatch(b *batch) {
 			break
 		}
 		s.m.requests.WithLabelValues(opUpdate).Inc()
-		out, err := s.updateItem(b.ctx, b.pk, b.write(st, m), types.ReturnValueUpdatedNew)
+		out, err := s.updateItem(b.ctx, b.pk, b.write(st, m), types.ReturnValueAllNew)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
@@ -318,8 +320,9 @@ func (s *Store) runBatch(b *batch) {
 				break
 			}
 			before := after.v - int64(m)*b.unit()
+			ep, _ := epochOf(out.Attributes)
 			for i, w := range pending[:m] {
-				w.applied, w.decided = true, true
+				w.applied, w.decided, w.epoch = true, true, ep
 				w.result = b.admitted(w, before, int64(i))
 			}
 			pending = pending[m:]
@@ -330,6 +333,15 @@ func (s *Store) runBatch(b *batch) {
 				break
 			}
 			observed = true
+			if st.sealed {
+				// No write to this slot will ever be applied again: every charge still
+				// pending is rejected (the ones applied by earlier writes stay applied).
+				for _, w := range pending {
+					w.result, w.decided = b.rejected(w, st), true
+				}
+				pending = nil
+				break
+			}
 			failed++
 		default:
 			s.m.errors.WithLabelValues(opUpdate).Inc()
@@ -358,7 +370,8 @@ func (b *batch) state(item map[string]types.AttributeValue) (itemState, error) {
 		name = attrTat
 	}
 	v, ok, err := number(item, name)
-	return itemState{v, ok}, err
+	_, sealed := item[attrSealed]
+	return itemState{v: v, present: ok, sealed: sealed}, err
 }
 
 // gcraTat is the tat the bucket package's functions take for st (absent = fresh).
@@ -399,9 +412,9 @@ func (b *batch) write(st itemState, m int) update {
 		idle := (!st.present || st.v < b.n) && k <= b.tau/b.t
 		return gcraWrite(b.n, b.t, b.tau, k, !idle)
 	case bucket.FixedWindow:
-		return countWrite(b.avail, k, ttlAt(fixedEnd(b.l, b.n)))
+		return countWrite(b.avail, k, ttlAt(fixedEnd(b.l, b.n)), false)
 	default: // SlidingWindow
-		return countWrite(b.avail, k, ttlAt(leaves(b.l, b.cur)))
+		return countWrite(b.avail, k, ttlAt(leaves(b.l, b.cur)), true)
 	}
 }
 
@@ -419,7 +432,7 @@ func (b *batch) admitted(w *waiter, before, i int64) bucket.Result {
 	}
 }
 
-// rejected is the result of a charge that does not conform to st.
+// rejected is the result of a charge that does not conform to st (or whose slot is sealed).
 func (b *batch) rejected(w *waiter, st itemState) bucket.Result {
 	switch b.l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
@@ -429,6 +442,9 @@ func (b *batch) rejected(w *waiter, st itemState) bucket.Result {
 	default:
 		c := w.counts
 		c[k] = st.v
+		if st.sealed {
+			return sealedResult(b.l, b.cur, &c, b.n)
+		}
 		return slidingResult(b.l, b.cur, &c, b.n)
 	}
 }

@@ -12,6 +12,7 @@ const (
 	opBatchGet = "batch_get"
 	opTransact = "transact"
 	opRefund   = "refund"
+	opSeal     = "seal"
 )
 
 type metrics struct {
@@ -24,7 +25,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_store_requests_total",
-			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund).",
+			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund, seal).",
 		}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_dynamodb_errors_total",
@@ -41,7 +42,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 8),
 		}),
 	}
-	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund} {
+	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund, opSeal} {
 		m.requests.WithLabelValues(op)
 		m.errors.WithLabelValues(op)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,8 +21,8 @@ import (
 )
 
 // memAPI is an in-memory table that evaluates every conditional write form the Store sends
-// (GCRA forms (a) and (b), counter ADDs, refunds) atomically, yielding the processor a random
-// number of times before each call so that writes of concurrent requests interleave.
+// (GCRA forms (a) and (b), counter ADDs, seals, refunds) atomically, yielding the processor a
+// random number of times before each call so that writes of concurrent requests interleave.
 type memAPI struct {
 	fakeAPI
 	mu    sync.Mutex
@@ -55,23 +56,35 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	item := f.items[pk]
 	tat, hasTat := item["tat"]
 	cnt, hasCnt := item["count"]
-	var ok bool
+	// A sliding window's slot takes a write only while it is not sealed.
+	_, sealed := item["sealed"]
+	ok := true
+	if c, found := strings.CutSuffix(cond, " AND attribute_not_exists(#sealed)"); found {
+		cond, ok = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")"), !sealed
+	}
+	holds := true
 	switch cond {
+	case "": // unconditional (a seal)
 	case "attribute_not_exists(#tat) OR #tat < :now":
-		ok = !hasTat || tat < val(":now")
+		holds = !hasTat || tat < val(":now")
 	case "#tat >= :now AND #tat <= :last":
-		ok = hasTat && tat >= val(":now") && tat <= val(":last")
+		holds = hasTat && tat >= val(":now") && tat <= val(":last")
 	case "attribute_not_exists(#count) OR #count <= :last":
-		ok = !hasCnt || cnt <= val(":last")
+		holds = !hasCnt || cnt <= val(":last")
 	case "#count <= :last":
-		ok = hasCnt && cnt <= val(":last")
-	case "attribute_exists(#tat)":
-		ok = hasTat
+		holds = hasCnt && cnt <= val(":last")
+	case "attribute_exists(#tat) AND attribute_not_exists(#since)":
+		_, hasSince := item["since"]
+		holds = hasTat && !hasSince
+	case "attribute_exists(#tat) AND #since = :since":
+		since, hasSince := item["since"]
+		holds = hasTat && hasSince && since == val(":since")
 	case "attribute_exists(#count)":
-		ok = hasCnt
+		holds = hasCnt
 	default:
 		panic("unknown condition " + cond)
 	}
+	ok = ok && holds
 	if !ok {
 		var old map[string]types.AttributeValue
 		if item != nil {
@@ -88,12 +101,16 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	}
 	out := map[string]types.AttributeValue{}
 	switch expr {
-	case "SET #tat = :next, #ttl = :ttl":
+	case "SET #tat = :next, #ttl = :ttl, #since = :now":
 		item["tat"] = val(":next")
-		out["tat"] = memNum(item["tat"])
+		item["since"] = val(":now")
+		out["tat"], out["since"] = memNum(item["tat"]), memNum(item["since"])
 	case "SET #tat = #tat + :t, #ttl = :ttl":
 		item["tat"] += val(":t")
 		out["tat"] = memNum(item["tat"])
+		if v, ok := item["since"]; ok {
+			out["since"] = memNum(v)
+		}
 	case "ADD #count :m SET #ttl = :ttl":
 		item["count"] += val(":m")
 		out["count"] = memNum(item["count"])
@@ -101,6 +118,12 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		item["tat"] -= val(":t")
 	case "ADD #count :minus":
 		item["count"] += val(":minus")
+	case "SET #sealed = :true, #ttl = if_not_exists(#ttl, :ttl)":
+		item["sealed"] = 1
+		out["sealed"] = &types.AttributeValueMemberBOOL{Value: true}
+		if c, ok := item["count"]; ok {
+			out["count"] = memNum(c)
+		}
 	default:
 		panic("unknown update " + expr)
 	}

@@ -7,18 +7,23 @@
 // one item: see Coalescing); no decision reads before it writes, and DynamoDB serialises writes to
 // one item, so counts are exact under any concurrency:
 //
-//   - token and leaky bucket (GCRA, one number tat in Unix ns): SET tat = now+T when the bucket
-//     is full or idle (tat absent or < now), else SET tat = tat+T while tat <= now+tau-T. A failed
-//     condition returns the current tat (ReturnValuesOnConditionCheckFailure ALL_OLD), which says
-//     exactly whether the other form applies or the request is over the limit and until when;
-//   - fixed window: ADD count 1 while count < Count, on the window's own item;
+//   - token and leaky bucket (GCRA, one number tat in Unix ns): SET tat = now+T, since = now
+//     when the bucket is full or idle (tat absent or < now), else SET tat = tat+T while
+//     now <= tat <= now+tau-T. A failed condition returns the current tat
+//     (ReturnValuesOnConditionCheckFailure ALL_OLD), which says exactly whether the other form
+//     applies or the request is over the limit and until when;
+//   - fixed window: ADD count 1 while count <= Count-1, on the window's own item;
 //   - sliding window (K=10 slots per window, the bucket package's exact upper bound): one counter
-//     item per slot; the current slot gets ADD count 1 while count < Count - (sum of the K
-//     closed slots still counted). Closed slots never change again, so they are read once
-//     (BatchGetItem, ConsistentRead) and cached.
+//     item per slot; the current slot gets ADD count 1 while count <= Count - 1 - (sum of the K
+//     closed slots still counted) and the slot is not sealed. A closed slot's count is learnt
+//     once per Store and cached: a slot that closed less than Options.LateWrites ago is sealed
+//     first (UpdateItem SET sealed = true, ALL_NEW), because a write decided in it may still be
+//     on its way and must not land unseen; that write then fails its condition and its request
+//     is rejected (RetryAfter at least the rest of its slot). Older slots are final and read
+//     (BatchGetItem, ConsistentRead). Seals and the read go out concurrently.
 //
-// Results (Remaining, Reset, RetryAfter, Wait) follow from the values the writes return with the
-// bucket package's arithmetic.
+// Writes return ALL_NEW. Results (Remaining, Reset, RetryAfter, Wait) follow from the values the
+// writes return with the bucket package's arithmetic.
 //
 // # Coalescing (Refund mode)
 //
@@ -50,15 +55,21 @@
 // item with queued requests. A failed write fails every request of its batch with its error.
 // Refunds are not coalesced. Transaction mode does not coalesce.
 //
-// # Clock skew
+// # Clock skew and late writes
 //
 // Replicas take now from their own clocks. GCRA and fixed windows stay exact with skewed clocks
 // (skew only shifts when one replica thinks a window rolls or a token refills). The sliding
-// window's closed-slot cache assumes that once this replica has moved to slot s, nobody writes to
-// slot s-1 any more: a replica whose clock lags by d can still add to a slot up to d after others
-// consider it closed, and those late requests are not seen by replicas that cached the slot, so
-// the bound can be exceeded by what the lagging replica admits in that time. Keep clocks in sync
-// (NTP: milliseconds against slots of Window/10). A clock that steps back behaves the same way.
+// window caches closed slots, which is exact only if no write lands in a slot after a replica
+// took its count. Sealing guarantees that for slots taken within Options.LateWrites (H) of their
+// end: a write decided in such a slot that lands after the seal, late on the network or from a
+// replica whose clock lags, is rejected rather than missed (stricter, never looser). A slot
+// taken later is read, which assumes that every write decided in it has landed by then: that
+// holds while a replica's clock error plus its write's latency stays within H. A replica whose
+// clock lags by more than that, or one whose clock steps back by more, can still add to a slot
+// that others have read and cached, and exceed the bound by what it admits in that time. A
+// replica whose clock runs ahead by d seals slots d early, so in-sync replicas reject the
+// requests of the last d of each slot for the keys it touched. Keep clocks in sync (NTP:
+// milliseconds against H of seconds).
 //
 // # Group semantics
 //
@@ -66,16 +77,26 @@
 //
 //   - Refund (default): all charges' conditional writes go out concurrently (one round trip, or
 //     two when an item's write was in flight; see Coalescing);
-//     when the group is rejected, the writes that were applied are undone (GCRA tat -= T; windows
-//     count -= 1). Best effort: a failed refund leaves the limit stricter by one request, never
-//     looser, and is counted in ratelimit_dynamodb_errors_total{op="refund"}. Between the write and
-//     its refund another replica may see the extra request, so a concurrent request may be
-//     rejected that a single-node store would have admitted (again stricter, never looser).
+//     when the group is rejected, the writes that were applied are undone (GCRA tat -= T while
+//     since is still the one the write returned, i.e. the bucket was not reset by a write that
+//     found it idle, which already discarded our charge; windows count -= 1). Best effort, one
+//     attempt each (a refund is not idempotent, so the SDK must not retry it), under a context
+//     of its own (the decision's values, a one-second timeout) so that a decision that ran out
+//     of time still gives its charges back; Take waits for refunds only while its own context
+//     lasts. A failed refund leaves the limit stricter by one request, never looser, and is
+//     counted in ratelimit_dynamodb_errors_total{op="refund"}. Between the write and its refund
+//     another replica may see the extra request, so a concurrent request may be rejected that a
+//     single-node store would have admitted (again stricter, never looser).
 //   - Transaction: the non-shadow charges go in one TransactWriteItems (all or nothing, two write
-//     units per item; never coalesced, since a transaction cannot take other requests' charges). DynamoDB returns no values from a transaction, so Remaining and Reset of an
+//     units per item; never coalesced, since a transaction cannot take other requests'
+//     charges). DynamoDB returns no values from a transaction, so Remaining and Reset of an
 //     admitted group come from a consistent read right after it (one more call; it may include
-//     other replicas' later requests, so it never overstates what is left). Groups of one charge,
-//     or with two charges on one item, use the Refund path.
+//     other replicas' later requests, so it never overstates what is left). A committed charge
+//     stays admitted even when the value read leaves no room for it (others wrote after it); a
+//     leaky bucket's Wait is then the latest its turn can be (tau-T). When the read fails, the
+//     committed charges are refunded, except GCRA charges written as tat+T: the transaction
+//     returns no since to condition their refund on (stricter). Groups of one charge, or with
+//     two charges on one item, use the Refund path.
 //
 // Shadow charges are never part of a transaction: they are written beside it (concurrently) and
 // refunded when the group is rejected, as in Refund mode.
@@ -86,7 +107,10 @@
 // locally until U without calling DynamoDB. That is safe because shared state only moves towards
 // "more used" until U (refunds aside, which only make the cache stricter than the table). When a
 // non-shadow charge is rejected from the cache the group is rejected without any call; the other
-// charges of that group are then not evaluated and report Allowed with only Limit set.
+// charges of that group are then not evaluated and report Allowed with only Limit set. A
+// sliding-window rejection because the slot was sealed is cached like any other: until the
+// slot ends (by this replica's clock) every request of this Store writes to the sealed slot, and
+// after that its RetryAfter comes from counts that are final.
 //
 // # Table
 //
@@ -94,9 +118,12 @@
 // attribute ttl (Unix seconds). Items (K = the charge's bucket.Key in hex, a digest: no raw client
 // value is ever stored):
 //
-//	pk = K#g           tat (N, Unix ns)   ttl    token and leaky bucket state
-//	pk = K#w<start>    count (N)          ttl    fixed window starting at <start> Unix ns
-//	pk = K#s<slot>     count (N)          ttl    sliding-window slot number <slot> (Unix ns / (Window/10))
+//	pk = K#g           tat (N, Unix ns)   since (N)     ttl   token and leaky bucket state
+//	pk = K#w<start>    count (N)                        ttl   fixed window starting at <start> Unix ns
+//	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
+//
+// since is the instant of the last write that found the bucket idle; sealed marks a closed
+// slot whose count is final (its item exists, without count, when the slot had no request).
 //
 // ttl is one hour after the item can last affect a decision (tat's latest value, the window's
 // end, the instant the slot stops being counted), so DynamoDB's lazy TTL deletion never removes
@@ -131,6 +158,11 @@ const (
 	attrTat   = "tat"
 	attrCount = "count"
 	attrTTL   = "ttl"
+	// attrSince is the instant of the GCRA write that last found the bucket idle (form (a)),
+	// which discards the charges before it: a refund applies only within the same since.
+	attrSince = "since"
+	// attrSealed marks a closed sliding-window slot whose count is final (see sealSlots).
+	attrSealed = "sealed"
 )
 
 // ttlMargin is how long an item is kept after it can no longer affect a decision.
@@ -143,6 +175,9 @@ const maxRounds = 4
 
 // defaultCacheSize is the default number of entries of each local cache.
 const defaultCacheSize = 100_000
+
+// defaultLateWrites is the default of Options.LateWrites.
+const defaultLateWrites = 5 * time.Second
 
 // ErrContention is returned (wrapped) when a decision could not be made in maxRounds rounds
 // because other writers kept changing the items it conditions on.
@@ -192,6 +227,12 @@ type Options struct {
 	// Registerer receives the store's metrics (Optional; nil = not exported). Stores sharing a
 	// registry share the collectors.
 	Registerer prometheus.Registerer
+	// LateWrites is how long after its decision a write may still land in the table: the
+	// decision's timeout plus the network's delay (Optional; default 5s). A sliding-window slot
+	// that closed less than LateWrites ago is sealed before its count is used (one extra write);
+	// an older one is read. Too short a value lets a late write go unseen by the replicas that
+	// read the slot, so allow for the longest a DynamoDB call of a decision can take.
+	LateWrites time.Duration
 }
 
 // Store is a bucket.Store backed by a DynamoDB table. It is safe for concurrent use; the zero
@@ -205,6 +246,8 @@ type Store struct {
 	slots *boundedCache[slotKey, int64]     // closed sliding-window slot counts
 	co    coalescer                         // Refund mode: one write in flight per item
 	m     *metrics
+	// lateWrites is Options.LateWrites in ns.
+	lateWrites int64
 }
 
 var _ bucket.Store = (*Store)(nil)
@@ -225,6 +268,10 @@ func New(api API, o Options) *Store {
 	if size <= 0 {
 		size = defaultCacheSize
 	}
+	late := o.LateWrites
+	if late <= 0 {
+		late = defaultLateWrites
+	}
 	s := &Store{
 		api:   api,
 		table: o.Table,
@@ -233,6 +280,8 @@ func New(api API, o Options) *Store {
 		slots: newBoundedCache[slotKey, int64](size),
 		co:    coalescer{items: make(map[string]*itemQueue)},
 		m:     newMetrics(o.Registerer),
+
+		lateWrites: int64(late),
 	}
 	if o.DenyCache {
 		s.deny = newBoundedCache[bucket.Key, denial](size)
@@ -256,9 +305,22 @@ type op struct {
 	done      bool // result is final (from the deny cache or a decided write)
 	cached    bool // result came from the deny cache
 	applied   bool // our write is in the table (and not refunded)
+	epoch     epoch
 	coalesced bool // decided by its item's writer, which keeps the GCRA hint itself
 	result    bucket.Result
 	err       error
+}
+
+// epoch is the since attribute an applied GCRA write left: known says whether it is known,
+// present whether the item had one.
+type epoch struct {
+	v              int64
+	present, known bool
+}
+
+func epochOf(item map[string]types.AttributeValue) (epoch, error) {
+	v, ok, err := number(item, attrSince)
+	return epoch{v: v, present: ok, known: err == nil}, err
 }
 
 // Take implements bucket.Store.
@@ -374,13 +436,19 @@ func (s *Store) prepare(o *op, n int64) {
 }
 
 // loadClosedSlots fills the closed-slot counts of every sliding-window charge, from the cache or
-// from one consistent BatchGetItem for all that are missing.
+// from DynamoDB for all that are missing: a slot that closed less than lateWrites ago may still
+// receive writes decided in it, so it is sealed (see sealSlots) and its count is the one the seal
+// returns; an older one is final and read with one consistent BatchGetItem. The seals and the
+// read go out concurrently, and every count learnt is cached until the slot stops counting.
 func (s *Store) loadClosedSlots(ctx context.Context, ops []op, n int64) error {
 	type miss struct {
-		o *op
-		i int
+		o    *op
+		i    int
+		slot int64
+		pk   string
 	}
 	var misses []miss
+	var seals []seal
 	var pks []string
 	seen := map[string]bool{}
 	for j := range ops {
@@ -388,6 +456,7 @@ func (s *Store) loadClosedSlots(ctx context.Context, ops []op, n int64) error {
 		if o.done || o.err != nil || o.c.Limit.Algorithm != bucket.SlidingWindow {
 			continue
 		}
+		w := bucket.SlidingWidth(o.c.Limit)
 		for i := 0; i < k; i++ {
 			slot := o.cur - k + int64(i)
 			if v, ok := s.slots.get(slotKey{o.c.Key, slot}, n); ok {
@@ -395,31 +464,96 @@ func (s *Store) loadClosedSlots(ctx context.Context, ops []op, n int64) error {
 				continue
 			}
 			pk := o.c.Key.String() + "#s" + strconv.FormatInt(slot, 10)
-			misses = append(misses, miss{o, i})
-			if !seen[pk] {
-				seen[pk] = true
+			misses = append(misses, miss{o, i, slot, pk})
+			if seen[pk] {
+				continue
+			}
+			seen[pk] = true
+			if (slot+1)*w > n-s.lateWrites { // closed less than lateWrites ago
+				seals = append(seals, seal{pk: pk, ttl: ttlAt(leaves(o.c.Limit, slot))})
+			} else {
 				pks = append(pks, pk)
 			}
 		}
 	}
-	if len(pks) == 0 {
+	if len(misses) == 0 {
 		return nil
 	}
-	items, err := s.readItems(ctx, pks)
-	if err != nil {
-		return err
+	var items map[string]map[string]types.AttributeValue
+	var readErr error
+	var wg sync.WaitGroup
+	if len(pks) > 0 {
+		wg.Go(func() { items, readErr = s.readItems(ctx, pks) })
+	}
+	s.sealSlots(ctx, seals)
+	wg.Wait()
+	if readErr != nil {
+		return readErr
+	}
+	for i := range seals {
+		if seals[i].err != nil {
+			return seals[i].err
+		}
+	}
+	if len(seals) > 0 {
+		if items == nil {
+			items = make(map[string]map[string]types.AttributeValue, len(seals))
+		}
+		for _, sl := range seals {
+			items[sl.pk] = sl.item
+		}
 	}
 	for _, m := range misses {
-		slot := m.o.cur - k + int64(m.i)
-		pk := m.o.c.Key.String() + "#s" + strconv.FormatInt(slot, 10)
-		v, _, err := number(items[pk], attrCount)
+		v, _, err := number(items[m.pk], attrCount)
 		if err != nil {
-			return fmt.Errorf("dynamo: read %s: %w", pk, err)
+			return fmt.Errorf("dynamo: read %s: %w", m.pk, err)
 		}
 		m.o.counts[m.i] = v
-		s.slots.put(slotKey{m.o.c.Key, slot}, v, leaves(m.o.c.Limit, slot), n)
+		s.slots.put(slotKey{m.o.c.Key, m.slot}, v, leaves(m.o.c.Limit, m.slot), n)
 	}
 	return nil
+}
+
+// seal is one closed slot to seal, and what its UpdateItem returned.
+type seal struct {
+	pk   string
+	ttl  types.AttributeValue
+	item map[string]types.AttributeValue
+	err  error
+}
+
+// sealSlots seals the slots concurrently: SET sealed = true (creating the item when the slot is
+// empty) returning ALL_NEW. Every write to a slot is conditioned on attribute_not_exists(sealed),
+// so after the seal the slot's count is final: a write decided in the slot that lands later is
+// rejected instead of being missed by the replicas that cached the count. A seal is idempotent,
+// so the SDK may retry it.
+func (s *Store) sealSlots(ctx context.Context, seals []seal) {
+	if len(seals) == 0 {
+		return
+	}
+	one := func(sl *seal) {
+		s.m.requests.WithLabelValues(opSeal).Inc()
+		out, err := s.updateItem(ctx, sl.pk, update{
+			expr:   "SET #sealed = :true, #ttl = if_not_exists(#ttl, :ttl)",
+			names:  map[string]string{"#sealed": attrSealed, "#ttl": attrTTL},
+			values: map[string]types.AttributeValue{":true": &types.AttributeValueMemberBOOL{Value: true}, ":ttl": sl.ttl},
+		}, types.ReturnValueAllNew)
+		if err != nil {
+			s.m.errors.WithLabelValues(opSeal).Inc()
+			sl.err = fmt.Errorf("dynamo: seal %s: %w", sl.pk, err)
+			return
+		}
+		sl.item = out.Attributes
+	}
+	if len(seals) == 1 {
+		one(&seals[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range seals {
+		wg.Go(func() { one(&seals[i]) })
+	}
+	wg.Wait()
 }
 
 // maxBatchGet is BatchGetItem's limit of keys per call.
@@ -497,9 +631,9 @@ func (o *op) write(n int64) update {
 	case bucket.TokenBucket, bucket.LeakyBucket:
 		return gcraWrite(n, o.t, o.tau, 1, o.formB)
 	case bucket.FixedWindow:
-		return countWrite(l.Count, 1, ttlAt(fixedEnd(l, n)))
+		return countWrite(l.Count, 1, ttlAt(fixedEnd(l, n)), false)
 	default: // SlidingWindow
-		return countWrite(l.Count-o.counts.closed(), 1, ttlAt(leaves(l, o.cur)))
+		return countWrite(l.Count-o.counts.closed(), 1, ttlAt(leaves(l, o.cur)), true)
 	}
 }
 
@@ -511,9 +645,9 @@ func gcraWrite(n, t, tau, m int64, formB bool) update {
 	ttl := ttlAt(n + tau) // tat never passes now + tau
 	if !formB {
 		return update{
-			expr:   "SET #tat = :next, #ttl = :ttl",
+			expr:   "SET #tat = :next, #ttl = :ttl, #since = :now",
 			cond:   "attribute_not_exists(#tat) OR #tat < :now",
-			names:  names,
+			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL, "#since": attrSince},
 			values: map[string]types.AttributeValue{":next": num(n + m*t), ":now": num(n), ":ttl": ttl},
 		}
 	}
@@ -526,8 +660,9 @@ func gcraWrite(n, t, tau, m int64, formB bool) update {
 }
 
 // countWrite adds m to a counter while it stays at most limit. With limit < m the condition
-// always fails, so the write still reports the current count without changing it.
-func countWrite(limit, m int64, ttl types.AttributeValue) update {
+// always fails, so the write still reports the current count without changing it. A sliding
+// window's slot (sealable) takes the write only while it is not sealed.
+func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update {
 	u := update{
 		expr:   "ADD #count :m SET #ttl = :ttl",
 		cond:   "attribute_not_exists(#count) OR #count <= :last",
@@ -537,49 +672,69 @@ func countWrite(limit, m int64, ttl types.AttributeValue) update {
 	if limit < m {
 		u.cond = "#count <= :last"
 	}
+	if sealable {
+		u.cond = "(" + u.cond + ") AND attribute_not_exists(#sealed)"
+		u.names["#sealed"] = attrSealed
+	}
 	return u
 }
 
-// refundWrite undoes an applied write of o.
-func (o *op) refundWrite() update {
+// refundWrite undoes an applied write of o; false when it cannot be undone safely (a GCRA write
+// whose epoch is unknown), which leaves the limit stricter.
+func (o *op) refundWrite() (update, bool) {
 	if isGCRA(o.c.Limit) {
-		return update{
+		// A form (a) write since ours discarded our charge with the old tat: then the refund
+		// must not take T off the charges after it.
+		u := update{
 			expr:   "SET #tat = #tat - :t",
-			cond:   "attribute_exists(#tat)",
-			names:  map[string]string{"#tat": attrTat},
+			cond:   "attribute_exists(#tat) AND attribute_not_exists(#since)",
+			names:  map[string]string{"#tat": attrTat, "#since": attrSince},
 			values: map[string]types.AttributeValue{":t": num(o.t)},
 		}
+		if o.epoch.present {
+			u.cond = "attribute_exists(#tat) AND #since = :since"
+			u.values[":since"] = num(o.epoch.v)
+		}
+		return u, o.epoch.known
 	}
 	return update{
 		expr:   "ADD #count :minus",
 		cond:   "attribute_exists(#count)",
 		names:  map[string]string{"#count": attrCount},
 		values: map[string]types.AttributeValue{":minus": num(-1)},
-	}
+	}, true
 }
 
-func (s *Store) updateItem(ctx context.Context, pk string, u update, rv types.ReturnValue) (*dynamodb.UpdateItemOutput, error) {
-	return s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                           aws.String(s.table),
-		Key:                                 map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: pk}},
-		UpdateExpression:                    aws.String(u.expr),
-		ConditionExpression:                 aws.String(u.cond),
-		ExpressionAttributeNames:            u.names,
-		ExpressionAttributeValues:           u.values,
-		ReturnValues:                        rv,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	})
+// noRetry makes one call a single attempt.
+func noRetry(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }
+
+// updateItem sends u to item pk; u.cond may be empty (an unconditional write).
+func (s *Store) updateItem(ctx context.Context, pk string, u update, rv types.ReturnValue, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	in := &dynamodb.UpdateItemInput{
+		TableName:                 aws.String(s.table),
+		Key:                       map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: pk}},
+		UpdateExpression:          aws.String(u.expr),
+		ExpressionAttributeNames:  u.names,
+		ExpressionAttributeValues: u.values,
+		ReturnValues:              rv,
+	}
+	if u.cond != "" {
+		in.ConditionExpression = aws.String(u.cond)
+		in.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+	}
+	return s.api.UpdateItem(ctx, in, optFns...)
 }
 
 // apply makes o's conditional write until it is applied or the charge is known not to conform.
 func (s *Store) apply(ctx context.Context, o *op, n int64) {
 	for round := 0; round < maxRounds; round++ {
 		s.m.requests.WithLabelValues(opUpdate).Inc()
-		out, err := s.updateItem(ctx, o.pk, o.write(n), types.ReturnValueUpdatedNew)
+		out, err := s.updateItem(ctx, o.pk, o.write(n), types.ReturnValueAllNew)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
 			o.applied = true
+			o.epoch, _ = epochOf(out.Attributes)
 			if err := o.admit(out.Attributes, n); err != nil {
 				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
 			}
@@ -664,7 +819,11 @@ func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (agai
 		}
 		o.counts[k] = c
 		o.done = true
-		o.result = slidingResult(l, o.cur, &o.counts, n)
+		if _, sealed := old[attrSealed]; sealed {
+			o.result = sealedResult(l, o.cur, &o.counts, n)
+		} else {
+			o.result = slidingResult(l, o.cur, &o.counts, n)
+		}
 	}
 	return false, nil
 }
@@ -722,15 +881,22 @@ func (s *Store) settle(ctx context.Context, ops []op) (bool, error) {
 	return admitted && firstErr == nil, firstErr
 }
 
-// refund undoes the applied writes, best effort.
+// refund undoes the applied writes, best effort, each with one attempt (no SDK retry: a refund
+// is not idempotent, and a 500 or a reset connection may follow an applied write; a refund lost
+// instead only leaves the limit stricter). The refunds run under the decision's context, so a
+// decision never outlives its deadline and leaves nothing running behind it; a decision that
+// ran out of time therefore leaves its applied charges spent, which is stricter, never looser.
 func (s *Store) refund(ctx context.Context, ops []op) {
 	each(ops, func(o *op) bool { return o.applied }, func(o *op) {
-		s.m.requests.WithLabelValues(opRefund).Inc()
-		if _, err := s.updateItem(ctx, o.pk, o.refundWrite(), types.ReturnValueNone); err != nil {
-			s.m.errors.WithLabelValues(opRefund).Inc()
+		o.applied = false // tried once, never twice
+		u, ok := o.refundWrite()
+		if !ok {
 			return
 		}
-		o.applied = false
+		s.m.requests.WithLabelValues(opRefund).Inc()
+		if _, err := s.updateItem(ctx, o.pk, u, types.ReturnValueNone, noRetry); err != nil {
+			s.m.errors.WithLabelValues(opRefund).Inc()
+		}
 	})
 }
 
@@ -800,6 +966,9 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 		if err == nil {
 			for _, o := range group {
 				o.applied = true
+				if isGCRA(o.c.Limit) && !o.formB {
+					o.epoch = epoch{v: n, present: true, known: true}
+				}
 			}
 			return s.readBack(ctx, group, n)
 		}
@@ -867,6 +1036,32 @@ func (s *Store) readBack(ctx context.Context, group []*op, n int64) error {
 		if err := o.admit(item, n); err != nil {
 			return fmt.Errorf("dynamo: read %s: %w", o.pk, err)
 		}
+		if !o.result.Allowed {
+			r, err := o.committed(item, n)
+			if err != nil {
+				return fmt.Errorf("dynamo: read %s: %w", o.pk, err)
+			}
+			o.result = r
+		}
 	}
 	return nil
+}
+
+// committed is the result of a charge that a transaction committed but whose value read back
+// (item) includes other replicas' later writes, so that the arithmetic on it says "rejected":
+// the charge stays admitted, with nothing left. For GCRA form (b) the condition held tat <=
+// n+tau-T before the write, which bounds the leaky bucket's Wait (our turn came no later), and
+// the bucket is full again when the tat read has passed.
+func (o *op) committed(item map[string]types.AttributeValue, n int64) (bucket.Result, error) {
+	l := o.c.Limit
+	if !isGCRA(l) {
+		return bucket.Result{Allowed: true, Limit: limitValue(l), Reset: o.result.Reset}, nil
+	}
+	tat, _, err := number(item, attrTat)
+	if err != nil {
+		return bucket.Result{}, err
+	}
+	r := gcraResult(l, min(tat-o.t, n+o.tau-o.t), n)
+	r.Reset = max(r.Reset, time.Duration(tat-n))
+	return r, nil
 }

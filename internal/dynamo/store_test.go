@@ -152,7 +152,7 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 		}
 	}
 	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+)$`)
-	allowed := map[string]bool{"pk": true, "tat": true, "count": true, "ttl": true}
+	allowed := map[string]bool{"pk": true, "tat": true, "count": true, "ttl": true, "since": true, "sealed": true}
 	ours := map[string]bool{}
 	for _, c := range charges {
 		ours[c.Key.String()] = false
@@ -358,4 +358,35 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, op string) float6
 	}
 	t.Fatalf("metric %s{op=%q} not found", name, op)
 	return 0
+}
+
+// TestDenyCacheFollowsReloadedLimit: a denial is cached per key AND limit: after
+// a reload raises the limit of the same key, the cached denial of the old limit no longer
+// answers, and the store admits what the new limit allows.
+func TestDenyCacheFollowsReloadedLimit(t *testing.T) {
+	api, table := localTable(t)
+	for _, tc := range []struct {
+		name        string
+		old, raised bucket.Limit
+	}{
+		{"fixed", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour},
+			bucket.Limit{Algorithm: bucket.FixedWindow, Count: 2, Window: time.Hour}},
+		{"token", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1},
+			bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := dynamo.New(api, dynamo.Options{Table: table, DenyCache: true})
+			key := newKey(t)
+			if ok, _ := mustTake(t, s, t0, bucket.Charge{Key: key, Limit: tc.old}); !ok {
+				t.Fatalf("first request: got rejected, want admitted")
+			}
+			if ok, _ := mustTake(t, s, t0, bucket.Charge{Key: key, Limit: tc.old}); ok {
+				t.Fatalf("second request under the old limit: got admitted, want rejected")
+			}
+			ok, r := mustTake(t, s, t0, bucket.Charge{Key: key, Limit: tc.raised})
+			if !ok {
+				t.Errorf("request under the raised limit: got rejected (%+v), want admitted", r[0])
+			}
+		})
+	}
 }

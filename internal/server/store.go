@@ -67,7 +67,11 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		if d.Mode == "transaction" {
 			mode = dynamo.Transaction
 		}
-		primary = dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg})
+		primary = dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg,
+			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
+			// batch whose deadline is another waiter's: a write can land up to about twice the
+			// timeout after its decision.
+			LateWrites: max(5*time.Second, 2*cfg.Store.Timeout)})
 		// Contention on one hot key is the store working as designed, not an outage.
 		healthy = func(err error) bool { return errors.Is(err, dynamo.ErrContention) }
 	default:

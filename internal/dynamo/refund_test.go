@@ -1,0 +1,175 @@
+package dynamo_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+)
+
+// TestRefundAfterIdleResetKeepsLaterCharge: a GCRA refund is "SET tat = tat - T". When the
+// bucket went idle between the write and its refund (the refund came more than T later) and
+// another request then wrote form (a) (tat = now + T, which discards the old tat and our charge
+// with it), an unconditional refund would take T off that other request's charge, and the
+// bucket would admit one request more than its burst. The refund applies only while the bucket
+// has not been reset since the write (its since attribute). With T = 1 ms a refund one round
+// trip late is enough; one store is enough (refunds are not coalesced).
+func TestRefundAfterIdleResetKeepsLaterCharge(t *testing.T) {
+	api, table := localTable(t)
+	bucketLimit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1000, Burst: 1} // T = 1ms
+	windowLimit := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}
+	gcra := bucket.Charge{Key: newKey(t), Limit: bucketLimit}
+	window := bucket.Charge{Key: newKey(t), Limit: windowLimit}
+
+	gate := newHoldAPI(api)
+	gate.holdUpdate = updateOf(gcra.Key, "#tat - :t") // the refund of gcra
+	s := dynamo.New(gate, dynamo.Options{Table: table})
+
+	// Use up the window, so that the next group is rejected by it and gcra is refunded.
+	if ok, _ := mustTake(t, s, t0, window); !ok {
+		t.Fatalf("first window request: got rejected, want admitted")
+	}
+	rejected := asyncTake(context.Background(), s, t0, gcra, window) // writes tat = t0+1ms, then refunds it (held)
+	gate.waitHeld(t)
+
+	// 5 ms later the bucket is idle; a request resets it: tat = t0+6ms.
+	later := t0.Add(5 * time.Millisecond)
+	if ok, _ := mustTake(t, s, later, gcra); !ok {
+		t.Fatalf("request at +5ms on an idle bucket: got rejected, want admitted")
+	}
+	close(gate.release) // the late refund arrives and must not apply
+	if o := outcome(t, rejected); o.err != nil || o.ok {
+		t.Fatalf("group at t0: got admitted=%v err=%v, want rejected by the window", o.ok, o.err)
+	}
+
+	// Burst 1: at +5ms the one request allowed at that instant has been admitted.
+	if ok, r := mustTake(t, s, later, gcra); ok {
+		t.Errorf("second request at +5ms with burst 1: got admitted (remaining %d), want rejected: the late refund undid another request's charge", r[0].Remaining)
+	}
+}
+
+// lostResponseDoer sends every request to DynamoDB Local, but for the first one whose body
+// contains match it throws the real answer away and returns a 500 InternalServerError instead:
+// the write was applied, the client does not know it. DynamoDB documents that a 500 may come
+// from a request that succeeded; a connection reset after the request was sent is the same.
+type lostResponseDoer struct {
+	inner   *awshttp.BuildableClient
+	match   string
+	matched atomic.Int64 // requests whose body contained match
+}
+
+func (d *lostResponseDoer) Do(req *http.Request) (*http.Response, error) {
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	resp, err := d.inner.Do(req)
+	if err != nil || !strings.Contains(string(body), d.match) || d.matched.Add(1) != 1 {
+		return resp, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	msg := `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the response was lost"}`
+	return &http.Response{
+		Status:        "500 Internal Server Error",
+		StatusCode:    http.StatusInternalServerError,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        http.Header{"Content-Type": {"application/x-amz-json-1.0"}},
+		Body:          io.NopCloser(strings.NewReader(msg)),
+		ContentLength: int64(len(msg)),
+		Request:       req,
+	}, nil
+}
+
+// TestRefundSentOnce: a refund whose response was lost (a 500 after the write was applied) is
+// not retried. Refunds are not idempotent (SET tat = tat - T, ADD count -1): a retry would refund
+// the charge a second time, and the bucket would admit one request more than its burst.
+func TestRefundSentOnce(t *testing.T) {
+	_, table := localTable(t)
+	doer := &lostResponseDoer{inner: awshttp.NewBuildableClient(), match: "#tat - :t"}
+	client, err := dynamo.NewClient(context.Background(), dynamo.ClientOptions{
+		Region:   "ap-northeast-1",
+		Endpoint: local.endpoint,
+		ConfigOptions: []func(*config.LoadOptions) error{
+			config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDLOCAL", "secret", "")),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same client (retryer included), with the doer as its HTTP client.
+	client = dynamodb.New(client.Options(), func(o *dynamodb.Options) { o.HTTPClient = doer })
+	s := dynamo.New(client, dynamo.Options{Table: table})
+	gcra := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}}
+	window := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}}
+
+	if ok, _ := mustTake(t, s, t0, window); !ok {
+		t.Fatalf("first window request: got rejected, want admitted")
+	}
+	admitted := 0
+	if ok, _ := mustTake(t, s, t0, gcra); ok {
+		admitted++
+	}
+	if ok, _ := mustTake(t, s, t0, gcra, window); ok {
+		t.Fatalf("group with the used-up window: got admitted, want rejected")
+	}
+	if got := doer.matched.Load(); got != 1 {
+		t.Errorf("refund requests sent: got %d, want 1 (no retry of a refund)", got)
+	}
+	for range 2 {
+		if ok, _ := mustTake(t, s, t0, gcra); ok {
+			admitted++
+		}
+	}
+	if admitted > int(gcra.Limit.Burst) {
+		t.Errorf("admitted at t0 with burst %d: got %d, want at most %d", gcra.Limit.Burst, admitted, gcra.Limit.Burst)
+	}
+}
+
+// watchAPI passes every call on, and reports each UpdateItem on an item of key (its update
+// expression and error) on calls once the call has returned.
+type watchAPI struct {
+	dynamo.API
+	key   bucket.Key
+	calls chan watchedCall
+}
+
+type watchedCall struct {
+	expr string
+	err  error
+}
+
+func (w *watchAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	out, err := w.API.UpdateItem(ctx, in, o...)
+	if strings.HasPrefix(pkOf(in.Key), w.key.String()) {
+		w.calls <- watchedCall{expr: *in.UpdateExpression, err: err}
+	}
+	return out, err
+}
+
+// next returns the next watched call, or fails the test after a generous bound.
+func (w *watchAPI) next(t *testing.T) watchedCall {
+	t.Helper()
+	select {
+	case c := <-w.calls:
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no UpdateItem on the watched key within 10s")
+		return watchedCall{}
+	}
+}
