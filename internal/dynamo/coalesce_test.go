@@ -326,7 +326,7 @@ func queueBehind(t *testing.T, s *dynamo.Store, api *scriptedAPI, charge bucket.
 // TestQueuedWaiterLeaves: a request whose context ends while its charge waits behind a write in
 // flight returns at once with the context's error, and its charge is never written.
 func TestQueuedWaiterLeaves(t *testing.T) {
-	before := goleak.IgnoreCurrent()
+	before := ignoreNow()
 	api := newScriptedAPI()
 	s := dynamo.New(api, dynamo.Options{Table: "t"})
 	charge := bucket.Charge{Key: newKey(t), Limit: scriptedLimit}
@@ -345,7 +345,7 @@ func TestQueuedWaiterLeaves(t *testing.T) {
 	}
 	// The writer finds nobody left in the queue and ends (goleak waits for that) without
 	// another write.
-	goleak.VerifyNone(t, before)
+	goleak.VerifyNone(t, append(before, ignorePools...)...)
 	if got := api.n.Load(); got != 1 {
 		t.Errorf("UpdateItem calls: got %d, want 1 (the charge that left must not be written)", got)
 	}
@@ -354,7 +354,7 @@ func TestQueuedWaiterLeaves(t *testing.T) {
 // TestBatchOutlivesItsFirstWaiter: a batch's write goes on when some of its waiters leave (each
 // of those returns at once) and serves the others; it is cancelled only when all have left.
 func TestBatchOutlivesItsFirstWaiter(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer goleak.VerifyNone(t, append(ignoreNow(), ignorePools...)...)
 	api := newScriptedAPI()
 	s := dynamo.New(api, dynamo.Options{Table: "t"})
 	charge := bucket.Charge{Key: newKey(t), Limit: scriptedLimit}
@@ -404,7 +404,7 @@ func TestBatchOutlivesItsFirstWaiter(t *testing.T) {
 
 // TestBatchWriteFailureFailsAll: when a batch's write fails, every request in it gets the error.
 func TestBatchWriteFailureFailsAll(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer goleak.VerifyNone(t, append(ignoreNow(), ignorePools...)...)
 	api := newScriptedAPI()
 	s := dynamo.New(api, dynamo.Options{Table: "t"})
 	charge := bucket.Charge{Key: newKey(t), Limit: scriptedLimit}
@@ -428,7 +428,7 @@ func TestBatchWriteFailureFailsAll(t *testing.T) {
 
 // TestBatchCap: charges queued behind a write go out in batches of at most 128, in order.
 func TestBatchCap(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer goleak.VerifyNone(t, append(ignoreNow(), ignorePools...)...)
 	api := newScriptedAPI()
 	s := dynamo.New(api, dynamo.Options{Table: "t"})
 	charge := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1000}}
@@ -459,7 +459,7 @@ func TestBatchCap(t *testing.T) {
 // failed condition tells the batch the item's value, so it asks for fewer and finally gets what
 // is left: exact, and no ErrContention while others are making progress.
 func TestBatchOutlastsRivalWrites(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer goleak.VerifyNone(t, append(ignoreNow(), ignorePools...)...)
 	api := newScriptedAPI()
 	s := dynamo.New(api, dynamo.Options{Table: "t"})
 	const burst = 100

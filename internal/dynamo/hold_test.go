@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"go.uber.org/goleak"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
@@ -111,4 +112,17 @@ func pkOf(key map[string]types.AttributeValue) string {
 		return s.Value
 	}
 	return ""
+}
+
+// ignoreNow is goleak's snapshot of the goroutines running now, as a slice to extend.
+func ignoreNow() []goleak.Option { return []goleak.Option{goleak.IgnoreCurrent()} }
+
+// ignorePools leaves out HTTP keep-alive connections: other tests' clients against DynamoDB
+// Local start dials that, on a loaded machine (the whole suite runs packages in parallel), can
+// complete seconds later, while a leak check of a later test is running. Such a connection is
+// the client's pool, not a writer that outlived its queue, which is what these checks are for.
+var ignorePools = []goleak.Option{
+	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+	goleak.IgnoreAnyFunction("net/http.(*Transport).dialConnFor"),
 }

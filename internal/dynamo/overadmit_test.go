@@ -145,7 +145,7 @@ func memNum(v int64) types.AttributeValue {
 // the admitted groups must not exceed the hot limit, every Take must return, and no writer
 // goroutine may outlive its queue.
 func TestCoalescedNeverOverAdmits(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer goleak.VerifyNone(t, append(ignoreNow(), ignorePools...)...)
 	for _, tc := range exactLimits {
 		for _, cancelSome := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/cancel=%v", tc.name, cancelSome), func(t *testing.T) {
