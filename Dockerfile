@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# Static build in a Go image, run as non-root on distroless.
-FROM golang:1.26 AS build
+# Static build in a Go image (the go.mod toolchain version, so nothing is downloaded), run as
+# non-root on distroless.
+FROM golang:1.26.8 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

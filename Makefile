@@ -31,9 +31,10 @@ unit:
 	$(GO) test -race -count=1 ./...
 
 ## test-faults: the fault, hostile-input and security end-to-end tests alone (the real binary,
-## real sockets, a fault-injecting TCP proxy in front of the upstream). Also part of `make test`.
+## real sockets, a fault-injecting TCP proxy in front of the upstream or DynamoDB Local, which it
+## starts). Also part of `make test`.
 test-faults:
-	$(GO) test -race -count=1 -v -run 'TestFault|TestHostile|TestSecurity|TestBadConfigsServe' ./cmd/ratelimit-proxy/ ./internal/faultnet/
+	./scripts/test-faults.sh
 
 ## soak: minutes of load against a flapping upstream and a config reloaded every 3 s; checks that
 ## goroutines and memory stay flat and the count stays exact. SOAK=10m make soak for longer.

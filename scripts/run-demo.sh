@@ -6,7 +6,17 @@ cd "$(dirname "$0")/.."
 
 ./bin/demo-upstream -listen 127.0.0.1:3000 &
 upstream=$!
-trap 'kill "$upstream" 2>/dev/null || true; wait "$upstream" 2>/dev/null || true' EXIT
+gateway=
+# Both stop however this script ends: Ctrl-C (the terminal signals the whole group), a SIGTERM
+# sent to make or to this script alone (make forwards it to this shell only), or the gateway
+# failing to start.
+cleanup() {
+  kill ${gateway:+"$gateway"} "$upstream" 2>/dev/null || true
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 143' TERM HUP
+trap 'wait 2>/dev/null; exit 130' INT
 
 cat <<'MSG'
 ratelimit-proxy on http://127.0.0.1:8080 (admin: http://127.0.0.1:9090/metrics), demo upstream on :3000.
@@ -16,4 +26,6 @@ Try, in another terminal:
   curl -s http://127.0.0.1:9090/metrics | grep ^ratelimit_
 Ctrl-C stops both.
 MSG
-./bin/ratelimit-proxy serve --config configs/example.yaml
+./bin/ratelimit-proxy serve --config configs/example.yaml &
+gateway=$!
+wait "$gateway"

@@ -758,3 +758,42 @@ func TestLeakyBucketShapesUpstreamRate(t *testing.T) {
 		}
 	}
 }
+
+// TestSecondSignalDuringDrainExits: the first SIGTERM starts the drain; a second signal (Ctrl-C
+// twice, a supervisor re-sending SIGTERM) ends the process at once instead of after the whole
+// server.drain_timeout.
+func TestSecondSignalDuringDrainExits(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	g := startGateway(t, up.URL, ipPolicy, "RATELIMIT_SERVER_DRAIN_TIMEOUT=8s")
+
+	go func() {
+		resp, err := http.Get(g.proxy + "/slow")
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	g.waitListenerClosed(t) // the drain has begun
+	second := time.Now()
+	if err := g.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-g.exited:
+		t.Logf("exited %v after the second signal: %v", time.Since(second).Round(time.Millisecond), g.exitErr)
+	case <-time.After(3 * time.Second):
+		t.Fatalf("still running 3s after a second signal during the drain, want it to stop at once (drain_timeout 8s)")
+	}
+}

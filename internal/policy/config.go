@@ -124,6 +124,10 @@ type ServerConfig struct {
 	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
 	// DrainTimeout is the upper bound on finishing in-flight requests at shutdown. (Optional) default 30s.
 	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
+	// ShutdownDelay is how long the gateway keeps serving after SIGTERM while /readyz already
+	// answers 503, so that load balancers and Kubernetes endpoints stop sending it new
+	// connections before its listener closes. (Optional) default 0s: close at once.
+	ShutdownDelay time.Duration `mapstructure:"shutdown_delay"`
 	// MaxHeaderBytes bounds request headers. (Optional) default 65536.
 	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
 }

@@ -52,6 +52,7 @@ var defaults = []struct {
 	{"server.read_timeout", 60 * time.Second},
 	{"server.idle_timeout", 120 * time.Second},
 	{"server.drain_timeout", 30 * time.Second},
+	{"server.shutdown_delay", time.Duration(0)},
 	{"server.max_header_bytes", 65536},
 	{"log.level", "info"},
 }

@@ -184,6 +184,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 	positiveDuration(&es, "server.read_timeout", c.Server.ReadTimeout)
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
 	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
+	if d := c.Server.ShutdownDelay; d < 0 || d > 10*time.Minute {
+		es.add("server.shutdown_delay", shortDuration(d), "must be between 0s and 10m")
+	}
 	positiveInt(&es, "server.max_header_bytes", int64(c.Server.MaxHeaderBytes))
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

@@ -166,6 +166,9 @@ func TestValidate(t *testing.T) {
 		{"server timeouts", minimal + "server: {read_header_timeout: 0s, idle_timeout: -1s, drain_timeout: 0s, max_header_bytes: -1}\n", nil, []string{
 			`server.read_header_timeout: "0s": must be positive`, `server.idle_timeout: "-1s": must be positive`,
 			`server.drain_timeout: "0s": must be positive`, `server.max_header_bytes: "-1": must be positive`}},
+		{"shutdown delay negative", minimal + "server: {shutdown_delay: -1s}\n", nil, []string{`server.shutdown_delay: "-1s": must be between 0s and 10m`}},
+		{"shutdown delay too long", minimal + "server: {shutdown_delay: 11m}\n", nil, []string{`server.shutdown_delay: "11m": must be between 0s and 10m`}},
+		{"shutdown delay", minimal + "server: {shutdown_delay: 5s}\n", nil, nil},
 		{"log level", minimal + "log: {level: trace}\n", nil, []string{`log.level: "trace": must be debug, info, warn or error`}},
 		{"no policies", "upstream: http://h\n", nil, []string{"policies: at least one policy is required"}},
 		{"name required", "upstream: http://h\npolicies:\n  - {key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil, []string{"policies[0].name: required"}},

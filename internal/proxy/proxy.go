@@ -10,6 +10,10 @@ package proxy
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -136,6 +140,7 @@ type Handler struct {
 	rp           *httputil.ReverseProxy
 	states       sync.Pool // *reqState
 	byPolicy     sync.Map  // policy name -> *policyState
+	logSecret    [32]byte  // keys the pseudonyms of bucket keys in log lines (see logKey)
 }
 
 // policyState is what the handler keeps per policy name: its counters, resolved once instead of
@@ -247,6 +252,7 @@ func New(o Options) (*Handler, error) {
 	}
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
+	rand.Read(h.logSecret[:]) // never fails (crypto/rand, Go 1.24+)
 	return h, nil
 }
 
@@ -443,7 +449,7 @@ func (h *Handler) reject(w http.ResponseWriter, st *reqState, pols Policies) {
 	}
 	name := ps[pick].Name
 	if ce := h.log.Check(zap.InfoLevel, "rate limited"); ce != nil {
-		ce.Write(zap.String("policy", name), zap.String("key", charges[pick].Key.String()),
+		ce.Write(zap.String("policy", name), h.logKey(charges[pick].Key),
 			zap.Int64("retry_after_seconds", retry))
 	}
 	res.Remaining = 0
@@ -481,7 +487,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 			// Only a shadow charge can fail in an admitted group.
 			c.shadowLimited.Inc()
 			if ce := h.log.Check(zap.InfoLevel, "shadow limit exceeded"); ce != nil {
-				ce.Write(zap.String("policy", ps[i].Name), zap.String("key", charges[i].Key.String()))
+				ce.Write(zap.String("policy", ps[i].Name), h.logKey(charges[i].Key))
 			}
 			continue
 		}
@@ -545,4 +551,17 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies)
 		writeProblem(w, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
 			Detail: "The request body was not received in full."})
 	}
+}
+
+// logKey is the "key" field of a log line: an HMAC of the bucket key under a secret drawn when
+// the handler is built, cut to 16 bytes. Lines of one process about the same client share it,
+// so a hammering client can be followed; but a bucket key is an unkeyed digest of the policy
+// and the raw value, which for small key spaces (every IPv4 address, numeric user ids) can be
+// recovered by trying them all, and the logs must not offer that. Logged lines are sampled, so
+// the HMAC is not paid per request.
+func (h *Handler) logKey(k bucket.Key) zap.Field {
+	m := hmac.New(sha256.New, h.logSecret[:])
+	m.Write(k[:])
+	var sum [sha256.Size]byte
+	return zap.String("key", hex.EncodeToString(m.Sum(sum[:0])[:16]))
 }

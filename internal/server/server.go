@@ -14,6 +14,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,6 +50,7 @@ func Run(ctx context.Context, o Options) error {
 		o.Log = os.Stderr
 	}
 	gcPercent := tuneGC(o.Getenv)
+	memLimit := tuneMemoryLimit(o.Getenv, cgroupMemoryMax)
 	reg := proxy.NewRegistry()
 	// A provisional logger reports load errors; the configured level applies once the file is read.
 	log := newLogger(o.Log, zapcore.InfoLevel)
@@ -117,8 +121,17 @@ func Run(ctx context.Context, o Options) error {
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          errLog,
 	}
+	// Once shutdown begins the proxy port refuses new connections: /readyz says so, so that a
+	// load balancer still probing stops sending them here.
+	var draining atomic.Bool
+	ready := func(ctx context.Context) error {
+		if draining.Load() {
+			return errors.New("shutting down")
+		}
+		return st.Ready(ctx)
+	}
 	adminSrv := &http.Server{
-		Handler:           proxy.AdminHandler(reg, st.Ready),
+		Handler:           proxy.AdminHandler(reg, ready),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          errLog,
 	}
@@ -154,7 +167,8 @@ func Run(ctx context.Context, o Options) error {
 		zap.String("upstream", upstream.Redacted()),
 		zap.String("store", cfg.Store.Backend),
 		zap.Int("policies", len(rl.Set().Policies())),
-		zap.Int("gogc", gcPercent))
+		zap.Int("gogc", gcPercent),
+		zap.Int64("memory_limit_bytes", memLimit))
 	if o.Ready != nil {
 		o.Ready(pl.Addr(), al.Addr())
 	}
@@ -162,10 +176,24 @@ func Run(ctx context.Context, o Options) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
+		draining.Store(true)
+		if d := cfg.Server.ShutdownDelay; d > 0 {
+			// Lame duck: /readyz says 503 while the proxy still serves, so that whoever routes
+			// to this replica stops before its listener closes and refuses connections.
+			log.Info("shutting down: /readyz answers 503; still serving for server.shutdown_delay", zap.Duration("shutdown_delay", d))
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case runErr = <-errc:
+				t.Stop()
+				log.Error("listener failed", zap.Error(runErr))
+			}
+		}
 		log.Info("shutting down: draining in-flight requests", zap.Duration("drain_timeout", cfg.Server.DrainTimeout))
 	case runErr = <-errc:
 		log.Error("listener failed", zap.Error(runErr))
 	}
+	draining.Store(true)
 	stopWatch()
 	<-watchDone
 
@@ -197,6 +225,53 @@ func tuneGC(getenv func(string) string) int {
 	}
 	debug.SetGCPercent(defaultGCPercent)
 	return defaultGCPercent
+}
+
+// memoryLimitShare is the part of the container's memory limit given to the Go runtime as its
+// soft limit: the rest is for memory the runtime does not count (stacks of cgo-free threads are
+// counted; the binary, page cache of its files and kernel socket buffers are not).
+const memoryLimitShare = 0.9
+
+// tuneMemoryLimit sets the Go runtime's soft memory limit to memoryLimitShare of the container's
+// cgroup limit when GOMEMLIMIT is unset and such a limit exists, and returns the limit in force
+// (math.MaxInt64: none). With GOGC=400 the heap may grow to five times its live size between
+// collections (about 490 MiB with a full default memory store of 1M sliding-window keys); the
+// soft limit makes the collector run earlier instead of the kernel killing the container.
+func tuneMemoryLimit(getenv func(string) string, cgroupMax func() (int64, bool)) int64 {
+	if getenv("GOMEMLIMIT") != "" {
+		return debug.SetMemoryLimit(-1) // applied by the runtime at start; read it back unchanged
+	}
+	if n, ok := cgroupMax(); ok && n > 0 {
+		limit := int64(float64(n) * memoryLimitShare)
+		debug.SetMemoryLimit(limit) // returns the previous limit
+		return limit
+	}
+	return debug.SetMemoryLimit(-1) // a negative input reads the limit without changing it
+}
+
+// cgroupMemoryMax reads the memory limit of this process's cgroup: memory.max (cgroup v2) or
+// memory.limit_in_bytes (v1). ok is false when there is none ("max", or v1's huge sentinel) or
+// the files cannot be read (not in a container, or not Linux).
+func cgroupMemoryMax() (int64, bool) {
+	for _, path := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		return parseCgroupLimit(string(b))
+	}
+	return 0, false
+}
+
+// parseCgroupLimit parses a cgroup memory limit file's content.
+func parseCgroupLimit(s string) (int64, bool) {
+	s = strings.TrimSpace(s)
+	n, err := strconv.ParseInt(s, 10, 64)
+	// cgroup v1 writes "no limit" as a page-rounded MaxInt64; anything above 1 PiB is no limit.
+	if err != nil || n <= 0 || n >= 1<<50 {
+		return 0, false
+	}
+	return n, true
 }
 
 func serve(s *http.Server, l net.Listener) error {
