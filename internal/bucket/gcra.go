@@ -19,10 +19,11 @@ const maxSpan int64 = 1 << 60
 // (the time one request's worth of quota takes to come back) and its tolerance tau (how far the
 // theoretical arrival time may run ahead of now after a conforming request).
 //
-// T is 1e9/Rate computed in float64 and rounded to the nearest nanosecond, then clamped to
+// T is 1e9/Rate computed in float64 and rounded up to a whole nanosecond, then clamped to
 // [1ns, 2^60ns]: a rate above 1e9/s acts as 1e9/s, a zero, negative or NaN rate as one that never
-// refills. Rounding moves the effective rate by less than 0.5ns per request (a relative error
-// below 5e-7 at 1000 req/s).
+// refills. Rounding up makes the effective rate at most the configured one, never above it
+// (rounding to nearest let 3e8/s admit 11% too many): it is stricter by less than 1ns per
+// request, a relative error below 1e-6 at 1000 req/s.
 //
 // tau is Burst*T for a token bucket and (Burst+1)*T for a leaky bucket (the request in service
 // plus Burst waiting behind it), saturating at 2^60ns; a negative Burst counts as 0.
@@ -30,7 +31,7 @@ func GCRAParams(l Limit) (t, tau int64) {
 	t = maxSpan
 	// The comparison is false for NaN, which keeps the "never refills" default.
 	if l.Rate > 0 {
-		f := math.Round(1e9 / l.Rate)
+		f := math.Ceil(1e9 / l.Rate)
 		switch {
 		case f < 1:
 			t = 1

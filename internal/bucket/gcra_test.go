@@ -17,7 +17,7 @@ func TestGCRAParams(t *testing.T) {
 	}{
 		{"token", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 3}, 100e6, 300e6},
 		{"leaky counts the request in service", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 10, Burst: 3}, 100e6, 400e6},
-		{"rounds down", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 3, Burst: 3}, 333_333_333, 999_999_999},
+		{"rounds up, never faster than Rate", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 3, Burst: 3}, 333_333_334, 1_000_000_002},
 		{"rounds up", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 7, Burst: 1}, 142_857_143, 142_857_143},
 		{"above 1e9/s acts as 1e9/s", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 5e9, Burst: 2}, 1, 2},
 		{"zero rate never refills", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 0, Burst: 1}, maxSpan, maxSpan},

@@ -258,13 +258,18 @@ func (s *Store) takeLocal(ctx context.Context, now time.Time, charges []bucket.C
 
 // Divide returns l's share for one of n replicas: Rate/n, and Burst/n and Count/n rounded down
 // but at least 1, so that n replicas together never exceed l (except when a count is below n,
-// where each replica keeps 1). Fields that l does not use stay zero.
+// where each replica keeps 1). A leaky bucket admits Burst+1 at once (the request in service and
+// Burst waiting), so it is that number that is divided: each replica keeps (Burst+1)/n - 1
+// waiting places, at least 0. Fields that l does not use stay zero.
 func Divide(l bucket.Limit, n int64) bucket.Limit {
 	if n <= 1 {
 		return l
 	}
 	l.Rate /= float64(n)
-	if l.Burst > 0 {
+	switch {
+	case l.Algorithm == bucket.LeakyBucket:
+		l.Burst = max(0, (l.Burst+1)/n-1)
+	case l.Burst > 0:
 		l.Burst = max(1, l.Burst/n)
 	}
 	if l.Count > 0 {
@@ -334,11 +339,14 @@ func (s *Store) record(probe bool, err error) (changed bool) {
 	}
 	s.lastErr = err
 	switch {
-	case probe:
-		s.backoff = min(2*s.backoff, s.max)
 	case !s.open:
+		// Opening, also when a call that started before the circuit opened succeeded late and
+		// closed it while this probe was out: doubling the backoff that close reset to 0 would
+		// leave the circuit open with no backoff, and the re-open unreported.
 		s.backoff = s.min
 		changed = true
+	case probe:
+		s.backoff = min(2*s.backoff, s.max)
 	default:
 		return false
 	}

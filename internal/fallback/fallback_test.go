@@ -375,7 +375,7 @@ func TestDivide(t *testing.T) {
 		want bucket.Limit
 	}{
 		{bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 9, Burst: 9}, 3, bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 3, Burst: 3}},
-		{bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: 10}, 3, bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1.0 / 3, Burst: 3}},
+		{bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: 10}, 3, bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1.0 / 3, Burst: 2}}, // 11 at once / 3 = 3 each: 1 served + 2 waiting
 		{bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}, 3, bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3, Burst: 1}},
 		{bucket.Limit{Algorithm: bucket.FixedWindow, Count: 100, Window: time.Minute}, 3, bucket.Limit{Algorithm: bucket.FixedWindow, Count: 33, Window: time.Minute}},
 		{bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 1, Window: time.Minute}, 5, bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 1, Window: time.Minute}},
