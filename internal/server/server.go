@@ -49,6 +49,13 @@ func Run(ctx context.Context, o Options) error {
 	if o.Log == nil {
 		o.Log = os.Stderr
 	}
+	// SIGHUP is caught from the start: its default action would kill a gateway that is still
+	// starting (building the DynamoDB store may take a minute with create_table). One that
+	// arrives before the watcher runs waits in the channel and reloads then.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	gcPercent := tuneGC(o.Getenv)
 	memLimit := tuneMemoryLimit(o.Getenv, cgroupMemoryMax)
 	reg := proxy.NewRegistry()
@@ -69,6 +76,10 @@ func Run(ctx context.Context, o Options) error {
 
 	st, err := newStore(ctx, cfg, reg, log)
 	if err != nil {
+		if stopped(ctx, err) {
+			log.Info("shut down before serving")
+			return nil
+		}
 		return err
 	}
 	upstream, err := url.Parse(cfg.Upstream)
@@ -95,9 +106,17 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("proxy: %w", err)
 	}
 
+	if ctx.Err() != nil { // stopped while the store was being built
+		log.Info("shut down before serving")
+		return nil
+	}
 	lc := net.ListenConfig{}
 	pl, err := lc.Listen(ctx, "tcp", cfg.Listen)
 	if err != nil {
+		if stopped(ctx, err) {
+			log.Info("shut down before serving")
+			return nil
+		}
 		return fmt.Errorf("listen: %w", err)
 	}
 	al, err := lc.Listen(ctx, "tcp", cfg.AdminListen)
@@ -142,9 +161,6 @@ func Run(ctx context.Context, o Options) error {
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
@@ -225,6 +241,12 @@ func tuneGC(getenv func(string) string) int {
 	}
 	debug.SetGCPercent(defaultGCPercent)
 	return defaultGCPercent
+}
+
+// stopped reports whether err is the cancellation of ctx (SIGTERM or SIGINT while starting):
+// a shutdown asked for, not a failure.
+func stopped(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && errors.Is(err, context.Canceled)
 }
 
 // memoryLimitShare is the part of the container's memory limit given to the Go runtime as its

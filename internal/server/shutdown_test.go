@@ -205,3 +205,25 @@ func TestShutdownDelayKeepsServing(t *testing.T) {
 	}
 	t.Logf("%d requests served on new connections during the %v shutdown_delay", served, delay)
 }
+
+// TestRunStoppedWhileStartingIsClean: a SIGTERM that arrives while the gateway is still starting
+// (here before it listens) is a shutdown asked for, not a failure: Run returns nil.
+func TestRunStoppedWhileStartingIsClean(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	cfg := "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nupstream: http://127.0.0.1:1\npolicies:\n" +
+		"  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var logs strings.Builder
+	err := Run(ctx, Options{ConfigPath: path, Getenv: func(string) string { return "" }, Log: &logs,
+		Ready: func(net.Addr, net.Addr) { t.Error("Run became ready with its context already canceled") }})
+	if err != nil {
+		t.Errorf("Run with a canceled context: got %v, want nil (a shutdown, not a failure)", err)
+	}
+	if !strings.Contains(logs.String(), "shut down before serving") {
+		t.Errorf("logs %q, want the shutdown before serving logged", logs.String())
+	}
+}
