@@ -584,15 +584,22 @@ policies:
 	}
 }
 
-func TestJWTUserAndInvalidTokens(t *testing.T) {
-	up := newUpstream(t, nil)
-	secret := "0123456789abcdef0123456789abcdef-test-only"
-	g := startGateway(t, up.URL, `identity:
+// jwtIdentity configures HS256 bearer tokens with jwtSecret (passed as E2E_JWT_SECRET); the
+// policies follow it.
+const (
+	jwtSecret   = "0123456789abcdef0123456789abcdef-test-only"
+	jwtIdentity = `identity:
   jwt:
     claim: sub
     hs256_secret_env: E2E_JWT_SECRET
 policies:
-  - name: per-user
+`
+)
+
+func TestJWTUserAndInvalidTokens(t *testing.T) {
+	up := newUpstream(t, nil)
+	secret := jwtSecret
+	g := startGateway(t, up.URL, jwtIdentity+`  - name: per-user
     key: user
     algorithm: fixed_window
     limit: 1
@@ -642,13 +649,8 @@ policies:
 // limit it gets 429, and the per-user and global pools are untouched.
 func TestBadTokensHeldByIPLimit(t *testing.T) {
 	up := newUpstream(t, nil)
-	secret := "0123456789abcdef0123456789abcdef-test-only"
-	g := startGateway(t, up.URL, `identity:
-  jwt:
-    claim: sub
-    hs256_secret_env: E2E_JWT_SECRET
-policies:
-  - name: per-ip
+	secret := jwtSecret
+	g := startGateway(t, up.URL, jwtIdentity+`  - name: per-ip
     key: ip
     algorithm: fixed_window
     limit: 3

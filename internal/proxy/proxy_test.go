@@ -223,15 +223,7 @@ func TestUnauthorized_IPChargeOverLimit_429(t *testing.T) {
 	if res.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("status = %d, want 429", res.StatusCode)
 	}
-	if got := hs.up.hits.Load(); got != 0 {
-		t.Errorf("upstream hits = %d, want 0", got)
-	}
-	if got := lim.calls.Load(); got != 1 {
-		t.Errorf("limiter calls = %d, want 1", got)
-	}
-	if got, want := fmt.Sprint(lim.charges()), fmt.Sprint(pol.charges); got != want {
-		t.Errorf("limiter charges = %s, want the ip charges %s", got, want)
-	}
+	wantIPChargesOnly(t, hs, lim, pol)
 	wantHeader(t, res, "Retry-After", "3")
 	wantHeader(t, res, "X-RateLimit-Limit", "10")
 	wantHeader(t, res, "X-RateLimit-Remaining", "0")
@@ -248,11 +240,6 @@ func TestUnauthorized_IPChargeOverLimit_429(t *testing.T) {
 	if n, _ := histogram(t, hs.reg, "ratelimit_store_duration_seconds", "backend", "memory"); n != 1 {
 		t.Errorf("store duration samples = %d, want 1", n)
 	}
-	for _, e := range hs.logs.All() {
-		if strings.Contains(fmt.Sprint(e.ContextMap()), "garbage.token") {
-			t.Errorf("log line %q carries the token", e.Message)
-		}
-	}
 }
 
 // Under the limit, a bad token is still refused with 401, and its ip charge stays taken.
@@ -265,32 +252,16 @@ func TestUnauthorized_IPChargeUnderLimit_401Charged(t *testing.T) {
 
 	res, body := hs.get("/", "Authorization", "Bearer garbage.token.value")
 
-	if res.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("status = %d, want 401", res.StatusCode)
-	}
-	if got := hs.up.hits.Load(); got != 0 {
-		t.Errorf("upstream hits = %d, want 0", got)
-	}
-	if got := lim.calls.Load(); got != 1 {
-		t.Errorf("limiter calls = %d, want 1", got)
-	}
-	if got, want := fmt.Sprint(lim.charges()), fmt.Sprint(pol.charges); got != want {
-		t.Errorf("limiter charges = %s, want the ip charges %s", got, want)
-	}
+	wantBearer401(t, res, body)
+	wantIPChargesOnly(t, hs, lim, pol)
 	lim.mu.Lock()
 	now := lim.lastNow
 	lim.mu.Unlock()
 	if want := time.Unix(1_700_000_000, 250_000_000); !now.Equal(want) {
 		t.Errorf("limiter now = %v, want the handler's clock %v", now, want)
 	}
-	if got := res.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
-		t.Errorf("WWW-Authenticate = %q, want a Bearer challenge", got)
-	}
 	for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
 		wantHeader(t, res, h, "")
-	}
-	if p := decodeProblem(t, res, body); p.Type != problemUnauthorized {
-		t.Errorf("type = %q, want %q", p.Type, problemUnauthorized)
 	}
 	wantCounter(t, hs.reg, 1, mDecisions, "result", "unauthorized")
 	wantCounter(t, hs.reg, 0, mDecisions, "result", "allowed")
@@ -329,21 +300,8 @@ func TestUnauthorized_StoreError_401(t *testing.T) {
 
 			res, body := hs.get("/", "Authorization", "Bearer garbage.token.value")
 
-			if res.StatusCode != http.StatusUnauthorized {
-				t.Fatalf("status = %d, want 401", res.StatusCode)
-			}
-			if got := hs.up.hits.Load(); got != 0 {
-				t.Errorf("upstream hits = %d, want 0", got)
-			}
-			if got := lim.calls.Load(); got != 1 {
-				t.Errorf("limiter calls = %d, want 1", got)
-			}
-			if got := res.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
-				t.Errorf("WWW-Authenticate = %q, want a Bearer challenge", got)
-			}
-			if p := decodeProblem(t, res, body); p.Type != problemUnauthorized {
-				t.Errorf("type = %q, want %q", p.Type, problemUnauthorized)
-			}
+			wantBearer401(t, res, body)
+			wantIPChargesOnly(t, hs, lim, pol)
 			wantCounter(t, hs.reg, 1, "ratelimit_store_errors_total", "backend", "dynamodb", "reason", tt.wantReason)
 			wantCounter(t, hs.reg, 1, mDecisions, "result", "unauthorized")
 			wantCounter(t, hs.reg, 0, mDecisions, "result", "store_error_allowed")
@@ -352,6 +310,41 @@ func TestUnauthorized_StoreError_401(t *testing.T) {
 				t.Errorf("store error log lines = %d, want 1", n)
 			}
 		})
+	}
+}
+
+// wantBearer401 checks a 401 answer: a Bearer challenge and the unauthorized problem type.
+func wantBearer401(t *testing.T, res *http.Response, body string) {
+	t.Helper()
+	if res.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status = %d, want 401", res.StatusCode)
+	}
+	if got := res.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
+		t.Errorf("WWW-Authenticate = %q, want a Bearer challenge", got)
+	}
+	if p := decodeProblem(t, res, body); p.Type != problemUnauthorized {
+		t.Errorf("type = %q, want %q", p.Type, problemUnauthorized)
+	}
+}
+
+// wantIPChargesOnly checks what every answer to a bad token shares: nothing reached the
+// upstream, the limiter was asked once with exactly the charges the plan left (the ip ones), and
+// no log line carries the token.
+func wantIPChargesOnly(t *testing.T, hs *harness, lim *fakeLimiter, pol *fakePolicies) {
+	t.Helper()
+	if got := hs.up.hits.Load(); got != 0 {
+		t.Errorf("upstream hits = %d, want 0", got)
+	}
+	if got := lim.calls.Load(); got != 1 {
+		t.Errorf("limiter calls = %d, want 1", got)
+	}
+	if got, want := fmt.Sprint(lim.charges()), fmt.Sprint(pol.charges); got != want {
+		t.Errorf("limiter charges = %s, want the ip charges %s", got, want)
+	}
+	for _, e := range hs.logs.All() {
+		if strings.Contains(fmt.Sprint(e.ContextMap()), "garbage.token") {
+			t.Errorf("log line %q carries the token", e.Message)
+		}
 	}
 }
 
