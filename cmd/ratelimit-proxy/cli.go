@@ -38,7 +38,12 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 		if configPath == "" {
 			return errors.New("--config is required")
 		}
-		return server.Run(cmd.Context(), server.Options{ConfigPath: configPath, Getenv: getenv, Log: stderr})
+		err := server.Run(cmd.Context(), server.Options{ConfigPath: configPath, Getenv: getenv, Log: stderr})
+		if fe := (policy.Errors{}); errors.As(err, &fe) {
+			// The same report as validate's: every problem on its own line.
+			return printInvalid(configPath, fe, stderr)
+		}
+		return err
 	}
 	root := &cobra.Command{
 		Use:           "ratelimit-proxy",

@@ -909,13 +909,15 @@ func TestBadConfigsServeRefuses(t *testing.T) {
 			if len(lines) < 2 {
 				t.Fatalf("validate: stderr %q, want the file and at least one problem", verr)
 			}
-			first := strings.TrimSpace(lines[1])
 			code, serr := run(t, "serve", "--config", f)
 			if code != 1 {
 				t.Fatalf("serve: exit %d, want 1\n%s", code, serr)
 			}
-			if !strings.Contains(serr, first) {
-				t.Errorf("serve stderr\n%s\ndoes not name validate's first problem %q", serr, first)
+			// serve reports what validate reports: every problem, each on a line of its own.
+			for _, l := range lines[1:] {
+				if !strings.Contains(serr, strings.TrimSpace(l)+"\n") {
+					t.Errorf("serve stderr\n%s\ndoes not report validate's problem %q on a line of its own", serr, strings.TrimSpace(l))
+				}
 			}
 		})
 	}
