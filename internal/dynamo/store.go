@@ -80,10 +80,10 @@
 //     when the group is rejected, the writes that were applied are undone (GCRA tat -= T while
 //     since is still the one the write returned, i.e. the bucket was not reset by a write that
 //     found it idle, which already discarded our charge; windows count -= 1). Best effort, one
-//     attempt each (a refund is not idempotent, so the SDK must not retry it), under a context
-//     of its own (the decision's values, a one-second timeout) so that a decision that ran out
-//     of time still gives its charges back; Take waits for refunds only while its own context
-//     lasts. A failed refund leaves the limit stricter by one request, never looser, and is
+//     attempt each (a refund is not idempotent, so the SDK must not retry it), within the
+//     decision's own deadline, so nothing of a decision outlives it (a decision that ran out of
+//     time keeps its applied charges spent). A failed refund leaves the limit stricter by one
+//     request, never looser, and is
 //     counted in ratelimit_dynamodb_errors_total{op="refund"}. Between the write and its refund
 //     another replica may see the extra request, so a concurrent request may be rejected that a
 //     single-node store would have admitted (again stricter, never looser).
