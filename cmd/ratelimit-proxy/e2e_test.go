@@ -598,13 +598,12 @@ policies:
 
 func TestJWTUserAndInvalidTokens(t *testing.T) {
 	up := newUpstream(t, nil)
-	secret := jwtSecret
 	g := startGateway(t, up.URL, jwtIdentity+`  - name: per-user
     key: user
     algorithm: fixed_window
     limit: 1
     window: 1h
-`, "E2E_JWT_SECRET="+secret)
+`, "E2E_JWT_SECRET="+jwtSecret)
 	sign := func(key any, method jwt.SigningMethod, claims jwt.MapClaims) string {
 		t.Helper()
 		s, err := jwt.NewWithClaims(method, claims).SignedString(key)
@@ -614,7 +613,7 @@ func TestJWTUserAndInvalidTokens(t *testing.T) {
 		return s
 	}
 	now := time.Now()
-	good := sign([]byte(secret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Hour).Unix()})
+	good := sign([]byte(jwtSecret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Hour).Unix()})
 	if resp, _ := get(t, g.proxy+"/", "Authorization", "Bearer "+good); resp.StatusCode != 200 {
 		t.Fatalf("valid token: got %d, want 200", resp.StatusCode)
 	}
@@ -625,8 +624,8 @@ func TestJWTUserAndInvalidTokens(t *testing.T) {
 	bad := map[string]string{
 		"wrong signature": sign([]byte("another-secret-another-secret-xx"), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory"}),
 		"alg none":        unsigned,
-		"expired":         sign([]byte(secret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "exp": now.Add(-time.Hour).Unix()}),
-		"not yet valid":   sign([]byte(secret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "nbf": now.Add(time.Hour).Unix()}),
+		"expired":         sign([]byte(jwtSecret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "exp": now.Add(-time.Hour).Unix()}),
+		"not yet valid":   sign([]byte(jwtSecret), jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "nbf": now.Add(time.Hour).Unix()}),
 		"malformed":       "not.a.jwt",
 	}
 	before := up.hits.Load()
@@ -649,7 +648,6 @@ func TestJWTUserAndInvalidTokens(t *testing.T) {
 // limit it gets 429, and the per-user and global pools are untouched.
 func TestBadTokensHeldByIPLimit(t *testing.T) {
 	up := newUpstream(t, nil)
-	secret := jwtSecret
 	g := startGateway(t, up.URL, jwtIdentity+`  - name: per-ip
     key: ip
     algorithm: fixed_window
@@ -665,7 +663,7 @@ func TestBadTokensHeldByIPLimit(t *testing.T) {
     algorithm: fixed_window
     limit: 100
     window: 1h
-`, "E2E_JWT_SECRET="+secret)
+`, "E2E_JWT_SECRET="+jwtSecret)
 	forged, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": "mallory", "exp": time.Now().Add(time.Hour).Unix()}).
 		SignedString([]byte("another-secret-another-secret-xx"))
 	if err != nil {

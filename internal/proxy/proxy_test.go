@@ -190,15 +190,7 @@ func TestUnauthorized_NoCharges_401NotForwardedNotCharged(t *testing.T) {
 
 	res, body := hs.get("/", "Authorization", "Bearer expired.token.value")
 
-	if res.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("status = %d, want 401", res.StatusCode)
-	}
-	if got := res.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
-		t.Errorf("WWW-Authenticate = %q, want a Bearer challenge", got)
-	}
-	if p := decodeProblem(t, res, body); p.Type != problemUnauthorized {
-		t.Errorf("type = %q, want %q", p.Type, problemUnauthorized)
-	}
+	wantBearer401(t, res, body)
 	if hs.up.hits.Load() != 0 || lim.calls.Load() != 0 {
 		t.Errorf("upstream hits = %d, limiter calls = %d, want 0 and 0", hs.up.hits.Load(), lim.calls.Load())
 	}

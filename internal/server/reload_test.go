@@ -207,13 +207,7 @@ func accepts(t *testing.T, set *policy.Set, k *rsa.PrivateKey) bool {
 // Rotating the JWT signing key: the operator replaces rs256_public_key_file (a mounted Secret)
 // and sends SIGHUP. The YAML did not change, and the new key must be in force all the same.
 func TestReloadPicksUpRotatedJWTKeyFile(t *testing.T) {
-	ks := testKeys(t)
-	dir := t.TempDir()
-	keyPath := filepath.Join(dir, "jwt.pub.pem")
-	writeRSAPublicKey(t, keyPath, ks[0])
-	cfgPath := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfgPath, jwtConfig(keyPath))
-	r, _ := newJWTReloader(t, cfgPath)
+	ks, keyPath, r := newKeyFileReloader(t)
 
 	writeRSAPublicKey(t, keyPath, ks[1]) // the rotation
 	if err := r.Reload(); err != nil {   // what SIGHUP does
@@ -280,13 +274,7 @@ func TestReloadOnEventSeesKeyFileOnlyChangeAtRelativePath(t *testing.T) {
 // A key file that is unreadable or not a key fails the reload like any bad field: the error
 // names the field and the file, it is counted, and the running set (with the old key) stays.
 func TestReloadKeepsPoliciesWhenKeyFileBroken(t *testing.T) {
-	ks := testKeys(t)
-	dir := t.TempDir()
-	keyPath := filepath.Join(dir, "jwt.pub.pem")
-	writeRSAPublicKey(t, keyPath, ks[0])
-	cfgPath := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfgPath, jwtConfig(keyPath))
-	r, _ := newJWTReloader(t, cfgPath)
+	ks, keyPath, r := newKeyFileReloader(t)
 	first := r.Set()
 
 	for i, tc := range []struct {
@@ -449,4 +437,18 @@ func TestWatchReloadsOnKeyFileChange(t *testing.T) {
 	if got := reloads(t, r, "error"); got != 0 {
 		t.Errorf("error reloads got %v, want 0", got)
 	}
+}
+
+// newKeyFileReloader writes the first of testKeys as an RS256 key file beside a config that
+// names it, and returns the keys, the key file and a Reloader of that config.
+func newKeyFileReloader(t *testing.T) ([3]*rsa.PrivateKey, string, *Reloader) {
+	t.Helper()
+	ks := testKeys(t)
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "jwt.pub.pem")
+	writeRSAPublicKey(t, keyPath, ks[0])
+	cfgPath := filepath.Join(dir, "config.yaml")
+	writeFile(t, cfgPath, jwtConfig(keyPath))
+	r, _ := newJWTReloader(t, cfgPath)
+	return ks, keyPath, r
 }
