@@ -1,0 +1,144 @@
+// Package dynamo is the shared rate-limit store: every replica of the gateway updates the same
+// counters in one DynamoDB table, so a limit holds across all of them.
+//
+// # Algorithms as conditional writes
+//
+// Each charge is part of one conditional UpdateItem (one per charge, or per batch of charges of
+// one item: see Coalescing); no decision reads before it writes, and DynamoDB serialises writes to
+// one item, so counts are exact under any concurrency:
+//
+//   - token and leaky bucket (GCRA, one number tat in Unix ns): SET tat = now+T, since = now
+//     when the bucket is full or idle (tat absent or < now), else SET tat = tat+T while
+//     now <= tat <= now+tau-T. A failed condition returns the current tat
+//     (ReturnValuesOnConditionCheckFailure ALL_OLD), which says exactly whether the other form
+//     applies or the request is over the limit and until when;
+//   - fixed window: ADD count 1 while count <= Count-1, on the window's own item;
+//   - sliding window (K=10 slots per window, the bucket package's exact upper bound): one counter
+//     item per slot; the current slot gets ADD count 1 while count <= Count - 1 - (sum of the K
+//     closed slots still counted) and the slot is not sealed. A closed slot's count is learnt
+//     once per Store and cached: a slot that closed less than Options.LateWrites ago is sealed
+//     first (UpdateItem SET sealed = true, ALL_NEW), because a write decided in it may still be
+//     on its way and must not land unseen; that write then fails its condition and its request
+//     is rejected (RetryAfter at least the rest of its slot). Older slots are final and read
+//     (BatchGetItem, ConsistentRead). Seals and the read go out concurrently.
+//
+// Writes return ALL_NEW. Results (Remaining, Reset, RetryAfter, Wait) follow from the values the
+// writes return with the bucket package's arithmetic.
+//
+// # Coalescing (Refund mode)
+//
+// A Store keeps at most one conditional write in flight per item. Charges that arrive for an item
+// while its write is in flight queue, and when it returns they go out together (up to 128) as one
+// weighted write (group commit): GCRA SET tat = n+m*T (idle) or tat = tat+m*T while
+// tat <= n+tau-m*T; windows ADD count m while count <= Count-m. n is the latest now of the batch:
+// a queued request is decided when its write happens, no earlier than it arrived, so this is GCRA
+// (or the window) applied to the batch's requests one after another at that instant. When the
+// condition fails, the returned value says exactly how many fit; the first ones (arrival order)
+// are written and the rest rejected, each with the Result of its place in the sequence (its
+// durations counted from n, which a request's own now precedes by at most its wait in the queue).
+// The Store remembers the tat its last write left, so the first write of a batch is usually right.
+//
+// Why: writes of one process to an item are serial, so they never reach DynamoDB out of the order
+// in which they were decided (which cost GCRA a second write in the other form), and a process
+// writes a hot item about once per round trip whatever its request rate. That is the answer to
+// DynamoDB's limit of about 1,000 writes per second to one partition key: a hot key (a global
+// limit, a busy client) costs each replica about 1/RTT writes per second instead of one per
+// request, so the item's write rate is bounded by replicas/RTT (at 5 ms per write, 5 replicas stay
+// within 1,000 writes/s at any request rate; one write per request reaches it at 1,000 req/s).
+//
+// Each request still has its own deadline and returns when it ends. A batch's writes run under a
+// context carrying the latest deadline of its requests (not the cancellation of the one that
+// came first), cancelled when all of its requests have left. A request that leaves while its
+// batch is being written may still have its charge applied and not refunded: that only makes the
+// limit stricter. A request that leaves while queued drops out of the queue, so a dead or slow
+// DynamoDB holds at most the requests still within their deadlines, and one writer goroutine per
+// item with queued requests. A failed write fails every request of its batch with its error.
+// Refunds are not coalesced. Transaction mode does not coalesce.
+//
+// # Clock skew and late writes
+//
+// Replicas take now from their own clocks. GCRA and fixed windows stay exact with skewed clocks
+// (skew only shifts when one replica thinks a window rolls or a token refills). The sliding
+// window caches closed slots, which is exact only if no write lands in a slot after a replica
+// took its count. Sealing guarantees that for slots taken within Options.LateWrites (H) of their
+// end: a write decided in such a slot that lands after the seal, late on the network or from a
+// replica whose clock lags, is rejected rather than missed (stricter, never looser). A slot
+// taken later is read, which assumes that every write decided in it has landed by then: that
+// holds while a replica's clock error plus its write's latency stays within H. A replica whose
+// clock lags by more than that, or one whose clock steps back by more, can still add to a slot
+// that others have read and cached, and exceed the bound by what it admits in that time. A
+// replica whose clock runs ahead by d seals slots d early, so in-sync replicas reject the
+// requests of the last d of each slot for the keys it touched. Keep clocks in sync (NTP:
+// milliseconds against H of seconds).
+//
+// # Group semantics
+//
+// A request rejected by one policy consumes nothing of the others. Mode selects how:
+//
+//   - Refund (default): all charges' conditional writes go out concurrently (one round trip, or
+//     two when an item's write was in flight; see Coalescing);
+//     when the group is rejected, the writes that were applied are undone (GCRA tat -= T while
+//     since is still the one the write returned, i.e. the bucket was not reset by a write that
+//     found it idle, which already discarded our charge; windows count -= 1). Best effort, one
+//     attempt each (a refund is not idempotent, so the SDK must not retry it), within the
+//     decision's own deadline, so nothing of a decision outlives it (a decision that ran out of
+//     time keeps its applied charges spent). A failed refund leaves the limit stricter by one
+//     request, never looser, and is
+//     counted in ratelimit_dynamodb_errors_total{op="refund"}. Between the write and its refund
+//     another replica may see the extra request, so a concurrent request may be rejected that a
+//     single-node store would have admitted (again stricter, never looser).
+//   - Transaction: the non-shadow charges go in one TransactWriteItems (all or nothing, two write
+//     units per item; never coalesced, since a transaction cannot take other requests'
+//     charges). DynamoDB returns no values from a transaction, so Remaining and Reset of an
+//     admitted group come from a consistent read right after it (one more call; it may include
+//     other replicas' later requests, so it never overstates what is left). A committed charge
+//     stays admitted even when the value read leaves no room for it (others wrote after it); a
+//     leaky bucket's Wait is then the latest its turn can be (tau-T). When the read fails, the
+//     committed charges are refunded, except GCRA charges written as tat+T: the transaction
+//     returns no since to condition their refund on (stricter). Groups of one charge, or with
+//     two charges on one item, use the Refund path.
+//
+// Shadow charges are never part of a transaction: they are written beside it (concurrently) and
+// refunded when the group is rejected, as in Refund mode.
+//
+// # Deny cache
+//
+// With Options.DenyCache, a charge that is rejected until instant U (now+RetryAfter) is answered
+// locally until U without calling DynamoDB. That is safe because shared state only moves towards
+// "more used" until U (refunds aside, which only make the cache stricter than the table). When a
+// non-shadow charge is rejected from the cache the group is rejected without any call; the other
+// charges of that group are then not evaluated and report Allowed with only Limit set. A
+// sliding-window rejection because the slot was sealed is cached like any other: until the
+// slot ends (by this replica's clock) every request of this Store writes to the sealed slot, and
+// after that its RetryAfter comes from counts that are final.
+//
+// # Table
+//
+// One table, partition key pk (string), no sort key, on-demand billing, TTL on the numeric
+// attribute ttl (Unix seconds). Items (K = the charge's bucket.Key in hex, a digest: no raw client
+// value is ever stored):
+//
+//	pk = K#g           tat (N, Unix ns)   since (N)     ttl   token and leaky bucket state
+//	pk = K#w<start>    count (N)                        ttl   fixed window starting at <start> Unix ns
+//	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
+//
+// since is the instant of the last write that found the bucket idle; sealed marks a closed
+// slot whose count is final (its item exists, without count, when the slot had no request).
+//
+// ttl is one hour after the item can last affect a decision (tat's latest value, the window's
+// end, the instant the slot stops being counted), so DynamoDB's lazy TTL deletion never removes
+// live state.
+//
+// Minimal IAM policy for the table's ARN: dynamodb:UpdateItem and dynamodb:BatchGetItem; with
+// Mode Transaction also dynamodb:TransactWriteItems (whose conditional updates need
+// dynamodb:UpdateItem, already listed); for create_table: true also dynamodb:CreateTable,
+// dynamodb:DescribeTable, dynamodb:DescribeTimeToLive and dynamodb:UpdateTimeToLive.
+//
+// # Files
+//
+// store.go routes a decision (deny cache, then the group's mode); writes.go holds each
+// algorithm's conditional write and what its outcome means; slots.go the sliding window's closed
+// slots; coalesce.go the per-item writers; refund.go and transaction.go the two group modes;
+// items.go the calls and attribute values they share; cache.go the bounded local caches; table.go
+// the table's creation.
+package dynamo

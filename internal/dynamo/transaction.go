@@ -1,0 +1,183 @@
+package dynamo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// Transaction mode: the non-shadow charges of a group in one TransactWriteItems.
+
+// transactable reports whether the group has at least two non-shadow writes, each on its own
+// item (a transaction may touch an item only once), and no more than a transaction takes.
+func transactable(ops []op) bool {
+	seen := map[string]bool{}
+	for i := range ops {
+		o := &ops[i]
+		if !undecided(o) || o.c.Shadow {
+			continue
+		}
+		if seen[o.pk] {
+			return false
+		}
+		seen[o.pk] = true
+	}
+	return len(seen) >= 2 && len(seen) <= 100
+}
+
+// takeTransaction writes the non-shadow charges in one TransactWriteItems and the shadow charges
+// beside it.
+func (s *Store) takeTransaction(ctx context.Context, ops []op, n int64) (bool, error) {
+	// Pick the shadow charges before the transaction starts changing the other ops.
+	shadow := make([]bool, len(ops))
+	for i := range ops {
+		shadow[i] = undecided(&ops[i]) && ops[i].c.Shadow
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		each(ops, func(o *op) bool { return shadow[o.index] }, func(o *op) { s.apply(ctx, o, n) })
+	})
+	err := s.transact(ctx, ops, n)
+	wg.Wait()
+	if err != nil {
+		s.refund(ctx, ops)
+		return false, err
+	}
+	return s.settle(ctx, ops)
+}
+
+func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
+	var group []*op
+	for i := range ops {
+		// Shadow first: the shadow ops are being written concurrently, so their state must
+		// not be read here.
+		if o := &ops[i]; !o.c.Shadow && undecided(o) {
+			group = append(group, o)
+		}
+	}
+	for round := 0; round < maxRounds; round++ {
+		items := make([]types.TransactWriteItem, len(group))
+		for i, o := range group {
+			u := o.write(n)
+			items[i].Update = &types.Update{
+				TableName:                           aws.String(s.table),
+				Key:                                 map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: o.pk}},
+				UpdateExpression:                    aws.String(u.expr),
+				ConditionExpression:                 aws.String(u.cond),
+				ExpressionAttributeNames:            u.names,
+				ExpressionAttributeValues:           u.values,
+				ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+			}
+		}
+		s.m.requests.WithLabelValues(opTransact).Inc()
+		_, err := s.api.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+		if err == nil {
+			for _, o := range group {
+				o.applied = true
+				if isGCRA(o.c.Limit) && !o.formB {
+					o.epoch = epoch{v: n, present: true, known: true}
+				}
+			}
+			return s.readBack(ctx, group, n)
+		}
+		var tce *types.TransactionCanceledException
+		if !errors.As(err, &tce) || len(tce.CancellationReasons) != len(group) {
+			s.m.errors.WithLabelValues(opTransact).Inc()
+			return fmt.Errorf("dynamo: transact %s: %w", group[0].pk, err)
+		}
+		again, rejected := false, false
+		for i, reason := range tce.CancellationReasons {
+			switch code := aws.ToString(reason.Code); code {
+			case "", "None":
+			case "ConditionalCheckFailed":
+				retry, cerr := group[i].conditionFailed(reason.Item, n)
+				if cerr != nil {
+					return fmt.Errorf("dynamo: transact %s: %w", group[i].pk, cerr)
+				}
+				again = again || retry
+				rejected = rejected || !retry
+			case "TransactionConflict":
+				again = true
+			default:
+				s.m.errors.WithLabelValues(opTransact).Inc()
+				return fmt.Errorf("dynamo: transact %s: %s: %w", group[i].pk, code, err)
+			}
+		}
+		if rejected {
+			// The charges whose conditions held were not written and their state not returned.
+			for _, o := range group {
+				if !o.done {
+					o.done = true
+					o.result = bucket.Result{Allowed: true, Limit: limitValue(o.c.Limit)}
+				}
+			}
+			return nil
+		}
+		if !again {
+			return fmt.Errorf("dynamo: transact %s: cancelled without a reason: %w", group[0].pk, err)
+		}
+	}
+	return fmt.Errorf("dynamo: transact %s: %w", group[0].pk, ErrContention)
+}
+
+// readBack sets the results of a committed transaction from a consistent read of its items.
+func (s *Store) readBack(ctx context.Context, group []*op, n int64) error {
+	pks := make([]string, 0, len(group))
+	for _, o := range group {
+		if isGCRA(o.c.Limit) && !o.formB {
+			continue // SET tat = now + T: the result is known
+		}
+		pks = append(pks, o.pk)
+	}
+	var items map[string]map[string]types.AttributeValue
+	if len(pks) > 0 {
+		var err error
+		if items, err = s.readItems(ctx, pks); err != nil {
+			return err
+		}
+	}
+	for _, o := range group {
+		item := items[o.pk]
+		if isGCRA(o.c.Limit) && !o.formB {
+			item = map[string]types.AttributeValue{attrTat: num(n + o.t)}
+		}
+		if err := o.admit(item, n); err != nil {
+			return fmt.Errorf("dynamo: read %s: %w", o.pk, err)
+		}
+		if !o.result.Allowed {
+			r, err := o.committed(item, n)
+			if err != nil {
+				return fmt.Errorf("dynamo: read %s: %w", o.pk, err)
+			}
+			o.result = r
+		}
+	}
+	return nil
+}
+
+// committed is the result of a charge that a transaction committed but whose value read back
+// (item) includes other replicas' later writes, so that the arithmetic on it says "rejected":
+// the charge stays admitted, with nothing left. For GCRA form (b) the condition held tat <=
+// n+tau-T before the write, which bounds the leaky bucket's Wait (our turn came no later), and
+// the bucket is full again when the tat read has passed.
+func (o *op) committed(item map[string]types.AttributeValue, n int64) (bucket.Result, error) {
+	l := o.c.Limit
+	if !isGCRA(l) {
+		return bucket.Result{Allowed: true, Limit: limitValue(l), Reset: o.result.Reset}, nil
+	}
+	tat, _, err := number(item, attrTat)
+	if err != nil {
+		return bucket.Result{}, err
+	}
+	r := gcraResult(l, min(tat-o.t, n+o.tau-o.t), n)
+	r.Reset = max(r.Reset, time.Duration(tat-n))
+	return r, nil
+}

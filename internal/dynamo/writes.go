@@ -1,0 +1,172 @@
+package dynamo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// The conditional writes of a charge: GCRA (token and leaky bucket) and counters (fixed and
+// sliding window), and what their outcome says.
+
+// write returns the charge's conditional write in its current form.
+func (o *op) write(n int64) update {
+	l := o.c.Limit
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		return gcraWrite(n, o.t, o.tau, 1, o.formB)
+	case bucket.FixedWindow:
+		return countWrite(l.Count, 1, ttlAt(fixedEnd(l, n)), false)
+	default: // SlidingWindow
+		return countWrite(l.Count-o.counts.closed(), 1, ttlAt(leaves(l, o.cur)), true)
+	}
+}
+
+// gcraWrite spends m requests (m*T of slack) from a GCRA bucket at instant n. Form (a), for an
+// idle bucket (tat absent or < n), sets tat = n + m*T and needs m*T <= tau; form (b) (formB)
+// adds m*T to tat while tat >= n and the result stays within n + tau.
+func gcraWrite(n, t, tau, m int64, formB bool) update {
+	names := map[string]string{"#tat": attrTat, "#ttl": attrTTL}
+	ttl := ttlAt(n + tau) // tat never passes now + tau
+	if !formB {
+		return update{
+			expr:   "SET #tat = :next, #ttl = :ttl, #since = :now",
+			cond:   "attribute_not_exists(#tat) OR #tat < :now",
+			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL, "#since": attrSince},
+			values: map[string]types.AttributeValue{":next": num(n + m*t), ":now": num(n), ":ttl": ttl},
+		}
+	}
+	return update{
+		expr:   "SET #tat = #tat + :t, #ttl = :ttl",
+		cond:   "#tat >= :now AND #tat <= :last",
+		names:  names,
+		values: map[string]types.AttributeValue{":t": num(m * t), ":now": num(n), ":last": num(n + tau - m*t), ":ttl": ttl},
+	}
+}
+
+// countWrite adds m to a counter while it stays at most limit. With limit < m the condition
+// always fails, so the write still reports the current count without changing it. A sliding
+// window's slot (sealable) takes the write only while it is not sealed.
+func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update {
+	u := update{
+		expr:   "ADD #count :m SET #ttl = :ttl",
+		cond:   "attribute_not_exists(#count) OR #count <= :last",
+		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},
+		values: map[string]types.AttributeValue{":m": num(m), ":last": num(limit - m), ":ttl": ttl},
+	}
+	if limit < m {
+		u.cond = "#count <= :last"
+	}
+	if sealable {
+		u.cond = "(" + u.cond + ") AND attribute_not_exists(#sealed)"
+		u.names["#sealed"] = attrSealed
+	}
+	return u
+}
+
+// apply makes o's conditional write until it is applied or the charge is known not to conform.
+func (s *Store) apply(ctx context.Context, o *op, n int64) {
+	for round := 0; round < maxRounds; round++ {
+		s.m.requests.WithLabelValues(opUpdate).Inc()
+		out, err := s.updateItem(ctx, o.pk, o.write(n), types.ReturnValueAllNew)
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case err == nil:
+			o.applied = true
+			o.epoch, _ = epochOf(out.Attributes)
+			if err := o.admit(out.Attributes, n); err != nil {
+				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+			}
+			return
+		case errors.As(err, &ccf):
+			again, cerr := o.conditionFailed(ccf.Item, n)
+			if cerr != nil {
+				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, cerr)
+				return
+			}
+			if !again {
+				return
+			}
+		default:
+			s.m.errors.WithLabelValues(opUpdate).Inc()
+			o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+			return
+		}
+	}
+	o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, ErrContention)
+}
+
+// admit sets o's result from the item's values after its write was applied.
+func (o *op) admit(item map[string]types.AttributeValue, n int64) error {
+	l := o.c.Limit
+	o.done = true
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		tat, ok, err := number(item, attrTat)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("no tat after the write")
+		}
+		o.result = gcraResult(l, tat-o.t, n)
+	case bucket.FixedWindow:
+		c, _, err := number(item, attrCount)
+		if err != nil {
+			return err
+		}
+		o.result = fixedResult(l, c-1, n)
+	default:
+		c, _, err := number(item, attrCount)
+		if err != nil {
+			return err
+		}
+		o.counts[k] = c - 1
+		o.result = slidingResult(l, o.cur, &o.counts, n)
+	}
+	return nil
+}
+
+// conditionFailed handles a failed condition given the item as it was (nil when absent). It
+// either records that the charge does not conform, or switches the GCRA form and reports that
+// the write should be tried again.
+func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (again bool, err error) {
+	l := o.c.Limit
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		tat, ok, err := number(old, attrTat)
+		if err != nil {
+			return false, err
+		}
+		switch {
+		case !ok || tat < n: // idle (or refunded, or our clock is ahead): form (a)
+			o.formB = false
+			return true, nil
+		case tat <= n+o.tau-o.t: // within the burst: form (b)
+			o.formB = true
+			return true, nil
+		}
+		o.done = true
+		o.result = gcraResult(l, tat, n)
+	case bucket.FixedWindow:
+		o.done = true
+		o.result = fixedResult(l, l.Count, n)
+	default:
+		c, _, err := number(old, attrCount)
+		if err != nil {
+			return false, err
+		}
+		o.counts[k] = c
+		o.done = true
+		if _, sealed := old[attrSealed]; sealed {
+			o.result = sealedResult(l, o.cur, &o.counts, n)
+		} else {
+			o.result = slidingResult(l, o.cur, &o.counts, n)
+		}
+	}
+	return false, nil
+}
