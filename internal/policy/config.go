@@ -155,6 +155,9 @@ type PolicyConfig struct {
 	// Window is a Go duration (windows).
 	Window time.Duration `mapstructure:"window"`
 	Match  MatchConfig   `mapstructure:"match"`
+	// windowSet records that the file wrote window, so that `window: 0s` is reported as the
+	// zero it is rather than as a missing field. Set by Parse.
+	windowSet bool
 	// Mode is enforce or shadow. (Optional) default enforce.
 	Mode      string           `mapstructure:"mode"`
 	Overrides []OverrideConfig `mapstructure:"overrides"`
@@ -175,4 +178,6 @@ type OverrideConfig struct {
 	Limit     int64         `mapstructure:"limit"`
 	Window    time.Duration `mapstructure:"window"`
 	Unlimited bool          `mapstructure:"unlimited"`
+	// windowSet: see PolicyConfig.
+	windowSet bool
 }

@@ -133,6 +133,7 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 		return nil, err
 	}
 
+	markWritten(cfg, settings)
 	if cfg.Identity.JWT != nil && cfg.Identity.JWT.Claim == "" {
 		cfg.Identity.JWT.Claim = defaultClaim
 	}
@@ -152,6 +153,28 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// markWritten notes which policy and override durations the file wrote, so that validation can
+// tell `window: 0s` (a bad value, quoted back to the user) from a window left out (a missing
+// field). settings decoded into cfg without errors, so its policies are a list of mappings
+// parallel to cfg.Policies.
+func markWritten(cfg *Config, settings map[string]any) {
+	list, _ := settings["policies"].([]any)
+	for i, item := range list {
+		m, ok := item.(map[string]any)
+		if !ok || i >= len(cfg.Policies) {
+			continue
+		}
+		p := &cfg.Policies[i]
+		_, p.windowSet = m["window"]
+		overrides, _ := m["overrides"].([]any)
+		for j, o := range overrides {
+			if om, ok := o.(map[string]any); ok && j < len(p.Overrides) {
+				_, p.Overrides[j].windowSet = om["window"]
+			}
+		}
+	}
 }
 
 // envVar is one RATELIMIT_* override.

@@ -103,7 +103,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			Name:   pc.Name,
 			Index:  i,
 			Shadow: pc.Mode == modeShadow,
-			Limit:  limitOf(alg, limitFields{pc.Rate, pc.Burst, pc.Limit, pc.Window}),
+			Limit:  limitOf(alg, pc.fields()),
 		}
 		pol.Summary = summary(pc)
 		pol.IETFPolicy = ietfPolicy(pol)

@@ -488,7 +488,7 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 		es.add(at+".algorithm", p.Algorithm, "must be token_bucket, leaky_bucket, fixed_window or sliding_window")
 	default:
 		before := len(*es)
-		checkLimit(es, at, alg, limitFields{p.Rate, p.Burst, p.Limit, p.Window}, true)
+		checkLimit(es, at, alg, p.fields(), true)
 		if len(*es) == before && isBucket(alg) {
 			r, _ := ParseRate(p.Rate)
 			checkRefill(es, at+".burst", r, p.Burst)
@@ -523,10 +523,21 @@ func validName(s string) bool {
 
 // limitFields are the limit fields common to a policy and an override.
 type limitFields struct {
-	rate   string
-	burst  int64
-	limit  int64
-	window time.Duration
+	rate      string
+	burst     int64
+	limit     int64
+	window    time.Duration
+	windowSet bool // the file wrote window, possibly as 0s
+}
+
+// fields returns the policy's limit fields.
+func (p *PolicyConfig) fields() limitFields {
+	return limitFields{rate: p.Rate, burst: p.Burst, limit: p.Limit, window: p.Window, windowSet: p.windowSet}
+}
+
+// fields returns the override's own limit fields (those it leaves unset are zero).
+func (o *OverrideConfig) fields() limitFields {
+	return limitFields{rate: o.Rate, burst: o.Burst, limit: o.Limit, window: o.Window, windowSet: o.windowSet}
 }
 
 // checkLimit checks one algorithm's fields at `at`. For a policy (full) the algorithm's fields
@@ -538,7 +549,7 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 		if f.limit != 0 {
 			es.add(at+".limit", strconv.FormatInt(f.limit, 10), "not used by "+name+": set rate and burst")
 		}
-		if f.window != 0 {
+		if f.window != 0 || f.windowSet {
 			es.add(at+".window", shortDuration(f.window), "not used by "+name+": set rate and burst")
 		}
 		if f.rate == "" && full {
@@ -559,6 +570,9 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 	}
 	checkCount(es, at+".limit", f.limit, name, full)
 	switch w := f.window; {
+	case w < 0 || w == 0 && f.windowSet:
+		// Quoted like every other bad value: "required" would hide what the user wrote.
+		es.add(at+".window", shortDuration(w), "must be positive")
 	case w == 0 && full:
 		es.add(at+".window", "", "required for "+name+": a duration such as 1m")
 	case w == 0:
@@ -622,7 +636,7 @@ func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK
 			// put a credential into stderr and the reload log.
 			es.add(oat+".key", "", `must be "sha256:" and 64 lower-case hex digits (the value is not shown: it may be a raw key; hash it with printf %s KEY | sha256sum)`)
 		}
-		f := limitFields{o.Rate, o.Burst, o.Limit, o.Window}
+		f := o.fields()
 		setsLimit := f != (limitFields{})
 		switch {
 		case o.Unlimited && setsLimit:
@@ -644,7 +658,7 @@ func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK
 
 // effective is the override's limit: its own fields, the policy's for those it leaves unset.
 func effective(p *PolicyConfig, o *OverrideConfig) limitFields {
-	f := limitFields{p.Rate, p.Burst, p.Limit, p.Window}
+	f := p.fields()
 	if o.Rate != "" {
 		f.rate = o.Rate
 	}
