@@ -228,7 +228,7 @@ func Run(ctx context.Context, o Options) error {
 // defaultGCPercent is the garbage collector target the gateway runs with unless GOGC is set.
 // A proxy's live heap is small (a few MiB plus the memory store), so the default of 100 makes it
 // collect very often; at 400 the gateway's throughput in the (c) benchmark rose by about a third
-// and its CPU per request fell by about a quarter (BENCHMARKS.md), for a heap a few MiB larger.
+// and its CPU per request fell by about a quarter (docs/benchmarks.md), for a heap a few MiB larger.
 const defaultGCPercent = 400
 
 // tuneGC applies defaultGCPercent unless the operator chose GOGC, and returns the value in force.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: decision cost, end-to-end throughput and latency, memory and (when wired) DynamoDB
 # cost of ratelimit-proxy, side by side with its baselines, in one run. Writes
-# .cache/bench/results.md and prints it. BENCHMARKS.md explains the method and records results.
+# .cache/bench/results.md and prints it. docs/benchmarks.md explains the method and records results.
 #
 #   scripts/bench/bench.sh            # full run: a few minutes on a 2-core machine
 #   BENCH_QUICK=1 scripts/bench/bench.sh   # smoke run, about a minute
