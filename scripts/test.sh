@@ -44,8 +44,8 @@ fi
 # can report a spurious "context deadline exceeded" when a loaded machine delays a worker at the
 # deadline (golang/go#75804, fixed in Go 1.27). FUZZTIME=200000x (or 30s) for a longer run.
 fuzztime=${FUZZTIME:-20000x}
-for target in $(go test -list '^Fuzz' ./internal/... 2>/dev/null | grep '^Fuzz'); do
-  pkg=$(grep -rl --include='*_test.go' "func $target(" internal | head -1 | xargs dirname)
+for target in $(go test -list '^Fuzz' ./internal/... ./ratelimitclient/... 2>/dev/null | grep '^Fuzz'); do
+  pkg=$(grep -rl --include='*_test.go' "func $target(" internal ratelimitclient | head -1 | xargs dirname)
   echo "fuzz $pkg $target ($fuzztime)"
   if ! go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" "./$pkg" >.cache/fuzz.log 2>&1; then
     cat .cache/fuzz.log
