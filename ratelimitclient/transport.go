@@ -196,6 +196,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
+// CloseIdleConnections closes the idle connections of Base, when it has any (as
+// *http.Transport does), so that http.Client.CloseIdleConnections reaches through the wrapper.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base().(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // retryStatus reports whether a status asks the client to come back later.
 func retryStatus(code int) bool {
 	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable

@@ -618,3 +618,28 @@ func TestConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+type idleCloser struct {
+	script
+	closed atomic.Int64
+}
+
+func (c *idleCloser) CloseIdleConnections() { c.closed.Add(1) }
+
+func TestCloseIdleConnectionsReachesBase(t *testing.T) {
+	base := &idleCloser{}
+	rt, err := New(Options{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	(&http.Client{Transport: rt}).CloseIdleConnections()
+	if got := base.closed.Load(); got != 1 {
+		t.Errorf("Base.CloseIdleConnections called %d times, want 1", got)
+	}
+	// A Base without the method is left alone.
+	rt, err = New(Options{Base: &base.script})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.CloseIdleConnections()
+}
