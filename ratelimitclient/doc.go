@@ -9,7 +9,8 @@
 //
 // # Usage
 //
-// Wrap a transport (nil means http.DefaultTransport) and use it in an http.Client:
+// Wrap a transport (Options.Base; nil means http.DefaultTransport) and use it in an
+// http.Client:
 //
 //	rt, err := ratelimitclient.New(ratelimitclient.Options{MaxAttempts: 4})
 //	if err != nil {
@@ -56,9 +57,9 @@
 // *strings.Reader bodies). A request that cannot be retried gets its first response.
 //
 // When it does not retry, the caller gets the last response unchanged, body open, as if the
-// transport were not there: the attempts ran out, the wait would exceed Options.MaxWait, or the
-// wait would reach the context's deadline (checked before sleeping, so a request never sleeps
-// only to fail at its deadline). The bodies of discarded responses are drained (up to 64 KiB) and
+// transport were not there: the attempts ran out, the server's floor exceeds Options.MaxWait,
+// or the wait would reach the context's deadline (checked before sleeping, so a request never sleeps
+// only to fail at its deadline; http.Client.Timeout sets such a deadline too). The bodies of discarded responses are drained (up to 64 KiB) and
 // closed, so their connections go back to the pool. If the context ends while waiting,
 // RoundTrip returns an error wrapping the context's error.
 package ratelimitclient

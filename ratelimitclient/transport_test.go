@@ -643,3 +643,30 @@ func TestCloseIdleConnectionsReachesBase(t *testing.T) {
 	}
 	rt.CloseIdleConnections()
 }
+
+// TestClientTimeoutIsADeadline: http.Client.Timeout reaches the transport as the context's
+// deadline, so a wait longer than the timeout returns the 429 at once instead of sleeping into
+// a timeout error.
+func TestClientTimeoutIsADeadline(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Retry-After", "30")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+	c := &clock{now: time.Now()}
+	rt, err := New(Options{Base: srv.Client().Transport, Now: c.Now, Sleep: c.Sleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: rt, Timeout: 10 * time.Second}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 429 || calls.Load() != 1 || len(c.waits()) != 0 {
+		t.Errorf("status %d after %d requests and waits %v; want the first 429, no wait", resp.StatusCode, calls.Load(), c.waits())
+	}
+}
