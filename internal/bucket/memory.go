@@ -54,7 +54,7 @@ type Memory struct {
 	evicted atomic.Uint64
 }
 
-var _ Store = (*Memory)(nil)
+var _ Releaser = (*Memory)(nil)
 
 // minSweep is the smallest size at which a shard sweeps, so that small shards are not swept on
 // every insert.
@@ -70,6 +70,7 @@ type shard struct {
 	fixed   table[FixedState]     // fixed-window states
 	sliding table[compactSliding] // sliding-window keys whose state fits the compact form
 	wide    map[Key]SlidingState  // the other sliding-window keys; a key is in one of the two at most
+	conc    table[int64]          // concurrency keys: requests in flight
 	maxKeys int                   // hard cap on this shard's keys
 	sweepAt int                   // sweep before inserting a new key when the shard holds this many
 	peak    int                   // most keys seen by a sweep since the tables were last rebuilt
@@ -110,6 +111,7 @@ func NewMemory(o MemoryOptions) *Memory {
 			fixed:   newTable[FixedState](rand.Uint64()),
 			sliding: newTable[compactSliding](rand.Uint64()),
 			wide:    make(map[Key]SlidingState),
+			conc:    newTable[int64](rand.Uint64()),
 			maxKeys: limit,
 			sweepAt: min(minSweep, limit),
 		}
@@ -129,7 +131,7 @@ const groupStack = 8
 type pending struct {
 	existed bool   // the key was already stored, so committing it adds no key
 	sweeps  uint64 // the shard's sweep count when existed was read
-	tat     int64
+	tat     int64  // GCRA tat, or a concurrency key's requests in flight
 	fixed   FixedState
 	sliding SlidingState
 }
@@ -151,7 +153,7 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 		return false, fmt.Errorf("bucket: memory take: %d results for %d charges", len(results), len(charges))
 	}
 	for i := range charges {
-		if a := charges[i].Limit.Algorithm; a < TokenBucket || a > SlidingWindow {
+		if a := charges[i].Limit.Algorithm; a < TokenBucket || a > Concurrency {
 			return false, fmt.Errorf("bucket: memory take: charge %d: unknown algorithm %d", i, a)
 		}
 	}
@@ -242,6 +244,16 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		st, *r = Fixed(st, now, c.Limit)
 		if r.Allowed {
 			evicted = storeAt(&sh.shard, &sh.fixed, i, existed, &c.Key, &st, now)
+		}
+	case Concurrency:
+		i, existed := sh.conc.find(&c.Key)
+		var n int64
+		if existed {
+			n = sh.conc.slots[i].st
+		}
+		n, *r = Concurrent(n, c.Limit)
+		if r.Allowed {
+			evicted = storeAt(&sh.shard, &sh.conc, i, existed, &c.Key, &n, now)
 		}
 	default: // SlidingWindow; Take has checked the algorithm
 		evicted = sh.takeSliding(c, now, r)
@@ -368,6 +380,13 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		p.existed = ok
 		p.sliding = s
 		p.sliding.take(now, &c.Limit, &r)
+	case Concurrency:
+		n, ok := sh.conc.get(&c.Key)
+		if prev != nil {
+			n, ok = prev.tat, true
+		}
+		p.existed = ok
+		p.tat, r = Concurrent(n, c.Limit)
 	}
 	return r
 }
@@ -391,6 +410,8 @@ func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
 		sh.fixed.put(&c.Key, &p.fixed)
 	case SlidingWindow:
 		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count)
+	case Concurrency:
+		sh.conc.put(&c.Key, &p.tat)
 	}
 	return evicted
 }
@@ -416,11 +437,13 @@ func (sh *shard) has(c *Charge) bool {
 		if _, ok = sh.sliding.find(&c.Key); !ok {
 			_, ok = sh.wide[c.Key]
 		}
+	case Concurrency:
+		_, ok = sh.conc.find(&c.Key)
 	}
 	return ok
 }
 
-func (sh *shard) len() int { return sh.gcra.n + sh.fixed.n + sh.sliding.n + len(sh.wide) }
+func (sh *shard) len() int { return sh.gcra.n + sh.fixed.n + sh.sliding.n + len(sh.wide) + sh.conc.n }
 
 // sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap it
 // evicts arbitrary live keys down to 15/16 of the cap, and returns how many. Tables and maps do not
@@ -438,6 +461,7 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 			delete(sh.wide, k)
 		}
 	}
+	sh.conc.deleteWhile(func(n *int64) bool { return *n <= 0 }, never)
 	n := sh.len()
 	// Evicting to a low-water mark rather than to just below the cap keeps a shard full of live
 	// keys from sweeping on every insert.
@@ -448,6 +472,7 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 		sh.fixed.deleteWhile(func(*FixedState) bool { n--; return true }, done)
 		sh.sliding.deleteWhile(func(*compactSliding) bool { n--; return true }, done)
 		evict(sh.wide, &n, low)
+		sh.conc.deleteWhile(func(*int64) bool { n--; return true }, done)
 	}
 	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
 	// requests each) they would be rebuilt and regrown on every sweep, allocating on the hot path,
@@ -457,6 +482,7 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 		sh.gcra.shrink()
 		sh.fixed.shrink()
 		sh.sliding.shrink()
+		sh.conc.shrink()
 		sh.wide = rebuilt(sh.wide)
 		sh.peak = n
 	}
@@ -499,3 +525,51 @@ func (m *Memory) Len() int {
 // Evicted returns the number of live keys evicted by the MaxKeys cap since creation, for
 // metrics. Idle keys forgotten by sweeps are not counted: forgetting them changes nothing.
 func (m *Memory) Evicted() uint64 { return m.evicted.Load() }
+
+// Release implements Releaser: each charge is given back under its shard's lock (see
+// Store.Release for what is given back). A key that is no longer stored (idle and swept, or
+// evicted) has nothing to give back. It never fails, and ignores ctx: a slot must come back
+// even when the request's context has ended, and the work is a few lock-protected writes.
+func (m *Memory) Release(_ context.Context, now time.Time, taken []Taken) error {
+	ns := now.UnixNano()
+	for i := range taken {
+		tk := &taken[i]
+		sh := &m.shards[m.shardOf(tk.Charge.Key)]
+		sh.mu.Lock()
+		sh.release(tk, ns)
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// release gives one charge back. The caller holds sh.mu.
+func (sh *shard) release(tk *Taken, now int64) {
+	c := &tk.Charge
+	at := tk.At.UnixNano()
+	switch c.Limit.Algorithm {
+	case Concurrency:
+		if i, ok := sh.conc.find(&c.Key); ok {
+			n := ConcurrentRelease(sh.conc.slots[i].st)
+			if n == 0 {
+				// A key with nothing in flight is a fresh key: forget it now rather than at
+				// the next sweep.
+				sh.conc.deleteAt(i)
+				return
+			}
+			sh.conc.slots[i].st = n
+		}
+	case TokenBucket:
+		if i, ok := sh.gcra.find(&c.Key); ok {
+			sh.gcra.slots[i].st, _ = GCRARefund(sh.gcra.slots[i].st, at, now, c.Limit)
+		}
+	case FixedWindow:
+		if i, ok := sh.fixed.find(&c.Key); ok {
+			sh.fixed.slots[i].st, _ = FixedRefund(sh.fixed.slots[i].st, at, c.Limit)
+		}
+	case SlidingWindow:
+		st, ok := sh.slidingState(c.Key)
+		if ok && st.refund(at, &c.Limit) {
+			sh.storeSliding(c.Key, &st, c.Limit.Count)
+		}
+	}
+}

@@ -315,3 +315,7 @@ func TestMemoryDecidesPastTheDeadline(t *testing.T) {
 		}
 	}
 }
+
+func TestMemoryReleaseConformance(t *testing.T) {
+	buckettest.RunRelease(t, func(*testing.T) bucket.Releaser { return bucket.NewMemory(bucket.MemoryOptions{}) })
+}

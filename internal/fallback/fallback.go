@@ -124,7 +124,7 @@ type Store struct {
 	m metrics
 }
 
-var _ bucket.Store = (*Store)(nil)
+var _ bucket.Releaser = (*Store)(nil)
 
 type metrics struct {
 	healthy         prometheus.Gauge
@@ -253,7 +253,41 @@ func (s *Store) takeLocal(ctx context.Context, now time.Time, charges []bucket.C
 		c.Limit = Divide(c.Limit, s.replicas)
 		divided[i] = c
 	}
-	return s.local.Take(context.WithoutCancel(ctx), now, divided, results)
+	admitted, err := s.local.Take(context.WithoutCancel(ctx), now, divided, results)
+	for i := range charges {
+		// Release must give these back to the local store, not to the primary.
+		results[i].Token = localToken
+	}
+	return admitted, err
+}
+
+// localToken marks, in Result.Token, a charge that takeLocal decided. The primary's tokens
+// never have the top bit set (bucket.Releaser: DynamoDB's are lease generations).
+const localToken = 1 << 63
+
+// Release implements bucket.Releaser: charges that the local store decided (on_error local)
+// go back to it, with the divided limits they were taken under; the others go to the primary,
+// also while its circuit is open (a concurrency slot released nowhere would stay taken until
+// its lease expires). A primary that is no Releaser gives nothing back.
+func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken) error {
+	var local, primary []bucket.Taken
+	for _, tk := range taken {
+		if tk.Token&localToken != 0 {
+			tk.Charge.Limit = Divide(tk.Charge.Limit, s.replicas)
+			tk.Token = 0
+			local = append(local, tk)
+		} else {
+			primary = append(primary, tk)
+		}
+	}
+	var err error
+	if len(local) > 0 && s.local != nil {
+		err = s.local.Release(ctx, now, local)
+	}
+	if r, ok := s.primary.(bucket.Releaser); ok && len(primary) > 0 {
+		err = errors.Join(err, r.Release(ctx, now, primary))
+	}
+	return err
 }
 
 // Divide returns l's share for one of n replicas: Rate/n, and Burst/n and Count/n rounded down

@@ -1,0 +1,293 @@
+package buckettest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// RunRelease is the conformance suite of bucket.Releaser: concurrency limits (slots taken and
+// given back, all or nothing in a group, never more than Count in flight under concurrency) and
+// the charge_on refunds of every algorithm, including the refunds a store must refuse because
+// they could admit more than the limit. newStore is called once per subtest, as for Run.
+func RunRelease(t *testing.T, newStore func(t *testing.T) bucket.Releaser) {
+	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newStore(t)) })
+	t.Run("ConcurrencyRejectedGroup", func(t *testing.T) { testConcurrencyRejectedGroup(t, newStore(t)) })
+	t.Run("ConcurrencyInFlight", func(t *testing.T) { testConcurrencyInFlight(t, newStore(t)) })
+	t.Run("RefundFixedWindow", func(t *testing.T) { testRefundFixed(t, newStore(t)) })
+	t.Run("RefundSlidingWindow", func(t *testing.T) { testRefundSliding(t, newStore(t)) })
+	t.Run("RefundTokenBucket", func(t *testing.T) { testRefundToken(t, newStore(t)) })
+	t.Run("NoRefundLeakyBucket", func(t *testing.T) { testNoRefundLeaky(t, newStore(t)) })
+	t.Run("RefundUnderConcurrency", func(t *testing.T) { testRefundConcurrent(t, newStore(t)) })
+}
+
+// concLimit admits two requests in flight per key.
+var concLimit = bucket.Limit{Algorithm: bucket.Concurrency, Count: 2}
+
+// takeToken takes one charge at now and returns what Release needs of it, failing the test on a
+// store error.
+func takeToken(t *testing.T, s bucket.Store, now time.Time, c bucket.Charge) (bool, bucket.Result, bucket.Taken) {
+	t.Helper()
+	admitted, r := take(t, s, now, c)
+	return admitted, r, bucket.Taken{Charge: c, At: now, Token: r.Token}
+}
+
+// release gives taken back at now and fails the test on a store error.
+func release(t *testing.T, s bucket.Releaser, now time.Time, taken ...bucket.Taken) {
+	t.Helper()
+	if err := s.Release(context.Background(), now, taken); err != nil {
+		t.Fatalf("Release at %v: %v", now, err)
+	}
+}
+
+// same compares a verdict without its Token, which is the store's own business.
+func same(got, want bucket.Result) bool {
+	got.Token = 0
+	return got == want
+}
+
+func testConcurrency(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: concLimit}
+	sec := time.Second
+	full := bucket.Result{Limit: 2, RetryAfter: sec, Reset: sec}
+	_, r1, a := takeToken(t, s, base, c)
+	_, r2, b := takeToken(t, s, base, c)
+	admitted3, r3, _ := takeToken(t, s, base, c)
+	for i, tc := range []struct {
+		got, want bucket.Result
+	}{
+		{r1, bucket.Result{Allowed: true, Limit: 2, Remaining: 1, Reset: sec}},
+		{r2, bucket.Result{Allowed: true, Limit: 2, Remaining: 0, Reset: sec}},
+		{r3, full},
+	} {
+		if !same(tc.got, tc.want) {
+			t.Errorf("take %d: got %+v, want %+v", i+1, tc.got, tc.want)
+		}
+	}
+	if admitted3 {
+		t.Errorf("third take with two in flight: got admitted, want rejected")
+	}
+	// Time alone frees nothing: a slot is held until its request ends.
+	if admitted, r := take(t, s, base.Add(time.Hour), c); admitted || !same(r, full) {
+		t.Errorf("an hour later with both still in flight: got admitted=%v %+v, want rejected %+v", admitted, r, full)
+	}
+	release(t, s, base.Add(time.Hour), a)
+	admitted, r, a2 := takeToken(t, s, base.Add(time.Hour), c)
+	if want := (bucket.Result{Allowed: true, Limit: 2, Remaining: 0, Reset: sec}); !admitted || !same(r, want) {
+		t.Errorf("after one release: got admitted=%v %+v, want admitted %+v", admitted, r, want)
+	}
+	release(t, s, base.Add(time.Hour), a2, b)
+	if admitted, r := take(t, s, base.Add(time.Hour), c); !admitted || r.Remaining != 1 {
+		t.Errorf("after every release: got admitted=%v Remaining %d, want admitted, 1 (a fresh key)", admitted, r.Remaining)
+	}
+}
+
+func testConcurrencyRejectedGroup(t *testing.T, s bucket.Releaser) {
+	slot := bucket.Charge{Key: NewKey(t), Limit: concLimit}
+	exhausted := bucket.Charge{Key: NewKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1}}
+	if admitted, _ := take(t, s, base, exhausted); !admitted {
+		t.Fatalf("first take of a fresh Burst 1 bucket: got rejected, want admitted")
+	}
+	for range 3 {
+		if admitted, _ := takeGroup(t, s, base, slot, exhausted); admitted {
+			t.Fatalf("group with an exhausted bucket: got admitted, want rejected")
+		}
+	}
+	// The rejected groups took no slot.
+	if _, r := take(t, s, base, slot); !r.Allowed || r.Remaining != 1 {
+		t.Errorf("slot after three rejected groups: got %+v, want allowed with Remaining 1", r)
+	}
+}
+
+// testConcurrencyInFlight runs many goroutines that each take a slot, hold it while counting the
+// requests in flight, and give it back: the count must never pass Count, and the slots must all
+// come back (a fresh key's verdict at the end).
+func testConcurrencyInFlight(t *testing.T, s bucket.Releaser) {
+	const goroutines, each, limit = 12, 6, 3
+	c := bucket.Charge{Key: NewKey(t), Limit: bucket.Limit{Algorithm: bucket.Concurrency, Count: limit}}
+	var (
+		wg                  sync.WaitGroup
+		inFlight, peak, oks atomic.Int64
+		failed              atomic.Pointer[error]
+	)
+	for range goroutines {
+		wg.Go(func() {
+			var r [1]bucket.Result
+			for range each {
+				ok, err := s.Take(context.Background(), base, []bucket.Charge{c}, r[:])
+				if err != nil {
+					failed.Store(&err)
+					return
+				}
+				if !ok {
+					continue
+				}
+				oks.Add(1)
+				n := inFlight.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				inFlight.Add(-1)
+				if err := s.Release(context.Background(), base, []bucket.Taken{{Charge: c, At: base, Token: r[0].Token}}); err != nil {
+					failed.Store(&err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatalf("Take/Release: %v", *err)
+	}
+	if p := peak.Load(); p > limit {
+		t.Errorf("peak in flight: got %d, want at most %d", p, limit)
+	}
+	if oks.Load() < limit {
+		t.Errorf("admitted: got %d, want at least %d (slots must come back)", oks.Load(), limit)
+	}
+	if _, r := take(t, s, base, c); !r.Allowed || r.Remaining != limit-1 {
+		t.Errorf("after every slot was given back: got %+v, want allowed with Remaining %d", r, limit-1)
+	}
+}
+
+func testRefundFixed(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: fixedLimit} // 3 per minute
+	var taken [3]bucket.Taken
+	for i := range taken {
+		_, _, taken[i] = takeToken(t, s, base.Add(10*time.Second), c)
+	}
+	release(t, s, base.Add(11*time.Second), taken[0])
+	if admitted, r := take(t, s, base.Add(12*time.Second), c); !admitted || r.Remaining != 0 {
+		t.Errorf("after a refund in the same window: got admitted=%v Remaining %d, want admitted, 0", admitted, r.Remaining)
+	}
+	// A charge of a window that has ended gives nothing back to the next one.
+	old := bucket.Taken{Charge: c, At: base.Add(-10 * time.Second)}
+	release(t, s, base.Add(13*time.Second), old)
+	if admitted, _ := take(t, s, base.Add(13*time.Second), c); admitted {
+		t.Errorf("after a refund of the previous window's charge: got admitted, want rejected")
+	}
+	// Nor does a charge refunded after its window ended.
+	release(t, s, base.Add(61*time.Second), taken[1])
+	for i := range 3 {
+		if admitted, _ := take(t, s, base.Add(61*time.Second), c); !admitted {
+			t.Errorf("take %d in the next window after a late refund: got rejected, want admitted", i+1)
+		}
+	}
+	if admitted, _ := take(t, s, base.Add(61*time.Second), c); admitted {
+		t.Errorf("fourth take in the next window: got admitted, want rejected (the late refund gave nothing)")
+	}
+}
+
+func testRefundSliding(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: slidingLimit} // 3 per 10 s, 1 s slots
+	var taken [3]bucket.Taken
+	for i := range taken {
+		_, _, taken[i] = takeToken(t, s, base.Add(time.Second+time.Duration(i)*time.Second), c)
+	}
+	if admitted, _ := take(t, s, base.Add(4*time.Second), c); admitted {
+		t.Fatalf("fourth take within the window: got admitted, want rejected")
+	}
+	release(t, s, base.Add(4*time.Second), taken[1])
+	if admitted, r := take(t, s, base.Add(5*time.Second), c); !admitted || r.Remaining != 0 {
+		t.Errorf("after a refund: got admitted=%v Remaining %d, want admitted, 0", admitted, r.Remaining)
+	}
+	// A charge whose slot has left the counted slots gives nothing back.
+	old := bucket.Taken{Charge: c, At: base.Add(-20 * time.Second)}
+	release(t, s, base.Add(6*time.Second), old)
+	if admitted, _ := take(t, s, base.Add(6*time.Second), c); admitted {
+		t.Errorf("after a refund of a charge 26 s old: got admitted, want rejected")
+	}
+}
+
+func testRefundToken(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: tokenLimit} // T = 100ms, burst 3
+	var taken [3]bucket.Taken
+	for i := range taken {
+		_, _, taken[i] = takeToken(t, s, base, c)
+	}
+	// Within T of its take, a refund gives the request back exactly.
+	release(t, s, base.Add(ms(50)), taken[0])
+	if admitted, r := take(t, s, base.Add(ms(50)), c); !admitted || r.Remaining != 0 {
+		t.Errorf("after a refund within T: got admitted=%v Remaining %d, want admitted, 0", admitted, r.Remaining)
+	}
+	// At T after its take the bucket may have refilled that request already (and have been
+	// idle, and started afresh): the refund is refused rather than risk one request too many.
+	release(t, s, base.Add(ms(100)), taken[1])
+	if admitted, _ := take(t, s, base.Add(ms(100)), c); !admitted {
+		t.Fatalf("the request refilled at base+100ms: got rejected, want admitted")
+	}
+	if admitted, _ := take(t, s, base.Add(ms(100)), c); admitted {
+		t.Errorf("after a refund T after its take: got admitted, want rejected (the refund must not apply)")
+	}
+}
+
+func testNoRefundLeaky(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: leakyLimit} // Burst+1 = 3 at once
+	var first bucket.Taken
+	for i := range 3 {
+		_, _, tk := takeToken(t, s, base, c)
+		if i == 0 {
+			first = tk
+		}
+	}
+	release(t, s, base, first)
+	if admitted, _ := take(t, s, base, c); admitted {
+		t.Errorf("after a leaky-bucket refund: got admitted, want rejected (leaky charges are never refunded)")
+	}
+}
+
+// testRefundConcurrent reserves and refunds from many goroutines at once, as charge_on does
+// when every answer is free: each goroutine takes a window charge and gives it back. However
+// they interleave, a take is admitted only while fewer than Count reservations are out, so at
+// the end exactly Count fresh takes pass.
+func testRefundConcurrent(t *testing.T, s bucket.Releaser) {
+	const goroutines, each = 8, 6
+	l := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 4, Window: time.Minute}
+	c := bucket.Charge{Key: NewKey(t), Limit: l}
+	var (
+		wg       sync.WaitGroup
+		out, max atomic.Int64
+		failed   atomic.Pointer[error]
+	)
+	for range goroutines {
+		wg.Go(func() {
+			var r [1]bucket.Result
+			for range each {
+				ok, err := s.Take(context.Background(), base, []bucket.Charge{c}, r[:])
+				if err != nil {
+					failed.Store(&err)
+					return
+				}
+				if !ok {
+					continue
+				}
+				n := out.Add(1)
+				for p := max.Load(); n > p && !max.CompareAndSwap(p, n); p = max.Load() {
+				}
+				out.Add(-1)
+				if err := s.Release(context.Background(), base, []bucket.Taken{{Charge: c, At: base, Token: r[0].Token}}); err != nil {
+					failed.Store(&err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatalf("Take/Release: %v", *err)
+	}
+	if m := max.Load(); m > l.Count {
+		t.Errorf("reservations out at once: got %d, want at most %d", m, l.Count)
+	}
+	for i := range l.Count {
+		if admitted, _ := take(t, s, base, c); !admitted {
+			t.Fatalf("fresh take %d after every reservation was refunded: got rejected, want admitted", i+1)
+		}
+	}
+	if admitted, _ := take(t, s, base, c); admitted {
+		t.Errorf("take %d: got admitted, want rejected", l.Count+1)
+	}
+}
