@@ -40,6 +40,10 @@ type Policy struct {
 	Shadow bool // mode: shadow counts, logs and labels but never rejects
 	// Limit is the policy's default limit; a Charge may carry an override's limit instead.
 	Limit bucket.Limit
+	// ChargeOn, when not nil, is the set of answer statuses that consume the budget: the
+	// request's charge is taken (reserved) before it is forwarded, and given back through
+	// bucket.Releaser when the answer's status is not in the set (charge_on).
+	ChargeOn *StatusSet
 	// Summary is a one-line human description, printed by `validate`.
 	Summary string
 	// IETFPolicy is the precomputed RateLimit-Policy item for the default limit, e.g.

@@ -144,17 +144,24 @@ type PolicyConfig struct {
 	Name string `mapstructure:"name"`
 	// Key is ip, api_key, user, global or header:NAME. (Required)
 	Key string `mapstructure:"key"`
-	// Algorithm is token_bucket, leaky_bucket, fixed_window or sliding_window. (Required)
+	// Algorithm is token_bucket, leaky_bucket, fixed_window, sliding_window or concurrency.
+	// (Required)
 	Algorithm string `mapstructure:"algorithm"`
 	// Rate is N/s, N/m or N/h (buckets).
 	Rate string `mapstructure:"rate"`
 	// Burst is the capacity (token bucket) or queue length (leaky bucket).
 	Burst int64 `mapstructure:"burst"`
-	// Limit is requests per Window (windows).
+	// Limit is requests per Window (windows), or requests in flight at once (concurrency).
 	Limit int64 `mapstructure:"limit"`
 	// Window is a Go duration (windows).
 	Window time.Duration `mapstructure:"window"`
 	Match  MatchConfig   `mapstructure:"match"`
+	// ChargeOn lists the answers that consume the budget: status codes (401) or classes (5xx).
+	// A request is still checked before it is forwarded (an exhausted budget rejects it), and
+	// its charge is reserved; an answer not listed gives the reservation back. (Optional)
+	// default: every admitted request is charged. token_bucket, fixed_window and
+	// sliding_window only.
+	ChargeOn []string `mapstructure:"charge_on"`
 	// windowSet records that the file wrote window, so that `window: 0s` is reported as the
 	// zero it is rather than as a missing field. Set by Parse.
 	windowSet bool

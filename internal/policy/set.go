@@ -105,6 +105,9 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			Shadow: pc.Mode == modeShadow,
 			Limit:  limitOf(alg, pc.fields()),
 		}
+		if pc.ChargeOn != nil {
+			pol.ChargeOn, _ = ParseStatusSet(pc.ChargeOn) // validated
+		}
 		pol.Summary = summary(pc)
 		pol.IETFPolicy = ietfPolicy(pol)
 		ru := rule{
@@ -200,9 +203,12 @@ func keyPrefix(name string, alg bucket.Algorithm, kind keyKind, header string) [
 func summary(pc *PolicyConfig) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: key=%s %s", pc.Name, pc.Key, pc.Algorithm)
-	if isBucket(algorithms[pc.Algorithm]) {
+	switch alg := algorithms[pc.Algorithm]; {
+	case isBucket(alg):
 		fmt.Fprintf(&b, " rate=%s burst=%d", pc.Rate, pc.Burst)
-	} else {
+	case alg == bucket.Concurrency:
+		fmt.Fprintf(&b, " limit=%d in flight", pc.Limit)
+	default:
 		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, shortDuration(pc.Window))
 	}
 	mode := pc.Mode
@@ -215,6 +221,9 @@ func summary(pc *PolicyConfig) string {
 	}
 	if pc.Match.PathPrefix != "" {
 		b.WriteString(" path_prefix=" + pc.Match.PathPrefix)
+	}
+	if len(pc.ChargeOn) > 0 {
+		b.WriteString(" charge_on=" + strings.Join(pc.ChargeOn, ","))
 	}
 	if n := len(pc.Overrides); n > 0 {
 		fmt.Fprintf(&b, " overrides=%d", n)
@@ -235,8 +244,12 @@ func shortDuration(d time.Duration) string {
 }
 
 // ietfPolicy is the RateLimit-Policy item: quota q over w seconds. A bucket's quota is its burst,
-// refilled in burst/rate seconds.
+// refilled in burst/rate seconds. A concurrency limit's quota is its requests in flight, in the
+// draft's quota unit concurrent-requests, with no window.
 func ietfPolicy(p *Policy) string {
+	if p.Limit.Algorithm == bucket.Concurrency {
+		return `"` + p.Name + `";q=` + strconv.FormatInt(p.Limit.Count, 10) + `;qu="concurrent-requests"`
+	}
 	q, w := p.Limit.Count, ceilSeconds(p.Limit.Window.Seconds())
 	if isBucket(p.Limit.Algorithm) {
 		q, w = p.Limit.Burst, ceilSeconds(float64(p.Limit.Burst)/p.Limit.Rate)

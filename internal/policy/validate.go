@@ -38,6 +38,7 @@ var algorithms = map[string]bucket.Algorithm{
 	"leaky_bucket":   bucket.LeakyBucket,
 	"fixed_window":   bucket.FixedWindow,
 	"sliding_window": bucket.SlidingWindow,
+	"concurrency":    bucket.Concurrency,
 }
 
 // algorithmName is the inverse of algorithms, indexed by bucket.Algorithm.
@@ -46,7 +47,11 @@ var algorithmName = [...]string{
 	bucket.LeakyBucket:   "leaky_bucket",
 	bucket.FixedWindow:   "fixed_window",
 	bucket.SlidingWindow: "sliding_window",
+	bucket.Concurrency:   "concurrency",
 }
+
+// algorithmList is the algorithms as error messages list them.
+const algorithmList = "token_bucket, leaky_bucket, fixed_window, sliding_window or concurrency"
 
 func isBucket(a bucket.Algorithm) bool { return a == bucket.TokenBucket || a == bucket.LeakyBucket }
 
@@ -201,6 +206,10 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 	hasUser := id.UserHeader != "" || id.JWT != nil
 	for i := range c.Policies {
 		checkPolicy(&es, fmt.Sprintf("policies[%d]", i), &c.Policies[i], hasUser)
+		if p := &c.Policies[i]; c.Store.Backend == "dynamodb" && (p.Algorithm == "concurrency" || p.ChargeOn != nil) {
+			// The DynamoDB store cannot give charges back yet: a slot would never be freed.
+			es.add(fmt.Sprintf("policies[%d]", i), "", "concurrency and charge_on need store.backend memory in this version")
+		}
 		name := c.Policies[i].Name
 		if first, dup := seen[name]; dup && name != "" {
 			es.add(fmt.Sprintf("policies[%d].name", i), name, fmt.Sprintf("duplicate of policies[%d]", first))
@@ -483,9 +492,9 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	alg, algOK := algorithms[p.Algorithm]
 	switch {
 	case p.Algorithm == "":
-		es.add(at+".algorithm", "", "required: token_bucket, leaky_bucket, fixed_window or sliding_window")
+		es.add(at+".algorithm", "", "required: "+algorithmList)
 	case !algOK:
-		es.add(at+".algorithm", p.Algorithm, "must be token_bucket, leaky_bucket, fixed_window or sliding_window")
+		es.add(at+".algorithm", p.Algorithm, "must be "+algorithmList)
 	default:
 		before := len(*es)
 		checkLimit(es, at, alg, p.fields(), true)
@@ -508,6 +517,7 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	if pp := p.Match.PathPrefix; pp != "" && pp[0] != '/' {
 		es.add(at+".match.path_prefix", pp, `must start with "/"`)
 	}
+	checkChargeOn(es, at, p.ChargeOn, alg, algOK)
 	checkOverrides(es, at, p, kind, ok, alg, algOK)
 }
 
@@ -560,6 +570,19 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 			}
 		}
 		checkCount(es, at+".burst", f.burst, name, full)
+		return
+	}
+	if alg == bucket.Concurrency {
+		if f.rate != "" {
+			es.add(at+".rate", f.rate, "not used by concurrency: set limit (requests in flight at once)")
+		}
+		if f.burst != 0 {
+			es.add(at+".burst", strconv.FormatInt(f.burst, 10), "not used by concurrency: set limit (requests in flight at once)")
+		}
+		if f.window != 0 || f.windowSet {
+			es.add(at+".window", shortDuration(f.window), "not used by concurrency: a slot is held while its request is in flight")
+		}
+		checkCount(es, at+".limit", f.limit, name, full)
 		return
 	}
 	if f.rate != "" {
@@ -753,4 +776,28 @@ func ceilSeconds(s float64) int64 {
 		return 1
 	}
 	return int64(math.Ceil(s))
+}
+
+// checkChargeOn checks a policy's charge_on list: each entry a status code (100 to 599) or a
+// class (1xx to 5xx), for an algorithm whose charges can be refunded exactly.
+func checkChargeOn(es *Errors, at string, list []string, alg bucket.Algorithm, algOK bool) {
+	if list == nil {
+		return
+	}
+	if len(list) == 0 {
+		es.add(at+".charge_on", "", "must list at least one status (such as 401) or class (such as 5xx); remove it to charge every request")
+		return
+	}
+	if algOK && (alg == bucket.LeakyBucket || alg == bucket.Concurrency) {
+		why := "a leaky bucket has already held the request for its turn"
+		if alg == bucket.Concurrency {
+			why = "a concurrency slot is given back when the request ends, whatever its answer"
+		}
+		es.add(at+".charge_on", "", "not supported by "+algorithmName[alg]+": "+why+"; use token_bucket, fixed_window or sliding_window")
+	}
+	for i, v := range list {
+		if _, err := ParseStatusSet([]string{v}); err != nil {
+			es.add(fmt.Sprintf("%s.charge_on[%d]", at, i), v, err.Error())
+		}
+	}
 }

@@ -129,6 +129,12 @@ func setRateLimitHeaders(h http.Header, buf []byte, hc policy.Headers, st *reqSt
 // advertise Count per Window; buckets advertise Burst per the time a full bucket takes to
 // refill (Burst/Rate), which is the window over which Burst requests are sustainable.
 func appendIETFItem(buf []byte, name string, l bucket.Limit) []byte {
+	if l.Algorithm == bucket.Concurrency {
+		buf = appendSFString(buf, name)
+		buf = append(buf, ";q="...)
+		buf = strconv.AppendInt(buf, l.Count, 10)
+		return append(buf, `;qu="concurrent-requests"`...)
+	}
 	var q, w int64
 	switch l.Algorithm {
 	case bucket.FixedWindow, bucket.SlidingWindow:

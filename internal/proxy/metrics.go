@@ -62,6 +62,8 @@ type Metrics struct {
 	leakyWait        prometheus.Histogram
 	clientCanceled   *prometheus.CounterVec
 	bodyTimeouts     prometheus.Counter
+	refunded         *prometheus.CounterVec
+	releaseErrors    prometheus.Counter
 
 	// Resolved children, so the hot path does no label hashing.
 	decision    [numDecisions]prometheus.Counter
@@ -75,6 +77,7 @@ type Metrics struct {
 // policyCounters are one policy's ratelimit_requests_total children.
 type policyCounters struct {
 	allowed, limited, shadowLimited prometheus.Counter
+	refunded                        prometheus.Counter // ratelimit_charges_refunded_total
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not registered, for tests
@@ -99,6 +102,11 @@ type policyCounters struct {
 //	ratelimit_upstream_errors_total{reason}      reason: refused|timeout|reset|other|aborted
 //	ratelimit_leaky_wait_seconds                 how long leaky-bucket requests were held
 //	ratelimit_client_canceled_total{stage}       stage: store|wait|upstream
+//	ratelimit_charges_refunded_total{policy}     charge_on: admitted requests whose answer was
+//	    not listed, so their reserved charge was given back (the store may still keep it spent
+//	    where a refund could admit too many; see bucket.Releaser)
+//	ratelimit_release_errors_total               Releaser.Release calls that failed: concurrency
+//	    slots held until their lease expires, refunds lost (stricter)
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -140,6 +148,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bodyTimeouts: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_proxy_body_timeouts_total",
 			Help: "Forwarded requests whose body stopped before its end (server.read_timeout cut a slow client off, or the client left mid-upload); answered 408.",
+		})),
+		refunded: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_charges_refunded_total",
+			Help: "charge_on policies: admitted requests whose answer status was not listed, so their reserved charge was given back.",
+		}, []string{"policy"})),
+		releaseErrors: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_release_errors_total",
+			Help: "Concurrency slots or charge_on reservations the store failed to give back (held until a lease expires or a window ends).",
 		})),
 		byPolicy: make(map[string]*policyCounters),
 	}
@@ -190,6 +206,7 @@ func (m *Metrics) policyCounters(name string) *policyCounters {
 			allowed:       m.requests.WithLabelValues(name, "allowed"),
 			limited:       m.requests.WithLabelValues(name, "limited"),
 			shadowLimited: m.requests.WithLabelValues(name, "shadow_limited"),
+			refunded:      m.refunded.WithLabelValues(name),
 		}
 		m.byPolicy[name] = c
 	}

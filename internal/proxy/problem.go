@@ -12,6 +12,7 @@ import (
 const (
 	problemBase         = "https://ratelimit-proxy.dev/problems/"
 	problemRateLimited  = problemBase + "rate-limited"         // 429
+	problemConcurrency  = problemBase + "concurrency-limited"  // 429 of a concurrency policy
 	problemUnauthorized = problemBase + "unauthorized"         // 401
 	problemUnavailable  = problemBase + "limiter-unavailable"  // 503
 	problemInternal     = problemBase + "internal"             // 500
@@ -75,11 +76,17 @@ func appendProblem(buf []byte, p problem) []byte {
 	buf = append(buf, `,"status":`...)
 	buf = strconv.AppendInt(buf, int64(p.Status), 10)
 	buf = append(buf, `,"detail":`...)
-	if p.Type == problemRateLimited {
+	if p.Type == problemRateLimited || p.Type == problemConcurrency {
 		// Built here rather than with fmt: this is the hot path of an attack.
-		buf = append(buf, `"Rate limit of policy \"`...)
-		buf = appendJSONStringBody(buf, p.Policy)
-		buf = append(buf, `\" exceeded; retry after `...)
+		if p.Type == problemRateLimited {
+			buf = append(buf, `"Rate limit of policy \"`...)
+			buf = appendJSONStringBody(buf, p.Policy)
+			buf = append(buf, `\" exceeded; retry after `...)
+		} else {
+			buf = append(buf, `"Concurrency limit of policy \"`...)
+			buf = appendJSONStringBody(buf, p.Policy)
+			buf = append(buf, `\" reached: too many requests in flight; retry after `...)
+		}
 		buf = strconv.AppendInt(buf, p.RetryAfter, 10)
 		if p.RetryAfter == 1 {
 			buf = append(buf, ` second."`...)

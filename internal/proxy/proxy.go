@@ -55,9 +55,18 @@ type Limiter interface {
 	Take(ctx context.Context, now time.Time, charges []bucket.Charge, results []bucket.Result) (bool, error)
 }
 
+// Releaser is what the handler needs to give charges back: concurrency slots when their request
+// ends, and charge_on reservations whose answer is not listed. Every bucket.Releaser satisfies
+// it; a Limiter that is not one never gives anything back (the server refuses such a store for
+// policies that need it). See bucket.Releaser for the contract.
+type Releaser interface {
+	Release(ctx context.Context, now time.Time, taken []bucket.Taken) error
+}
+
 var (
 	_ Policies = (*policy.Set)(nil)
 	_ Limiter  = bucket.Store(nil)
+	_ Releaser = bucket.Releaser(nil)
 )
 
 // OnError says what happens to a request when the limiter cannot decide (error or timeout).
@@ -82,7 +91,8 @@ type Options struct {
 	// Policies returns the set in force; a reload swaps what it returns. It is called once per
 	// request, so one request always sees one set. It must not return nil. (Required)
 	Policies func() Policies
-	// Limiter decides. (Required)
+	// Limiter decides. (Required) When it is also a Releaser, the handler gives back
+	// concurrency slots and charge_on reservations through it; otherwise they stay spent.
 	Limiter Limiter
 	// Backend labels the store metrics ("memory", "dynamodb"). (Optional) default "memory".
 	Backend string
@@ -128,6 +138,7 @@ type Options struct {
 type Handler struct {
 	policies     func() Policies
 	limiter      Limiter
+	releaser     Releaser // nil when the limiter cannot give charges back
 	onError      OnError
 	storeTimeout time.Duration
 	now          func() time.Time
@@ -155,16 +166,17 @@ type policyState struct {
 // read-only by every response that carries the same numbers. The header slices have capacity 1,
 // so Header.Add copies instead of writing into them.
 type rejection struct {
+	typ                 string // problem type: rate-limited or concurrency-limited
 	retry, limit, reset int64
 	retryAfter          []string
 	vals                [3]string // X-RateLimit-Limit, -Remaining ("0"), -Reset
 	body                []byte
 }
 
-func newRejection(name string, retry, limit, reset int64) *rejection {
-	r := &rejection{retry: retry, limit: limit, reset: reset, retryAfter: retryAfter(retry)}
+func newRejection(typ, name string, retry, limit, reset int64) *rejection {
+	r := &rejection{typ: typ, retry: retry, limit: limit, reset: reset, retryAfter: retryAfter(retry)}
 	r.vals = [3]string{strconv.FormatInt(limit, 10), "0", strconv.FormatInt(reset, 10)}
-	r.body = appendProblem(nil, problem{Type: problemRateLimited, Status: http.StatusTooManyRequests,
+	r.body = appendProblem(nil, problem{Type: typ, Status: http.StatusTooManyRequests,
 		Policy: name, RetryAfter: retry})
 	return r
 }
@@ -186,6 +198,7 @@ type reqState struct {
 	buf     []byte
 	now     time.Time // the instant handed to the limiter; headers are relative to it
 	ctx     *storeCtx // reused while no store materialised it
+	taken   []bucket.Taken
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -250,6 +263,7 @@ func New(o Options) (*Handler, error) {
 			o.Metrics.storeErrors.WithLabelValues(o.Backend, "error"),
 		},
 	}
+	h.releaser, _ = o.Limiter.(Releaser)
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
 	rand.Read(h.logSecret[:]) // never fails (crypto/rand, Go 1.24+)
@@ -312,7 +326,62 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reject(w, st, pols)
 		return
 	}
+	if h.releaser != nil && st.mustGiveBack() {
+		// Slots and reservations are given back once the answer is complete, the client left
+		// or the upstream failed, so in a defer: the reverse proxy aborts a response whose
+		// upstream body fails with a panic (http.ErrAbortHandler).
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() { h.giveBack(r, st, sw.status) }()
+		h.admit(sw, r, st, pols)
+		return
+	}
 	h.admit(w, r, st, pols)
+}
+
+// mustGiveBack reports whether an admitted group holds a charge to give back after the answer:
+// a concurrency slot, or a reservation of a charge_on policy.
+func (st *reqState) mustGiveBack() bool {
+	for i, c := range st.plan.Charges {
+		if st.results[i].Allowed && (c.Limit.Algorithm == bucket.Concurrency || st.plan.Policies[i].ChargeOn != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// giveBack releases what an admitted group must give back now that its answer, of this status
+// (0: none was sent), is over: every concurrency slot, and the reservation of every charge_on
+// policy whose list does not hold the status. It runs within store.timeout of its own, not
+// the request's context, which has ended when the client went away; a failure is counted (the
+// store keeps the charge: a DynamoDB slot until its lease expires, a refund never).
+func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
+	st.taken = st.taken[:0]
+	for i, c := range st.plan.Charges {
+		if !st.results[i].Allowed {
+			continue
+		}
+		pol := st.plan.Policies[i]
+		switch {
+		case c.Limit.Algorithm == bucket.Concurrency:
+		case pol.ChargeOn != nil && !pol.ChargeOn.Has(status):
+			h.policy(pol.Name).counters.refunded.Inc()
+		default:
+			continue
+		}
+		st.taken = append(st.taken, bucket.Taken{Charge: c, At: st.now, Token: st.results[i].Token})
+	}
+	if len(st.taken) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.storeTimeout)
+	defer cancel()
+	if err := h.releaser.Release(ctx, h.now(), st.taken); err != nil {
+		h.m.releaseErrors.Inc()
+		if ce := h.log.Check(zap.WarnLevel, "rate-limit store release failed"); ce != nil {
+			ce.Write(zap.Int("charges", len(st.taken)), zap.Error(err))
+		}
+	}
+	clear(st.taken) // the pool must not keep charges alive
 }
 
 // take asks the limiter about st.plan.Charges (at least one) under the store timeout, filling
@@ -356,8 +425,10 @@ func (h *Handler) take(r *http.Request, st *reqState) (admitted, timedOut bool, 
 // allowed) and a store failure too, without OnError, since the request is refused either way and
 // an outage must turn a 401 into neither a 503 nor a forward.
 func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
+	taken := false // the ip charges were admitted: they hold what giveBack must return
 	if len(st.plan.Charges) > 0 {
 		admitted, timedOut, err := h.take(r, st)
+		taken = err == nil && admitted
 		switch {
 		case err != nil:
 			if r.Context().Err() != nil && !timedOut {
@@ -378,6 +449,11 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 	w.Header()["Www-Authenticate"] = wwwAuthenticate
 	st.buf = writeProblem(w, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
 		Detail: "The bearer token is not valid."})
+	if taken && h.releaser != nil && st.mustGiveBack() {
+		// The 401 is the answer: it ends concurrency slots, and charges of ip policies whose
+		// charge_on does not list 401.
+		h.giveBack(r, st, http.StatusUnauthorized)
+	}
 }
 
 // storeError applies OnError to a request the limiter could not decide.
@@ -453,18 +529,22 @@ func (h *Handler) reject(w http.ResponseWriter, st *reqState, pols Policies) {
 			zap.Int64("retry_after_seconds", retry))
 	}
 	res.Remaining = 0
+	typ := problemRateLimited
+	if charges[pick].Limit.Algorithm == bucket.Concurrency {
+		typ = problemConcurrency
+	}
 	hc := pols.Headers()
 	if hc.IETF || pickState == nil {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
-		st.buf = writeProblem(w, st.buf[:0], problem{Type: problemRateLimited, Status: http.StatusTooManyRequests,
+		st.buf = writeProblem(w, st.buf[:0], problem{Type: typ, Status: http.StatusTooManyRequests,
 			Policy: name, RetryAfter: retry})
 		return
 	}
 	// The common case: reuse the policy's last rendering when the numbers are the same.
 	reset := resetValue(hc.Reset, st.now, res.Reset)
 	rj := pickState.last.Load()
-	if rj == nil || rj.retry != retry || rj.limit != res.Limit || rj.reset != reset {
-		rj = newRejection(name, retry, res.Limit, reset)
+	if rj == nil || rj.typ != typ || rj.retry != retry || rj.limit != res.Limit || rj.reset != reset {
+		rj = newRejection(typ, name, retry, res.Limit, reset)
 		pickState.last.Store(rj)
 	}
 	hdr := w.Header()

@@ -584,6 +584,7 @@ func TestAppendIETFItem(t *testing.T) {
 		{bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 30, Window: 1500 * time.Millisecond}, `"p";q=30;w=2`},
 		{bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 4, Burst: 10}, `"p";q=10;w=3`},
 		{bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 100, Burst: 1}, `"p";q=1;w=1`},
+		{bucket.Limit{Algorithm: bucket.Concurrency, Count: 7}, `"p";q=7;qu="concurrent-requests"`},
 	}
 	for _, tt := range tests {
 		if got := string(appendIETFItem(nil, "p", tt.l)); got != tt.want {

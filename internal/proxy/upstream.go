@@ -195,6 +195,30 @@ func (w *wroteWriter) Write(b []byte) (int, error) {
 
 func (w *wroteWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// statusWriter records the status of the answer: the first final status written (a 101 for a
+// protocol upgrade counts: it is the answer of a WebSocket request), or 200 for a body written
+// without one; 0 while nothing was. Unwrap keeps http.ResponseController working through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // classifyUpstream maps a transport error onto the fixed reason set of the metric.
 func classifyUpstream(err error) int {
 	var ne net.Error
