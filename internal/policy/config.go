@@ -15,6 +15,11 @@ type Config struct {
 	// sent; past it the client gets 504. Streams are not cut: it ends when the headers arrive.
 	// (Optional) default 60s.
 	UpstreamTimeout time.Duration `mapstructure:"upstream_timeout"`
+	// UpstreamProtocol is the HTTP version spoken to the upstream: http1 (HTTP/1.1), h2c (HTTP/2
+	// always: cleartext with prior knowledge to an http:// upstream, h2 negotiated by ALPN to an
+	// https:// one) or auto (HTTP/2 when the client's request came in over HTTP/2, else HTTP/1.1).
+	// gRPC upstreams need h2c or auto. (Optional) default http1.
+	UpstreamProtocol string `mapstructure:"upstream_protocol"`
 	// TrustedProxies are the CIDRs (or single addresses) whose X-Forwarded-For / Forwarded headers
 	// are believed. (Optional) default: none.
 	TrustedProxies []string       `mapstructure:"trusted_proxies"`
@@ -130,6 +135,10 @@ type ServerConfig struct {
 	ShutdownDelay time.Duration `mapstructure:"shutdown_delay"`
 	// MaxHeaderBytes bounds request headers. (Optional) default 65536.
 	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
+	// MaxConcurrentStreams bounds the streams one HTTP/2 client connection may have open at once
+	// (each stream is one request); handlers beyond it are not started. (Optional) default 250,
+	// from 1 to 10000.
+	MaxConcurrentStreams int `mapstructure:"max_concurrent_streams"`
 }
 
 // LogConfig shapes the zap logger.

@@ -48,12 +48,14 @@ var defaults = []struct {
 	{"store.timeout", 50 * time.Millisecond},
 	{"store.max_keys", 1000000},
 	{"upstream_timeout", 60 * time.Second},
+	{"upstream_protocol", "http1"},
 	{"server.read_header_timeout", 10 * time.Second},
 	{"server.read_timeout", 60 * time.Second},
 	{"server.idle_timeout", 120 * time.Second},
 	{"server.drain_timeout", 30 * time.Second},
 	{"server.shutdown_delay", time.Duration(0)},
 	{"server.max_header_bytes", 65536},
+	{"server.max_concurrent_streams", 250},
 	{"log.level", "info"},
 }
 

@@ -57,16 +57,17 @@ func errorLines(t *testing.T, err error) []string {
 func TestParseDefaults(t *testing.T) {
 	cfg := mustParse(t, minimal+"identity: {jwt: {hs256_secret_env: S}}\n", noEnv)
 	want := Config{
-		Listen:          "127.0.0.1:8080",
-		AdminListen:     "127.0.0.1:9090",
-		Upstream:        "http://127.0.0.1:3000",
-		UpstreamTimeout: 60 * time.Second,
-		Identity:        IdentityConfig{APIKeyHeader: "X-Api-Key", JWT: &JWTConfig{Claim: "sub", HS256SecretEnv: "S"}, IPv6Prefix: 64},
-		Headers:         HeadersConfig{Reset: "unix"},
-		Store:           StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
+		Listen:           "127.0.0.1:8080",
+		AdminListen:      "127.0.0.1:9090",
+		Upstream:         "http://127.0.0.1:3000",
+		UpstreamTimeout:  60 * time.Second,
+		UpstreamProtocol: "http1",
+		Identity:         IdentityConfig{APIKeyHeader: "X-Api-Key", JWT: &JWTConfig{Claim: "sub", HS256SecretEnv: "S"}, IPv6Prefix: 64},
+		Headers:          HeadersConfig{Reset: "unix"},
+		Store:            StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
 		Server: ServerConfig{
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second,
-			DrainTimeout: 30 * time.Second, MaxHeaderBytes: 65536,
+			DrainTimeout: 30 * time.Second, MaxHeaderBytes: 65536, MaxConcurrentStreams: 250,
 		},
 		Log:      LogConfig{Level: "info"},
 		Policies: []PolicyConfig{{Name: "p", Key: "ip", Algorithm: "token_bucket", Rate: "1/s", Burst: 1, Mode: "enforce"}},
@@ -244,13 +245,14 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_STORE_REPLICAS", "RATELIMIT_STORE_DYNAMODB_TABLE", "RATELIMIT_STORE_DYNAMODB_REGION",
 		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "RATELIMIT_STORE_DYNAMODB_CREATE_TABLE",
 		"RATELIMIT_STORE_DYNAMODB_MODE", "RATELIMIT_STORE_DYNAMODB_DENY_CACHE",
+		"RATELIMIT_UPSTREAM_PROTOCOL", "RATELIMIT_SERVER_MAX_CONCURRENT_STREAMS",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 34 {
-		t.Errorf("got %d overrides, want 34: a new field needs a line above", len(got))
+	if len(got) != 36 {
+		t.Errorf("got %d overrides, want 36: a new field needs a line above", len(got))
 	}
 }
 

@@ -183,6 +183,11 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 	}
 	positiveDuration(&es, "store.timeout", c.Store.Timeout)
 	positiveDuration(&es, "upstream_timeout", c.UpstreamTimeout)
+	switch c.UpstreamProtocol {
+	case "http1", "h2c", "auto":
+	default:
+		es.add("upstream_protocol", c.UpstreamProtocol, "must be http1, h2c or auto")
+	}
 	positiveInt(&es, "store.max_keys", int64(c.Store.MaxKeys))
 	checkStore(&es, &c.Store)
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
@@ -193,6 +198,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 		es.add("server.shutdown_delay", shortDuration(d), "must be between 0s and 10m")
 	}
 	positiveInt(&es, "server.max_header_bytes", int64(c.Server.MaxHeaderBytes))
+	if n := c.Server.MaxConcurrentStreams; n < 1 || n > 10000 {
+		es.add("server.max_concurrent_streams", strconv.Itoa(n), "must be from 1 to 10000")
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:

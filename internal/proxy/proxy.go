@@ -109,8 +109,12 @@ type Options struct {
 	// Wait holds a leaky-bucket request for d before it is forwarded; it must return early with an
 	// error when ctx ends. (Optional) default: a timer.
 	Wait func(ctx context.Context, d time.Duration) error
-	// Transport carries requests to the upstream. (Optional) default NewTransport(UpstreamTimeout).
+	// Transport carries requests to the upstream. (Optional) default
+	// NewTransportFor(UpstreamProtocol, UpstreamTimeout).
 	Transport http.RoundTripper
+	// UpstreamProtocol is the HTTP version spoken to the upstream when Transport is nil.
+	// (Optional) default HTTP1.
+	UpstreamProtocol Protocol
 	// UpstreamTimeout bounds the wait for the upstream's response headers when Transport is nil;
 	// past it the client gets 504. (Optional) default 0: no bound.
 	UpstreamTimeout time.Duration
@@ -245,7 +249,7 @@ func New(o Options) (*Handler, error) {
 		o.Wait = sleep
 	}
 	if o.Transport == nil {
-		o.Transport = NewTransport(o.UpstreamTimeout)
+		o.Transport = NewTransportFor(o.UpstreamProtocol, o.UpstreamTimeout)
 	}
 	h := &Handler{
 		policies:     o.Policies,

@@ -87,20 +87,25 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("upstream: %w", err)
 	}
 	// on_error local never reaches the proxy as an error: the fallback store decides locally.
+	upProto, err := proxy.ParseProtocol(cfg.UpstreamProtocol)
+	if err != nil {
+		return err
+	}
 	onError := proxy.Allow
 	if cfg.Store.OnError == "deny" {
 		onError = proxy.Deny
 	}
 	handler, err := proxy.New(proxy.Options{
-		Upstream:        upstream,
-		Policies:        rl.Current,
-		Limiter:         st,
-		Backend:         cfg.Store.Backend,
-		OnError:         onError,
-		StoreTimeout:    cfg.Store.Timeout,
-		UpstreamTimeout: cfg.UpstreamTimeout,
-		Logger:          log,
-		Metrics:         proxy.NewMetrics(reg),
+		Upstream:         upstream,
+		Policies:         rl.Current,
+		Limiter:          st,
+		Backend:          cfg.Store.Backend,
+		OnError:          onError,
+		StoreTimeout:     cfg.Store.Timeout,
+		UpstreamTimeout:  cfg.UpstreamTimeout,
+		UpstreamProtocol: upProto,
+		Logger:           log,
+		Metrics:          proxy.NewMetrics(reg),
 	})
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
@@ -139,6 +144,8 @@ func Run(ctx context.Context, o Options) error {
 		IdleTimeout:       cfg.Server.IdleTimeout,
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          errLog,
+		Protocols:         listenerProtocols(),
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: cfg.Server.MaxConcurrentStreams},
 	}
 	// Once shutdown begins the proxy port refuses new connections: /readyz says so, so that a
 	// load balancer still probing stops sending them here.
@@ -294,6 +301,16 @@ func parseCgroupLimit(s string) (int64, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// listenerProtocols are the protocols of the cleartext proxy listener: HTTP/1.1, and HTTP/2 with
+// prior knowledge (h2c), told apart by the connection preface; the `Upgrade: h2c` dance of RFC
+// 7540 is not offered (RFC 9113 deprecated it, and gRPC clients never use it).
+func listenerProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
 
 func serve(s *http.Server, l net.Listener) error {
