@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit test-faults soak bench profile-c profile-d clean
+.PHONY: all build run test check unit test-faults soak bench profile-c profile-d schema clean
 
 all: build
 
@@ -53,6 +53,11 @@ profile-c:
 
 profile-d:
 	./scripts/bench/profile.sh d
+
+## schema: regenerate configs/ratelimit-proxy.schema.json from the config structs in
+## internal/policy/config.go (a test fails while it is stale).
+schema:
+	$(GO) generate ./internal/configschema/
 
 clean:
 	rm -rf $(BIN) .cache
