@@ -135,8 +135,7 @@ const (
 )
 
 var (
-	algorithms = []any{"token_bucket", "leaky_bucket", "fixed_window", "sliding_window"}
-	methods    = []any{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"}
+	methods = []any{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"}
 )
 
 type gen struct {
@@ -210,17 +209,10 @@ func (g *gen) refine() {
 	// Every other field may come from a RATELIMIT_* variable instead of the file.
 	g.require("", "policies")
 
-	// Strings the loader takes unquoted numbers and booleans for (it keeps their text).
-	loose := []any{"string", "number", "boolean"}
-	for _, p := range []string{"listen", "admin_listen", "upstream", "trusted_proxies[]",
-		"identity.jwt.claim", "identity.jwt.rs256_public_key_file", "identity.jwt.issuer", "identity.jwt.audience",
-		"store.dynamodb.endpoint", "policies[].match.path_prefix"} {
-		g.set(p, "type", loose)
-	}
 	g.set("upstream", "pattern", `^[hH][tT][tT][pP][sS]?://`)
 	unseen := node{"pattern": unseenHeaderPattern}
-	g.set("identity.api_key_header", "type", loose, "pattern", tokenPattern, "not", unseen)
-	g.set("identity.user_header", "type", loose, "pattern", tokenPattern, "not", unseen)
+	g.set("identity.api_key_header", "pattern", tokenPattern, "not", unseen)
+	g.set("identity.user_header", "pattern", tokenPattern, "not", unseen)
 	for _, p := range []string{"upstream_timeout", "store.timeout", "server.read_header_timeout", "server.read_timeout",
 		"server.idle_timeout", "server.drain_timeout", "policies[].window", "policies[].overrides[].window"} {
 		g.set(p, "not", node{"pattern": zeroDurationPattern})
@@ -232,7 +224,7 @@ func (g *gen) refine() {
 	g.set("store.on_error", "enum", []any{"allow", "deny", "local"})
 	g.set("store.max_keys", "minimum", 1)
 	g.set("store.replicas", "minimum", 1, "maximum", 10000)
-	g.set("store.dynamodb.table", "type", loose, "pattern", tablePattern)
+	g.set("store.dynamodb.table", "pattern", tablePattern)
 	g.set("store.dynamodb.region", "pattern", regionPattern)
 	g.set("store.dynamodb.mode", "enum", []any{"refund", "transaction"})
 	g.set("server.max_header_bytes", "minimum", 1)
@@ -240,13 +232,20 @@ func (g *gen) refine() {
 	g.set("policies", "minItems", 1)
 
 	g.require("policies[]", "name", "key", "algorithm")
-	g.set("policies[].name", "type", loose, "pattern", namePattern)
+	g.set("policies[].name", "pattern", namePattern)
 	g.set("policies[].key", "anyOf", []any{
 		node{"enum": []any{"ip", "api_key", "user", "global"}},
 		node{"pattern": "^header:" + strings.TrimPrefix(tokenPattern, "^"),
 			"not": node{"pattern": "^header:" + strings.TrimPrefix(unseenHeaderPattern, "^")}},
 	})
+	var algorithms []any
+	for _, a := range policy.AlgorithmNames() {
+		algorithms = append(algorithms, a)
+	}
 	g.set("policies[].algorithm", "enum", algorithms)
+	// A status code (100 to 599, written as a number or a string) or a class such as 5xx.
+	g.set("policies[].charge_on", "minItems", 1)
+	g.set("policies[].charge_on[]", "pattern", `^([1-5][0-9][0-9]|[1-5]xx)$`, "minimum", 100, "maximum", 599)
 	g.set("policies[].mode", "enum", []any{"enforce", "shadow"})
 	g.set("policies[].match.methods[]", "enum", methods)
 	g.set("policies[].match.path_prefix", "pattern", "^/")
@@ -285,13 +284,49 @@ func (g *gen) refine() {
 			"overrides": node{"items": node{"properties": node{"limit": node{"minimum": 1}, "rate": node{"const": ""}, "burst": zero}}},
 		},
 	}
+	concurrencyFields := node{
+		"required": []any{"limit"},
+		"properties": node{
+			"limit": node{"minimum": 1}, "rate": node{"const": ""}, "burst": zero, "window": false, "charge_on": false,
+			"overrides": node{"items": node{"properties": node{"limit": node{"minimum": 1}, "rate": node{"const": ""}, "burst": zero, "window": false}}},
+		},
+	}
 	isAlg := func(names ...any) node {
 		return node{"required": []any{"algorithm"}, "properties": node{"algorithm": node{"enum": names}}}
 	}
 	g.set("policies[]", "allOf", []any{
 		node{"if": isAlg("token_bucket", "leaky_bucket"), "then": bucketFields},
 		node{"if": isAlg("fixed_window", "sliding_window"), "then": windowFields},
+		node{"if": isAlg("concurrency"), "then": concurrencyFields},
+		// A leaky bucket holds requests instead of charging them on their answer.
+		node{"if": isAlg("leaky_bucket"), "then": node{"properties": node{"charge_on": false}}},
 	})
+	g.loosenStrings()
+}
+
+// loosenStrings lets every string field take an unquoted number or boolean, as the loader does
+// (it keeps their text: `name: 2024`), except those whose values cannot be numbers: enumerations,
+// durations and rates. Done last and everywhere, so that fields added later get it too.
+func (g *gen) loosenStrings() {
+	var walk func(n node)
+	walk = func(n node) {
+		if n["type"] == "string" && n["enum"] == nil && n["pattern"] != durationPattern && n["pattern"] != ratePattern {
+			n["type"] = []any{"string", "number", "boolean"}
+		}
+		for _, v := range n {
+			switch v := v.(type) {
+			case node:
+				walk(v)
+			case []any:
+				for _, e := range v {
+					if e, ok := e.(node); ok {
+						walk(e)
+					}
+				}
+			}
+		}
+	}
+	walk(g.root)
 }
 
 // defaults records the defaults the loader fills in, read from what policy.Parse makes of small

@@ -241,6 +241,8 @@ policies:
     overrides:
       - {key: "sha256:24fdfedfe3f3458eae8dfd32a021ba503cb73dca09e14591a41821f5f9af91fe", limit: 1000, window: 1h}
   - {name: all, key: global, algorithm: sliding_window, limit: 1000, window: 10s}
+  - {name: inflight, key: api_key, algorithm: concurrency, limit: 8, overrides: [{key: "sha256:24fdfedfe3f3458eae8dfd32a021ba503cb73dca09e14591a41821f5f9af91fe", limit: 64}]}
+  - {name: failures, key: ip, algorithm: token_bucket, rate: 5/m, burst: 5, charge_on: [401, "403", 5xx]}
 `,
 	}
 	for name, y := range variants {
