@@ -164,6 +164,7 @@ type Handler struct {
 type policyState struct {
 	counters *policyCounters
 	last     atomic.Pointer[rejection]
+	lastGRPC atomic.Pointer[grpcRejection]
 }
 
 // rejection is a pre-rendered 429 of one policy: the problem body and the header values, shared
@@ -203,6 +204,7 @@ type reqState struct {
 	now     time.Time // the instant handed to the limiter; headers are relative to it
 	ctx     *storeCtx // reused while no store materialised it
 	taken   []bucket.Taken
+	grpc    bool // the request is a gRPC call: the gateway's own answers are gRPC statuses
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -292,12 +294,18 @@ type policiesKey struct{}
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	grpc := isGRPC(r)
+	if grpc {
+		var cancel context.CancelFunc
+		r, cancel = grpcDeadline(w, r)
+		defer cancel()
+	}
 	pols := h.policies()
 	if pols == nil {
 		// Options.Policies broke its contract; fail closed rather than forward unlimited traffic.
 		h.m.decision[decError].Inc()
 		h.log.Error("no policy set in force")
-		writeProblem(w, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+		writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "No rate-limit policy set is loaded.", RetryAfter: 1})
 		return
 	}
@@ -305,6 +313,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer h.states.Put(st)
 
 	st.plan.Reset()
+	st.grpc = grpc
 	if err := pols.Plan(r, &st.plan); err != nil {
 		if errors.Is(err, policy.ErrUnauthorized) {
 			h.unauthorized(w, r, st, pols)
@@ -312,7 +321,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.m.decision[decError].Inc()
 		h.log.Error("policy plan failed", zap.Error(err))
-		st.buf = writeProblem(w, st.buf[:0], problem{Type: problemInternal, Status: http.StatusInternalServerError,
+		st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemInternal, Status: http.StatusInternalServerError,
 			Detail: "The request could not be matched against the rate-limit policies."})
 		return
 	}
@@ -327,7 +336,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !admitted {
-		h.reject(w, st, pols)
+		h.reject(w, r, st, pols)
 		return
 	}
 	if h.releaser != nil && st.mustGiveBack() {
@@ -445,13 +454,13 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 				ce.Write(zap.String("reason", reason), zap.String("answer", "unauthorized"), zap.Error(err))
 			}
 		case !admitted:
-			h.reject(w, st, pols)
+			h.reject(w, r, st, pols)
 			return
 		}
 	}
 	h.m.decision[decUnauthorized].Inc()
 	w.Header()["Www-Authenticate"] = wwwAuthenticate
-	st.buf = writeProblem(w, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
+	st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
 		Detail: "The bearer token is not valid."})
 	if taken && h.releaser != nil && st.mustGiveBack() {
 		// The 401 is the answer: it ends concurrency slots, and charges of ip policies whose
@@ -462,6 +471,14 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 
 // storeError applies OnError to a request the limiter could not decide.
 func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Policies, err error, timedOut bool) {
+	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		// The call's own deadline (grpc-timeout) ran out first: nobody waits for a forward,
+		// and on_error cannot help.
+		h.countStoreError(err, true)
+		h.m.decision[decStoreErrorDenied].Inc()
+		callDeadline(w, r, "The call's deadline passed while the rate limiter decided.")
+		return
+	}
 	if r.Context().Err() != nil && !timedOut {
 		// The client left while we asked the store: not the store's fault, nobody to answer.
 		h.m.canceled[stageStore].Inc()
@@ -477,8 +494,14 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Polici
 		return
 	}
 	h.m.decision[decStoreErrorDenied].Inc()
-	writeProblem(w, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+	writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 		Detail: "The rate limiter is unavailable; retry shortly.", RetryAfter: 1})
+}
+
+// callDeadline answers a gRPC call whose deadline (grpc-timeout) ended, or would end, while the
+// gateway itself held it: DEADLINE_EXCEEDED. Only gRPC calls carry such a deadline.
+func callDeadline(w http.ResponseWriter, r *http.Request, detail string) {
+	writeAnswer(w, r, nil, problem{Type: problemTimeout, Status: http.StatusGatewayTimeout, Detail: detail})
 }
 
 // countStoreError counts a failed Take by reason and returns the reason's label.
@@ -494,7 +517,7 @@ func (h *Handler) countStoreError(err error, timedOut bool) string {
 // reject answers 429 for a group the limiter did not admit. Only the rejecting non-shadow
 // charges are counted (result="limited"): nothing was committed for the others, so counting them
 // as allowed would overstate what reached the upstream.
-func (h *Handler) reject(w http.ResponseWriter, st *reqState, pols Policies) {
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
 	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
 	pick := -1
 	var pickState *policyState
@@ -538,6 +561,10 @@ func (h *Handler) reject(w http.ResponseWriter, st *reqState, pols Policies) {
 		typ = problemConcurrency
 	}
 	hc := pols.Headers()
+	if st.grpc {
+		h.rejectGRPC(w, r, st, hc, pick, pickState, typ, res, retry)
+		return
+	}
 	if hc.IETF || pickState == nil {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
 		st.buf = writeProblem(w, st.buf[:0], problem{Type: typ, Status: http.StatusTooManyRequests,
@@ -592,14 +619,24 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, results[pick])
 	}
 	if wait > 0 {
+		if dl, ok := r.Context().Deadline(); ok && st.grpc && st.now.Add(wait).After(dl) {
+			// Holding a call that its caller will abandon before its turn would only keep a
+			// stream open for nothing.
+			callDeadline(w, r, "The call's deadline ends before its turn in the rate limiter's queue.")
+			return
+		}
 		h.m.leakyWait.Observe(wait.Seconds())
 		if err := h.wait(r.Context(), wait); err != nil {
+			if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+				callDeadline(w, r, "The call's deadline passed in the rate limiter's queue.")
+				return
+			}
 			if r.Context().Err() != nil {
 				h.m.canceled[stageWait].Inc()
 				return
 			}
 			h.log.Error("leaky-bucket wait failed", zap.Error(err))
-			writeProblem(w, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+			writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 				Detail: "The request could not be scheduled; retry shortly.", RetryAfter: 1})
 			return
 		}
@@ -632,7 +669,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies)
 	if !ww.wrote && !body.done.Load() && r.Context().Err() != nil {
 		h.m.bodyTimeouts.Inc()
 		w.Header().Set("Connection", "close")
-		writeProblem(w, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
+		writeAnswer(w, r, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
 			Detail: "The request body was not received in full."})
 	}
 }

@@ -224,11 +224,11 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		ce.Write(zap.String("reason", upstreamReasonNames[reason]), zap.Error(err))
 	}
 	if reason == upTimeout {
-		writeProblem(w, nil, problem{Type: problemTimeout, Status: http.StatusGatewayTimeout,
+		writeAnswer(w, r, nil, problem{Type: problemTimeout, Status: http.StatusGatewayTimeout,
 			Detail: "The upstream did not answer in time."})
 		return
 	}
-	writeProblem(w, nil, problem{Type: problemBadGateway, Status: http.StatusBadGateway,
+	writeAnswer(w, r, nil, problem{Type: problemBadGateway, Status: http.StatusBadGateway,
 		Detail: "The upstream could not be reached."})
 }
 

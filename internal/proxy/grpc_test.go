@@ -1,0 +1,178 @@
+package proxy
+
+import (
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+func TestIsGRPC(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"application/grpc":               true,
+		"application/grpc+proto":         true,
+		"application/grpc+json":          true,
+		"Application/GRPC; charset=utf8": true,
+		"application/grpc-web":           false,
+		"application/grpc-web+proto":     false,
+		"application/grpcx":              false,
+		"application/json":               false,
+		"":                               false,
+	} {
+		r, _ := http.NewRequest(http.MethodPost, "http://h/", nil)
+		if ct != "" {
+			r.Header.Set("Content-Type", ct)
+		}
+		if got := isGRPC(r); got != want {
+			t.Errorf("isGRPC(%q) got %v, want %v", ct, got, want)
+		}
+	}
+}
+
+func TestParseGRPCTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"1H", time.Hour, true}, {"2M", 2 * time.Minute, true}, {"3S", 3 * time.Second, true},
+		{"250m", 250 * time.Millisecond, true}, {"7u", 7 * time.Microsecond, true}, {"9n", 9, true},
+		{"99999999H", maxGRPCTimeout, true}, {"0m", 0, true},
+		{"", 0, false}, {"S", 0, false}, {"1s", 0, false}, {"-1S", 0, false}, {"+1S", 0, false},
+		{"123456789S", 0, false}, {"1.5S", 0, false},
+	} {
+		got, ok := parseGRPCTimeout(tt.in)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("parseGRPCTimeout(%q) got %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestGRPCMessageEncoding(t *testing.T) {
+	for in, want := range map[string]string{
+		`Rate limit of policy "a" exceeded`: `Rate limit of policy "a" exceeded`,
+		"50% done":                          "50%25 done",
+		"line\nbreak":                       "line%0Abreak",
+		"café":                              "caf%C3%A9",
+	} {
+		if got := grpcMessage(in); got != want {
+			t.Errorf("grpcMessage(%q) got %q, want %q", in, got, want)
+		}
+	}
+}
+
+func grpcGet(hs *harness, kv ...string) (*http.Response, string) {
+	hs.t.Helper()
+	return hs.get("/pkg.Svc/Method", append([]string{"Content-Type", "application/grpc"}, kv...)...)
+}
+
+// wantGRPCStatus checks a trailers-only gRPC answer: HTTP 200, no body, the content-type of the
+// call and the grpc-status code.
+func wantGRPCStatus(t *testing.T, res *http.Response, body, code string) {
+	t.Helper()
+	if res.StatusCode != http.StatusOK || body != "" {
+		t.Errorf("got HTTP %d with body %q, want 200 and no body", res.StatusCode, body)
+	}
+	wantHeader(t, res, "Content-Type", "application/grpc")
+	wantHeader(t, res, "Grpc-Status", code)
+	if res.Header.Get("Grpc-Message") == "" {
+		t.Error("no grpc-message")
+	}
+}
+
+func TestGRPC_RejectedIsResourceExhaustedWithRetryInfo(t *testing.T) {
+	pol := (&fakePolicies{}).add("per-key", false, 1)
+	lim := newFakeLimiter(false, bucket.Result{Allowed: false, Limit: 5, RetryAfter: 1500*time.Millisecond + 1, Reset: 3 * time.Second})
+	hs := newHarness(t, pol, lim, nil, nil)
+	for i := range 2 { // the second answer comes from the policy's cached rendering
+		res, body := grpcGet(hs)
+		wantGRPCStatus(t, res, body, "8")
+		wantHeader(t, res, "Retry-After", "2")
+		wantHeader(t, res, "X-RateLimit-Limit", "5")
+		wantHeader(t, res, "X-RateLimit-Remaining", "0")
+		raw, err := base64.RawStdEncoding.DecodeString(res.Header.Get("Grpc-Status-Details-Bin"))
+		if err != nil {
+			t.Fatalf("answer %d: grpc-status-details-bin: %v", i, err)
+		}
+		var st spb.Status
+		if err := proto.Unmarshal(raw, &st); err != nil {
+			t.Fatalf("answer %d: status: %v", i, err)
+		}
+		if st.GetCode() != 8 || len(st.GetDetails()) != 1 {
+			t.Fatalf("answer %d: status got code %d with %d details, want 8 with 1", i, st.GetCode(), len(st.GetDetails()))
+		}
+		var ri errdetails.RetryInfo
+		if err := st.GetDetails()[0].UnmarshalTo(&ri); err != nil {
+			t.Fatalf("answer %d: detail is not RetryInfo: %v", i, err)
+		}
+		// Rounded up to the millisecond, never early.
+		if got, want := ri.GetRetryDelay().AsDuration(), 1501*time.Millisecond; got != want {
+			t.Errorf("answer %d: RetryInfo delay got %v, want %v", i, got, want)
+		}
+	}
+	if got := hs.up.hits.Load(); got != 0 {
+		t.Errorf("upstream hits = %d, want 0", got)
+	}
+	// An HTTP request to the same policy still gets problem+json.
+	res, body := hs.get("/")
+	if p := decodeProblem(t, res, body); res.StatusCode != http.StatusTooManyRequests || p.Type != problemRateLimited {
+		t.Errorf("HTTP request: got %d %q, want 429 rate-limited", res.StatusCode, p.Type)
+	}
+}
+
+func TestGRPC_StatusMapping(t *testing.T) {
+	t.Run("unauthenticated", func(t *testing.T) {
+		pol := &fakePolicies{err: policy.ErrUnauthorized}
+		hs := newHarness(t, pol, newFakeLimiter(true), nil, nil)
+		res, body := grpcGet(hs)
+		wantGRPCStatus(t, res, body, "16")
+	})
+	t.Run("store down, on_error deny", func(t *testing.T) {
+		pol := (&fakePolicies{}).add("p", false, 1)
+		lim := newFakeLimiter(true)
+		lim.err = errors.New("store: connection reset")
+		hs := newHarness(t, pol, lim, nil, func(o *Options) { o.OnError = Deny })
+		res, body := grpcGet(hs)
+		wantGRPCStatus(t, res, body, "14")
+	})
+	t.Run("plan failed", func(t *testing.T) {
+		pol := &fakePolicies{err: errors.New("broken")}
+		hs := newHarness(t, pol, newFakeLimiter(true), nil, nil)
+		res, body := grpcGet(hs)
+		wantGRPCStatus(t, res, body, "13")
+	})
+	t.Run("upstream refused", func(t *testing.T) {
+		up := newUpstream(t, nil)
+		up.Close()
+		pol := (&fakePolicies{}).add("p", false, 1)
+		hs := newHarness(t, pol, newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 1}), up, nil)
+		res, body := grpcGet(hs)
+		wantGRPCStatus(t, res, body, "14")
+	})
+}
+
+// TestGRPC_TimeoutBoundsTheStore: a call's grpc-timeout shorter than store.timeout ends the
+// store's wait, and the call gets DEADLINE_EXCEEDED (not on_error's answer).
+func TestGRPC_TimeoutBoundsTheStore(t *testing.T) {
+	pol := (&fakePolicies{}).add("p", false, 1)
+	lim := newFakeLimiter(true)
+	lim.block = true
+	hs := newHarness(t, pol, lim, nil, func(o *Options) { o.OnError = Allow; o.StoreTimeout = time.Minute })
+	start := time.Now()
+	res, body := grpcGet(hs, "Grpc-Timeout", "50m")
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("answered after %v: the store waited for store.timeout, not the call's deadline", took)
+	}
+	wantGRPCStatus(t, res, body, "4")
+	if got := hs.up.hits.Load(); got != 0 {
+		t.Errorf("upstream hits = %d, want 0: on_error allow must not forward a call past its deadline", got)
+	}
+}
