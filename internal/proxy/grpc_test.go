@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,4 +176,26 @@ func TestGRPC_TimeoutBoundsTheStore(t *testing.T) {
 	if got := hs.up.hits.Load(); got != 0 {
 		t.Errorf("upstream hits = %d, want 0: on_error allow must not forward a call past its deadline", got)
 	}
+}
+
+// FuzzParseGRPCTimeout: any header value parses without panicking; what is accepted is 1 to 8
+// digits and a unit, never negative, and 8 digits of any unit never overflow.
+func FuzzParseGRPCTimeout(f *testing.F) {
+	for _, s := range []string{"1H", "99999999H", "250m", "0n", "-1S", "1.5S", "", "S", "123456789u"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, ok := parseGRPCTimeout(s)
+		if !ok {
+			return
+		}
+		if d < 0 {
+			t.Fatalf("parseGRPCTimeout(%q) = %v, negative", s, d)
+		}
+		digits := s[:len(s)-1]
+		if len(digits) < 1 || len(digits) > 8 || strings.Trim(digits, "0123456789") != "" ||
+			!strings.ContainsRune("HMSmun", rune(s[len(s)-1])) {
+			t.Fatalf("parseGRPCTimeout(%q) accepted a value outside the grammar", s)
+		}
+	})
 }
