@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit test-faults soak bench profile-c profile-d schema clean
+.PHONY: all build run test check unit test-faults soak bench bench-scale profile-c profile-d schema clean
 
 all: build
 
@@ -46,6 +46,13 @@ soak:
 ## DynamoDB cost, in one run; writes .cache/bench/results.md. BENCH_QUICK=1 for a ~1 minute smoke run.
 bench:
 	./scripts/bench/bench.sh
+
+## bench-scale: shared pools at scale: 8 gateway processes on one DynamoDB Local table behind a
+## relay that caps each item's writes (internal/ddbrelay), about twice the pool's rate offered for a
+## steady and a load-shift phase; writes .cache/bench/scale.json and scale-phases.json (~1 minute).
+## BENCH_SCALE_LEASE=0 for the baseline without leases; other knobs: go run ./scripts/bench/scale -h
+bench-scale: build
+	$(GO) run ./scripts/bench/scale
 
 ## profile-c / profile-d: pprof CPU and allocation profiles of the gateway under load (c) / (d).
 profile-c:

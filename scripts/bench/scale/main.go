@@ -1,0 +1,868 @@
+// Command scale is `make bench-scale`: many gateway replicas, each a separate
+// `bin/ratelimit-proxy serve` process, share one pool on one DynamoDB Local table behind a
+// throttling relay (internal/ddbrelay) that enforces a per-item write cap, as real DynamoDB's
+// per-partition limit does. An open-loop generator offers about twice the pool's rate at a fixed
+// rate, spread over the replicas on many keep-alive connections, for a steady phase, then moves
+// the load from half the replicas to the other half for a shift phase. It writes
+// .cache/bench/scale.json (the issue's exact field set) and .cache/bench/scale-phases.json, and
+// prints both.
+//
+// Every knob is a flag with an environment default (BENCH_SCALE_*): see -h. BENCH_SCALE_LEASE=0
+// runs the policy without a shared pool lease (one conditional write per decision): the
+// baseline. Every process it starts is stopped at the end, on errors and on Ctrl-C; the whole
+// run is bounded by -timeout; everything listens on loopback.
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+)
+
+// options are the run's knobs.
+type options struct {
+	replicas     int
+	rate, burst  float64
+	itemCap      int
+	shards       int
+	lease        bool
+	load         float64 // offered rate as a multiple of the pool's rate
+	steady       time.Duration
+	shift        time.Duration
+	conns        int // keep-alive connections per replica
+	storeTimeout time.Duration
+	bin          string
+	out          string
+	timeout      time.Duration
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("scale", flag.ContinueOnError)
+	var lease string
+	fs.IntVar(&o.replicas, "replicas", atoi(envOr("BENCH_SCALE_REPLICAS", "8")), "gateway processes (BENCH_SCALE_REPLICAS)")
+	fs.Float64Var(&o.rate, "rate", atof(envOr("BENCH_SCALE_RATE", "2000")), "the pool's rate per second (BENCH_SCALE_RATE)")
+	fs.Float64Var(&o.burst, "burst", atof(envOr("BENCH_SCALE_BURST", "1000")), "the pool's burst (BENCH_SCALE_BURST)")
+	fs.IntVar(&o.itemCap, "item-cap", atoi(envOr("BENCH_SCALE_ITEM_CAP", "200")), "writes per item per second the relay lets through (BENCH_SCALE_ITEM_CAP)")
+	fs.IntVar(&o.shards, "shards", atoi(envOr("BENCH_SCALE_SHARDS", "4")), "items the pool is split over, with leases (BENCH_SCALE_SHARDS)")
+	fs.StringVar(&lease, "lease", envOr("BENCH_SCALE_LEASE", "1"), "1: lease mode on a named pool; 0: the baseline without (BENCH_SCALE_LEASE)")
+	fs.Float64Var(&o.load, "load", atof(envOr("BENCH_SCALE_LOAD", "2")), "offered rate as a multiple of the pool's rate (BENCH_SCALE_LOAD)")
+	fs.DurationVar(&o.steady, "steady", dur(envOr("BENCH_SCALE_STEADY", "20s")), "steady phase (BENCH_SCALE_STEADY)")
+	fs.DurationVar(&o.shift, "shift", dur(envOr("BENCH_SCALE_SHIFT", "10s")), "load-shift phase (BENCH_SCALE_SHIFT)")
+	fs.IntVar(&o.conns, "conns", atoi(envOr("BENCH_SCALE_CONNS", "128")), "keep-alive connections per replica (BENCH_SCALE_CONNS)")
+	fs.DurationVar(&o.storeTimeout, "store-timeout", dur(envOr("BENCH_SCALE_STORE_TIMEOUT", "200ms")), "the replicas' store.timeout (BENCH_SCALE_STORE_TIMEOUT)")
+	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
+	fs.StringVar(&o.out, "out", ".cache/bench", "where scale.json, scale-phases.json and the replicas' logs go")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the whole run")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	switch lease {
+	case "1", "true":
+		o.lease = true
+	case "0", "false":
+	default:
+		return o, fmt.Errorf("-lease / BENCH_SCALE_LEASE %q: want 0 or 1", lease)
+	}
+	switch {
+	case o.replicas < 2:
+		return o, fmt.Errorf("-replicas %d: want at least 2 (the shift moves load between halves)", o.replicas)
+	case o.rate <= 0 || o.burst < 0 || o.load <= 0:
+		return o, fmt.Errorf("-rate %v, -burst %v, -load %v: want positive numbers", o.rate, o.burst, o.load)
+	case o.itemCap < 1 || o.shards < 1 || o.conns < 1:
+		return o, fmt.Errorf("-item-cap %d, -shards %d, -conns %d: want at least 1", o.itemCap, o.shards, o.conns)
+	case o.steady <= 0 || o.shift < 0:
+		return o, fmt.Errorf("-steady %v, -shift %v: want a positive steady phase", o.steady, o.shift)
+	}
+	return o, nil
+}
+
+// Bad numbers in the environment become 0 (or -1) and fail the checks above with the flag's name.
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func atof(s string) float64 {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return -1
+	}
+	return f
+}
+
+func dur(s string) time.Duration {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return -1
+	}
+	return d
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-scale:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
+	o, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	if _, err := os.Stat(o.bin); err != nil {
+		return fmt.Errorf("gateway binary: %w (make bench-scale builds it)", err)
+	}
+
+	// Cleanups run in reverse order on every return, including Ctrl-C (ctx ends, the waits
+	// return, run returns).
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+
+	ddb, err := startDynamoDBLocal(ctx, filepath.Join(o.out, "scale-dynamodb-local"))
+	if err != nil && ctx.Err() == nil {
+		// The script gives Java 30 s to answer, which a machine busy with other work can miss.
+		fmt.Fprintf(stdout, "%v; trying once more\n", err)
+		ddb, err = startDynamoDBLocal(ctx, filepath.Join(o.out, "scale-dynamodb-local"))
+	}
+	if ddb != nil {
+		cleanups = append(cleanups, ddb.stop)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "DynamoDB Local at %s\n", ddb.endpoint)
+
+	table := "bench-scale-" + randomHex(4)
+	client, err := localClient(ctx, ddb.endpoint)
+	if err != nil {
+		return err
+	}
+	if err := createTable(ctx, client, table); err != nil {
+		return err
+	}
+	// A cold DynamoDB Local (its JIT, on a busy machine) answers its first writes in hundreds of
+	// milliseconds, past store.timeout, and each replica's circuit would open on its first
+	// decision. Warm it with writes straight to it, outside the relay and the measurement:
+	// rounds of one second until the median is under 10 ms, at most 15 rounds.
+	for round := 1; ; round++ {
+		p50, err := warmUp(ctx, client, table, time.Second)
+		if err == nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			return err
+		}
+		if p50 < 10*time.Millisecond || round == 15 {
+			fmt.Fprintf(stdout, "DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes from 16 goroutines\n", p50.Round(10*time.Microsecond), round)
+			break
+		}
+	}
+
+	relay, err := ddbrelay.New(ddb.endpoint, ddbrelay.Options{WritesPerItemPerSecond: o.itemCap})
+	if err != nil {
+		return err
+	}
+	relayURL, closeRelay, err := serve(relay)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, closeRelay)
+
+	upstreamURL, closeUpstream, err := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "ok\n")
+	}))
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, closeUpstream)
+
+	reps := make([]*replica, o.replicas)
+	var stopped bool
+	stopAll := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		var wg sync.WaitGroup
+		for _, r := range reps {
+			if r != nil {
+				wg.Add(1)
+				go func() { defer wg.Done(); r.stop() }()
+			}
+		}
+		wg.Wait()
+	}
+	cleanups = append(cleanups, stopAll)
+	for i := range reps {
+		r, err := startReplica(ctx, o, i, table, relayURL, upstreamURL)
+		if r != nil {
+			reps[i] = r
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, r := range reps {
+		if err := r.waitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	mode := "lease (pool bench-account, " + strconv.Itoa(o.shards) + " shards)"
+	if !o.lease {
+		mode = "no lease (baseline)"
+	}
+	fmt.Fprintf(stdout, "%d replicas ready; pool %.0f/s burst %.0f, item cap %d writes/s, %s; offering %.0f/s for %v steady + %v shift\n",
+		o.replicas, o.rate, o.burst, o.itemCap, mode, o.load*o.rate, o.steady, o.shift)
+
+	cpuBefore := cpuSeconds(reps, ddb)
+	loadBefore := loadAvg()
+	counts, loadErr := offer(ctx, o, reps, stdout)
+	cpuAfter := cpuSeconds(reps, ddb)
+	if loadErr != nil {
+		return loadErr
+	}
+
+	// The decision-time histograms, before the replicas stop.
+	var hs []histogram
+	for _, r := range reps {
+		h, err := r.storeHistogram(ctx)
+		if err != nil {
+			return err
+		}
+		hs = append(hs, h)
+	}
+	// Stop the replicas before reading the relay: the writes of a clean shutdown (lease
+	// refunds) are part of the cost.
+	stopAll()
+	st := relay.Stats()
+	p99 := quantile(0.99, merge(hs...))
+	if p99 != p99 { // NaN: no decisions observed
+		p99 = 0
+	}
+	res := result(o.replicas, o.rate, o.burst, o.itemCap, counts,
+		relayCounts{forwarded: st.Writes.Forwarded, throttled: st.Writes.Throttled, hottest: st.Hottest.Attempted()}, p99)
+	ph := phases(o.rate, o.burst, counts)
+
+	if err := writeJSON(filepath.Join(o.out, "scale.json"), res); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(o.out, "scale-phases.json"), ph); err != nil {
+		return err
+	}
+	printReport(stdout, o, res, ph, st, cpuBefore, cpuAfter)
+	fmt.Fprintf(stdout, "load average (1 min) before the load %s, after %s\n", loadBefore, loadAvg())
+	var other int64
+	for _, p := range ph {
+		other += p.Other + p.Unsent
+	}
+	if other > 0 {
+		fmt.Fprintf(stdout, "\nWARNING: %d answers were neither 200 nor 429 (or could not be sent); a good run has none\n", other)
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// serve serves h on a free loopback port.
+func serve(h http.Handler) (string, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	return "http://" + l.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+// dynamoDBLocal is the instance scripts/dynamodb-local.sh started in its own state directory.
+type dynamoDBLocal struct {
+	endpoint, stateDir string
+}
+
+func script() string { return filepath.Join("scripts", "dynamodb-local.sh") }
+
+func startDynamoDBLocal(ctx context.Context, stateDir string) (*dynamoDBLocal, error) {
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return nil, err
+	}
+	d := &dynamoDBLocal{stateDir: stateDir}
+	// A run killed hard (SIGKILL) leaves its instance behind: end it first.
+	d.stop()
+	cmd := exec.CommandContext(ctx, script(), "start")
+	cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+stateDir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return d, fmt.Errorf("scripts/dynamodb-local.sh start: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	d.endpoint = strings.TrimSpace(string(out))
+	return d, nil
+}
+
+func (d *dynamoDBLocal) stop() {
+	cmd := exec.Command(script(), "stop")
+	cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+d.stateDir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "dynamodb-local stop: %v\n%s", err, out)
+	}
+}
+
+func (d *dynamoDBLocal) pid() int {
+	b, err := os.ReadFile(filepath.Join(d.stateDir, "dynamodb-local.pid"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+// localCredentials are what DynamoDB Local accepts (letters and digits in the key id), and
+// keep the SDK from looking for real ones.
+var localCredentials = []string{
+	"AWS_ACCESS_KEY_ID=AKIDLOCAL",
+	"AWS_SECRET_ACCESS_KEY=secret",
+	"AWS_SESSION_TOKEN=",
+	"AWS_REGION=us-east-1",
+	"AWS_DEFAULT_REGION=",
+	"AWS_PROFILE=",
+	"AWS_CONFIG_FILE=" + os.DevNull,
+	"AWS_SHARED_CREDENTIALS_FILE=" + os.DevNull,
+	"AWS_ENDPOINT_URL=",
+	"AWS_ENDPOINT_URL_DYNAMODB=",
+}
+
+func localClient(ctx context.Context, endpoint string) (*dynamodb.Client, error) {
+	return dynamo.NewClient(ctx, dynamo.ClientOptions{
+		Region:   "us-east-1",
+		Endpoint: endpoint,
+		ConfigOptions: []func(*config.LoadOptions) error{
+			config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDLOCAL", "secret", "")),
+		},
+	})
+}
+
+// createTable creates the table as the gateway's create_table does (pk S, on demand, TTL), with
+// the harness's own client straight to DynamoDB Local, so that no replica races another for it.
+func createTable(ctx context.Context, client *dynamodb.Client, table string) error {
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return dynamo.CreateTable(cctx, client, table)
+}
+
+// warmUp sends UpdateItems to one item of the table (not one the gateways use) from 16
+// goroutines for d and returns their median latency.
+func warmUp(ctx context.Context, client *dynamodb.Client, table string, d time.Duration) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		lat  []time.Duration
+		errs int
+	)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				t := time.Now()
+				_, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+					TableName:                 aws.String(table),
+					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "bench-scale-warm-up"}},
+					UpdateExpression:          aws.String("ADD #n :one"),
+					ExpressionAttributeNames:  map[string]string{"#n": "n"},
+					ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
+				})
+				mu.Lock()
+				switch {
+				case err == nil:
+					lat = append(lat, time.Since(t))
+				case ctx.Err() == nil:
+					errs++
+				default:
+					// Cut off by the round's end: it took at least this long.
+					lat = append(lat, time.Since(t))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if errs > 0 {
+		return 0, fmt.Errorf("warm-up: %d UpdateItems to DynamoDB Local failed", errs)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[len(lat)/2], nil
+}
+
+// replica is one gateway process.
+type replica struct {
+	i            int
+	proxy, admin string
+	cmd          *exec.Cmd
+	log          *os.File
+	exited       chan struct{}
+	exitErr      error
+	client       *http.Client
+	sem          chan struct{}
+}
+
+// replicaConfig is the gateway's configuration: the issue's contract for the lease fields.
+func replicaConfig(o options, proxy, admin, table, relayURL, upstreamURL string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `listen: %s
+admin_listen: %s
+upstream: %s
+log:
+  level: warn
+store:
+  backend: dynamodb
+  on_error: deny          # an error must never count as admitted
+  timeout: %s
+  dynamodb: {table: %s, endpoint: %s, region: us-east-1, create_table: false}
+policies:
+  - name: account
+    key: global
+    algorithm: token_bucket
+    rate: %s/s
+    burst: %s
+`, proxy, admin, upstreamURL, o.storeTimeout, table, relayURL,
+		strconv.FormatFloat(o.rate, 'f', -1, 64), strconv.FormatFloat(o.burst, 'f', -1, 64))
+	if o.lease {
+		fmt.Fprintf(&b, `    pool: bench-account
+    lease:
+      enabled: true
+      shards: %d
+`, o.shards)
+	}
+	return b.String()
+}
+
+func freeAddr() (string, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	return l.Addr().String(), func() { l.Close() }, nil
+}
+
+func startReplica(ctx context.Context, o options, i int, table, relayURL, upstreamURL string) (*replica, error) {
+	// Both listeners stay open until both addresses are chosen, so they differ.
+	pa, closeP, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	aa, closeA, err := freeAddr()
+	closeP()
+	if err != nil {
+		return nil, err
+	}
+	closeA()
+	dir := filepath.Join(o.out, "scale-replicas")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i))
+	if err := os.WriteFile(cfgPath, []byte(replicaConfig(o, pa, aa, table, relayURL, upstreamURL)), 0o600); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("replica-%d.log", i)))
+	if err != nil {
+		return nil, err
+	}
+	r := &replica{
+		i: i, proxy: "http://" + pa, admin: "http://" + aa, log: logf, exited: make(chan struct{}),
+		sem: make(chan struct{}, o.conns),
+	}
+	r.client = &http.Client{
+		Timeout: 2 * time.Second,
+		Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+			MaxIdleConns:        o.conns,
+			MaxIdleConnsPerHost: o.conns,
+			MaxConnsPerHost:     o.conns,
+			IdleConnTimeout:     time.Minute,
+			DisableCompression:  true,
+		},
+	}
+	r.cmd = exec.Command(o.bin, "serve", "--config", cfgPath)
+	r.cmd.Env = append(os.Environ(), localCredentials...)
+	r.cmd.Stdout, r.cmd.Stderr = logf, logf
+	// A harness killed hard must not leave gateways behind.
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := r.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start replica %d: %w", i, err)
+	}
+	go func() { r.exitErr = r.cmd.Wait(); close(r.exited) }()
+	return r, ctx.Err()
+}
+
+// waitReady polls /readyz until it answers 200, the process exits or the deadline passes.
+func (r *replica) waitReady(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.admin+"/readyz", nil)
+		if res, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-r.exited:
+			return fmt.Errorf("replica %d exited before it was ready: %v (log: %s)", r.i, r.exitErr, r.log.Name())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond): // polling a process, with a deadline
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("replica %d not ready after %v (log: %s)", r.i, limit, r.log.Name())
+		}
+	}
+}
+
+// stop ends the replica with SIGTERM (a clean shutdown returns its leases), then SIGKILL.
+func (r *replica) stop() {
+	select {
+	case <-r.exited:
+	default:
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-r.exited:
+		case <-time.After(15 * time.Second):
+			fmt.Fprintf(os.Stderr, "replica %d did not stop within 15s of SIGTERM; killing it\n", r.i)
+			_ = r.cmd.Process.Kill()
+			<-r.exited
+		}
+	}
+	r.client.CloseIdleConnections()
+	r.log.Close()
+}
+
+// storeHistogram scrapes the replica's ratelimit_store_duration_seconds.
+func (r *replica) storeHistogram(ctx context.Context) (histogram, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.admin+"/metrics", nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("replica %d metrics: %w", r.i, err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("replica %d metrics: status %d", r.i, res.StatusCode)
+	}
+	h, err := parseHistogram(res.Body, "ratelimit_store_duration_seconds")
+	if err != nil {
+		return nil, fmt.Errorf("replica %d: %w", r.i, err)
+	}
+	return h, nil
+}
+
+// phaseCounters is what the generator counts in one phase, from many goroutines.
+type phaseCounters struct {
+	offered, ok, limited, other, unsent atomic.Int64
+	mu                                  sync.Mutex
+	statuses                            map[string]int64 // the "other" answers by status or error
+}
+
+func (c *phaseCounters) otherAnswer(what string) {
+	c.other.Add(1)
+	c.mu.Lock()
+	c.statuses[what]++
+	c.mu.Unlock()
+}
+
+// offer runs the phases: steady (every replica gets an equal share of load x rate), then shift
+// (the first half of the replicas gets nothing, the second half twice its share, so the total
+// stays the same). Each replica's share is sent open loop: the request due at t is sent at t
+// whether or not earlier ones were answered, on one of the replica's keep-alive connections; a
+// request due when every connection is busy is counted unsent.
+func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer) ([]phaseCounts, error) {
+	total := o.load * o.rate
+	n := len(reps)
+	type phaseSpec struct {
+		name  string
+		d     time.Duration
+		rates []float64
+	}
+	steady := make([]float64, n)
+	shifted := make([]float64, n)
+	for i := range reps {
+		steady[i] = total / float64(n)
+		if i >= n/2 {
+			shifted[i] = total / float64(n-n/2)
+		}
+	}
+	specs := []phaseSpec{{"steady", o.steady, steady}}
+	if o.shift > 0 {
+		specs = append(specs, phaseSpec{"shift", o.shift, shifted})
+	}
+
+	var inflight sync.WaitGroup
+	var out []phaseCounts
+	for _, sp := range specs {
+		c := &phaseCounters{statuses: map[string]int64{}}
+		start := time.Now()
+		end := start.Add(sp.d)
+		var gens sync.WaitGroup
+		for i, r := range reps {
+			if sp.rates[i] == 0 {
+				continue
+			}
+			gens.Add(1)
+			go func() {
+				defer gens.Done()
+				generate(ctx, r, sp.rates[i], start, end, c, &inflight)
+			}()
+		}
+		gens.Wait()
+		elapsed := time.Since(start)
+		if err := ctx.Err(); err != nil {
+			inflight.Wait()
+			return nil, err
+		}
+		// The phase's answers: its requests are counted by when they were sent, so wait for
+		// them before reading the counts.
+		inflight.Wait()
+		pc := phaseCounts{
+			name: sp.name, durationS: elapsed.Seconds(),
+			offered: c.offered.Load(), ok: c.ok.Load(), limited: c.limited.Load(),
+			other: c.other.Load(), unsent: c.unsent.Load(),
+		}
+		if len(c.statuses) > 0 {
+			keys := make([]string, 0, len(c.statuses))
+			for k := range c.statuses {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			fmt.Fprintf(stdout, "  %s phase, answers neither 200 nor 429:", sp.name)
+			for _, k := range keys {
+				fmt.Fprintf(stdout, " %s=%d", k, c.statuses[k])
+			}
+			fmt.Fprintln(stdout)
+		}
+		out = append(out, pc)
+	}
+	return out, nil
+}
+
+// generate sends rate requests per second to r from start until end, catching up after a late
+// tick so that the count sent by time t is floor((t-start) x rate).
+func generate(ctx context.Context, r *replica, rate float64, start, end time.Time, c *phaseCounters, inflight *sync.WaitGroup) {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	var sent int64
+	for {
+		now := time.Now()
+		if now.After(end) {
+			now = end
+		}
+		due := int64(now.Sub(start).Seconds() * rate)
+		for ; sent < due; sent++ {
+			select {
+			case r.sem <- struct{}{}:
+			default:
+				c.unsent.Add(1)
+				continue
+			}
+			c.offered.Add(1)
+			inflight.Add(1)
+			go func() {
+				defer inflight.Done()
+				defer func() { <-r.sem }()
+				send(ctx, r, c)
+			}()
+		}
+		if !now.Before(end) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func send(ctx context.Context, r *replica, c *phaseCounters) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.proxy+"/", nil)
+	res, err := r.client.Do(req)
+	if err != nil {
+		var ne net.Error
+		switch {
+		case errors.As(err, &ne) && ne.Timeout():
+			c.otherAnswer("client-timeout")
+		default:
+			c.otherAnswer("transport-error")
+		}
+		return
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	switch res.StatusCode {
+	case http.StatusOK:
+		c.ok.Add(1)
+	case http.StatusTooManyRequests:
+		c.limited.Add(1)
+	default:
+		c.otherAnswer(strconv.Itoa(res.StatusCode))
+	}
+}
+
+// cpu is CPU seconds (user + system) per process group at one instant.
+type cpu struct {
+	replicas, dynamodb, harness float64
+}
+
+// cpuSeconds reads /proc/PID/stat (Linux; zero elsewhere).
+func cpuSeconds(reps []*replica, ddb *dynamoDBLocal) cpu {
+	var c cpu
+	for _, r := range reps {
+		c.replicas += procCPU(r.cmd.Process.Pid)
+	}
+	c.dynamodb = procCPU(ddb.pid())
+	c.harness = procCPU(os.Getpid())
+	return c
+}
+
+// clockTicks is USER_HZ, 100 on every Linux platform Go supports.
+const clockTicks = 100
+
+func procCPU(pid int) float64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces; the fields after its closing ')' are fixed.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	// utime and stime are fields 14 and 15 of the line, 12 and 13 after the ')'.
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / clockTicks
+}
+
+// loadAvg is the 1-minute load average (Linux), to tell a quiet machine from a shared one.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func printReport(w io.Writer, o options, res Result, ph []Phase, st ddbrelay.Stats, before, after cpu) {
+	b, _ := json.MarshalIndent(res, "", "  ")
+	fmt.Fprintf(w, "\n%s\n%s\n", filepath.Join(o.out, "scale.json"), b)
+	fmt.Fprintf(w, "(p99_decision_ms: the replicas' ratelimit_store_duration_seconds histograms merged, the 99th percentile interpolated linearly within its bucket, as histogram_quantile does; buckets are sqrt(10) apart)\n")
+	b, _ = json.MarshalIndent(ph, "", "  ")
+	fmt.Fprintf(w, "\n%s\n%s\n", filepath.Join(o.out, "scale-phases.json"), b)
+
+	fmt.Fprintf(w, "\nrelay: %d writes forwarded, %d throttled, %d unattributed, %d other requests\n",
+		st.Writes.Forwarded, st.Writes.Throttled, st.Unattributed, st.Reads)
+	ops := make([]string, 0, len(st.Ops))
+	for op := range st.Ops {
+		ops = append(ops, op)
+	}
+	sort.Strings(ops)
+	for _, op := range ops {
+		s := st.Ops[op]
+		fmt.Fprintf(w, "  %-20s requests %7d  writes forwarded %7d throttled %7d\n", op, s.Requests, s.Writes.Forwarded, s.Writes.Throttled)
+	}
+	items := map[ddbrelay.Item]int64{}
+	for _, win := range st.Windows {
+		for it, c := range win.Items {
+			items[it] += c.Forwarded
+		}
+	}
+	fmt.Fprintf(w, "  hottest item %q: %d writes in the second from %s (%d forwarded, %d throttled); %d items written\n",
+		st.Hottest.Item.Key, st.Hottest.Attempted(), st.Hottest.Start.Format("15:04:05"), st.Hottest.Forwarded, st.Hottest.Throttled, len(items))
+	load := res.DurationS
+	fmt.Fprintf(w, "\nCPU during the load (%.1f s on %d cores): replicas %.1f s, DynamoDB Local %.1f s, harness (generator + relay + upstream) %.1f s\n",
+		load, runtime.NumCPU(), after.replicas-before.replicas, after.dynamodb-before.dynamodb, after.harness-before.harness)
+}
