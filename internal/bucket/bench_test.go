@@ -27,6 +27,9 @@ var benchLimits = []struct {
 	{"LeakyBucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1000, Burst: 100}},
 	{"FixedWindow", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 100, Window: 100 * time.Millisecond}},
 	{"SlidingWindow", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 100, Window: 100 * time.Millisecond}},
+	// A daily quota: every benchmark stays within one day, so this is the decision within a
+	// period (the calendar is read once per key and period, when the key is first taken).
+	{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 100, Period: bucket.Day}},
 }
 
 var benchKeyCounts = []struct {

@@ -25,12 +25,46 @@ const (
 	// Concurrency limits the requests in flight per key to Count: a slot is taken when the
 	// group is admitted and given back by Store.Release when the request ends.
 	Concurrency
+	// Quota admits Count requests per calendar Period (a day, week or month in Zone).
+	Quota
 )
 
+// Period is a quota's calendar period.
+type Period uint8
+
+// The periods. The zero Period is invalid.
+const (
+	Day   Period = iota + 1 // from midnight to midnight: 23, 24 or 25 hours in a zone with DST
+	Week                    // seven days from midnight of the Limit's Offset weekday
+	Month                   // a calendar month (28 to 31 days) from day 1+Offset
+)
+
+// Nominal is the period's usual length, for headers that describe a quota by a window in
+// seconds (RateLimit-Policy's w): a day of 24 hours, a week of 7 days, a month of 30 days. The
+// calendar decides the real bounds (QuotaPeriod).
+func (p Period) Nominal() time.Duration {
+	switch p {
+	case Week:
+		return 7 * 24 * time.Hour
+	case Month:
+		return 30 * 24 * time.Hour
+	}
+	return 24 * time.Hour
+}
+
 // Limit is one policy's limit for one key. Buckets use Rate and Burst; windows use Count and
-// Window. Values are assumed valid (the policy package validates them).
+// Window; quotas use Count, Period, Offset and Zone. Values are assumed valid (the policy
+// package validates them).
 type Limit struct {
 	Algorithm Algorithm
+	// Period is a quota's calendar period. (Period and Offset sit in the padding after
+	// Algorithm: they cost the other algorithms' copies of a Limit nothing.)
+	Period Period
+	// Offset moves a quota's period start by whole days, as API Gateway's usage-plan offset
+	// does: for Week the weekday the week starts on (0 Sunday ... 6 Saturday, time.Weekday's
+	// numbering), for Month the days after the 1st (0 to 27, so that every month has the day);
+	// 0 for Day.
+	Offset uint8
 	// Rate is the refill (token bucket) or drain (leaky bucket) rate in requests per second.
 	Rate float64
 	// Burst is the capacity of a token bucket, or the number of requests that may wait behind
@@ -40,6 +74,8 @@ type Limit struct {
 	// number of requests in flight at once (concurrency).
 	Count  int64
 	Window time.Duration
+	// Zone is the time zone of a quota's calendar; nil means UTC.
+	Zone *time.Location
 }
 
 // Key identifies one bucket: a digest of the policy and the (hashed) client key value, so
@@ -49,12 +85,23 @@ type Key [16]byte
 // String returns the key in lowercase hex, the form used in external stores.
 func (k Key) String() string { return hex.EncodeToString(k[:]) }
 
-// Charge asks a Store to spend one request of Limit from the bucket Key.
+// Charge asks a Store to spend Cost requests of Limit from the bucket Key.
 type Charge struct {
 	Key   Key
 	Limit Limit
 	// Shadow charges never reject the group; they are committed only when they conform themselves.
 	Shadow bool
+	// Cost is how many requests' worth this charge spends, all or nothing: a charge of cost 5
+	// conforms only when 5 fit. 0 means 1, so that a Charge literal without it spends one.
+	Cost int64
+}
+
+// N returns the number of requests the charge spends: Cost, or 1 when Cost is 0 (or negative).
+func (c *Charge) N() int64 {
+	if c.Cost > 1 {
+		return c.Cost
+	}
+	return 1
 }
 
 // Result is one charge's verdict.
@@ -63,7 +110,9 @@ type Result struct {
 	Allowed bool
 	// Limit is the value for X-RateLimit-Limit: Burst for buckets, Count for windows.
 	Limit int64
-	// Remaining is what is left after this request (0 for the last admitted one and for rejections).
+	// Remaining is what is left after this request: how many requests of cost 1 would still
+	// conform at this instant (0 for the last admitted one). For a rejection it is what is left
+	// without it, which is less than the charge's cost (0 for a rejected charge of cost 1).
 	Remaining int64
 	// Reset is the time from now until the quota is fully restored.
 	Reset time.Duration
@@ -104,9 +153,10 @@ type Store interface {
 // keeps that promise: a store cannot tell a slot released twice from two slots). A Concurrency
 // charge frees its slot. Any other charge is refunded (charge_on: the answer was not one that
 // costs) where the store can do so without ever admitting more than the limit: a fixed window
-// while its window is still open, a sliding window while its slot is still counted, a token
-// bucket while its refill cannot yet have returned the request (memory: before At plus one
-// emission interval; DynamoDB: while no write found the bucket idle since). Otherwise the charge
+// or a quota while its window or period is still open, a sliding window while its slot is still
+// counted, a token bucket while its refill cannot yet have returned the request (memory: before
+// At plus Cost emission intervals; DynamoDB: while no write found the bucket idle since). A
+// refund gives back the charge's whole Cost. Otherwise the charge
 // stays spent, which is stricter, never looser. Leaky-bucket charges are never refunded (their
 // requests were held for their turn already). An error means some charges may not have been
 // given back (stricter, until a concurrency lease expires or a window ends). Implementations

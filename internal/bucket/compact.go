@@ -73,11 +73,11 @@ func (s *compactSliding) wide() SlidingState {
 // take is SlidingState.take for a state whose width is w (the caller has checked the tag or
 // started a fresh state with w's tag) and a count <= maxCompactCount, so that the counter it
 // increments stays within 16 bits.
-func (s *compactSliding) take(now, w, count int64, r *Result) {
+func (s *compactSliding) take(now, w, count, n int64, r *Result) {
 	if start := s.slot * w; now < start || now-start >= w {
 		rotate(&s.counts, &s.slot, floorDiv(now, w))
 	}
-	decide(&s.counts, s.slot, now, w, count, r)
+	decide(&s.counts, s.slot, now, w, count, n, r)
 }
 
 // idle is SlidingState.Idle.

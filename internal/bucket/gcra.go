@@ -70,14 +70,22 @@ func GCRAParams(l Limit) (t, tau int64) {
 //
 // A clock that steps backwards (now below an earlier call's now) cannot admit more: tat stays
 // where the later instant put it, so max(tat, now) only grows the computed wait.
-func GCRA(tat, now int64, l Limit) (newTat int64, r Result) {
+func GCRA(tat, now int64, l Limit) (newTat int64, r Result) { return GCRAN(tat, now, l, 1) }
+
+// GCRAN is GCRA for a request that costs n (>= 1) requests at once (x/time/rate's AllowN): it
+// conforms when max(tat, now)+n*T-now <= tau, and then moves tat by n*T; it is all or nothing.
+// A rejection's RetryAfter is when all n conform again, and its Remaining is how many requests
+// of cost 1 would conform at now (less than n). A cost above what the bucket holds never
+// conforms; the policy package refuses such a configuration.
+func GCRAN(tat, now int64, l Limit, n int64) (newTat int64, r Result) {
 	t, tau := GCRAParams(l)
 	start := max(tat, now)
-	next := start + t
+	next := start + spend(t, n)
 	r.Limit = l.Burst
 	if next-now > tau {
 		r.RetryAfter = time.Duration(next - tau - now)
 		r.Reset = time.Duration(max(tat-now, 0))
+		r.Remaining = max(tau-(start-now), 0) / t
 		return tat, r
 	}
 	r.Allowed = true
@@ -88,6 +96,14 @@ func GCRA(tat, now int64, l Limit) (newTat int64, r Result) {
 		r.Wait = time.Duration(start - now)
 	}
 	return next, r
+}
+
+// spend is n*t (n requests' worth of slack, n >= 1), saturating at maxSpan like every span.
+func spend(t, n int64) int64 {
+	if n > maxSpan/t {
+		return maxSpan
+	}
+	return n * t
 }
 
 // GCRAIdle reports whether a bucket with state tat is indistinguishable from a fresh one at now,

@@ -153,7 +153,7 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 		return false, fmt.Errorf("bucket: memory take: %d results for %d charges", len(results), len(charges))
 	}
 	for i := range charges {
-		if a := charges[i].Limit.Algorithm; a < TokenBucket || a > Concurrency {
+		if a := charges[i].Limit.Algorithm; a < TokenBucket || a > Quota {
 			return false, fmt.Errorf("bucket: memory take: charge %d: unknown algorithm %d", i, a)
 		}
 	}
@@ -231,17 +231,23 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 			tat = sh.gcra.slots[i].st
 		}
 		var next int64
-		next, *r = GCRA(tat, now, c.Limit)
+		next, *r = GCRAN(tat, now, c.Limit, c.N())
 		if r.Allowed {
 			evicted = storeAt(&sh.shard, &sh.gcra, i, existed, &c.Key, &next, now)
 		}
-	case FixedWindow:
+	case FixedWindow, Quota:
+		// A quota's state is a FixedState that ends at the next period start: it shares the
+		// fixed windows' table (keys of different policies never collide).
 		i, existed := sh.fixed.find(&c.Key)
 		var st FixedState
 		if existed {
 			st = sh.fixed.slots[i].st
 		}
-		st, *r = Fixed(st, now, c.Limit)
+		if c.Limit.Algorithm == Quota {
+			st, *r = QuotaN(st, now, c.Limit, c.N())
+		} else {
+			st, *r = FixedN(st, now, c.Limit, c.N())
+		}
 		if r.Allowed {
 			evicted = storeAt(&sh.shard, &sh.fixed, i, existed, &c.Key, &st, now)
 		}
@@ -285,7 +291,7 @@ func (sh *shard) takeSliding(c *Charge, now int64, r *Result) (evicted uint64) {
 			}
 			st = compactSliding{slot: floorDiv(now, w), tag: tag}
 		}
-		st.take(now, w, c.Limit.Count, r)
+		st.take(now, w, c.Limit.Count, c.N(), r)
 		if r.Allowed {
 			evicted = storeAt(sh, &sh.sliding, i, existed, &c.Key, &st, now)
 		}
@@ -312,7 +318,7 @@ func storeAt[S comparable](sh *shard, t *table[S], i int, existed bool, k *Key, 
 // and stores the new state in the form it fits. The caller holds sh.mu.
 func (sh *shard) takeWide(c *Charge, now int64, r *Result) (evicted uint64) {
 	st, existed := sh.slidingState(c.Key)
-	st.take(now, &c.Limit, r)
+	st.take(now, &c.Limit, c.N(), r)
 	if r.Allowed {
 		evicted = sh.makeRoom(existed, now)
 		sh.storeSliding(c.Key, &st, c.Limit.Count)
@@ -346,7 +352,8 @@ func (sh *shard) storeSliding(k Key, st *SlidingState, count int64) {
 // sameState reports whether two algorithms keep their state in the same map.
 func sameState(a, b Algorithm) bool {
 	gcra := func(x Algorithm) bool { return x == TokenBucket || x == LeakyBucket }
-	return a == b || gcra(a) && gcra(b)
+	fixed := func(x Algorithm) bool { return x == FixedWindow || x == Quota }
+	return a == b || gcra(a) && gcra(b) || fixed(a) && fixed(b)
 }
 
 // eval evaluates c at now against the stored state, or against prev (an earlier conforming
@@ -364,14 +371,18 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 			tat, ok = prev.tat, true
 		}
 		p.existed = ok
-		p.tat, r = GCRA(tat, now, c.Limit)
-	case FixedWindow:
+		p.tat, r = GCRAN(tat, now, c.Limit, c.N())
+	case FixedWindow, Quota:
 		s, ok := sh.fixed.get(&c.Key)
 		if prev != nil {
 			s, ok = prev.fixed, true
 		}
 		p.existed = ok
-		p.fixed, r = Fixed(s, now, c.Limit)
+		if c.Limit.Algorithm == Quota {
+			p.fixed, r = QuotaN(s, now, c.Limit, c.N())
+		} else {
+			p.fixed, r = FixedN(s, now, c.Limit, c.N())
+		}
 	case SlidingWindow:
 		s, ok := sh.slidingState(c.Key)
 		if prev != nil {
@@ -379,7 +390,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		}
 		p.existed = ok
 		p.sliding = s
-		p.sliding.take(now, &c.Limit, &r)
+		p.sliding.take(now, &c.Limit, c.N(), &r)
 	case Concurrency:
 		n, ok := sh.conc.get(&c.Key)
 		if prev != nil {
@@ -406,7 +417,7 @@ func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
 		sh.gcra.put(&c.Key, &p.tat)
-	case FixedWindow:
+	case FixedWindow, Quota:
 		sh.fixed.put(&c.Key, &p.fixed)
 	case SlidingWindow:
 		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count)
@@ -431,7 +442,7 @@ func (sh *shard) has(c *Charge) bool {
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
 		_, ok = sh.gcra.find(&c.Key)
-	case FixedWindow:
+	case FixedWindow, Quota:
 		_, ok = sh.fixed.find(&c.Key)
 	case SlidingWindow:
 		if _, ok = sh.sliding.find(&c.Key); !ok {
@@ -560,15 +571,19 @@ func (sh *shard) release(tk *Taken, now int64) {
 		}
 	case TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
-			sh.gcra.slots[i].st, _ = GCRARefund(sh.gcra.slots[i].st, at, now, c.Limit)
+			sh.gcra.slots[i].st, _ = GCRARefundN(sh.gcra.slots[i].st, at, now, c.Limit, c.N())
 		}
 	case FixedWindow:
 		if i, ok := sh.fixed.find(&c.Key); ok {
-			sh.fixed.slots[i].st, _ = FixedRefund(sh.fixed.slots[i].st, at, c.Limit)
+			sh.fixed.slots[i].st, _ = FixedRefundN(sh.fixed.slots[i].st, at, c.Limit, c.N())
+		}
+	case Quota:
+		if i, ok := sh.fixed.find(&c.Key); ok {
+			sh.fixed.slots[i].st, _ = QuotaRefundN(sh.fixed.slots[i].st, at, c.Limit, c.N())
 		}
 	case SlidingWindow:
 		st, ok := sh.slidingState(c.Key)
-		if ok && st.refund(at, &c.Limit) {
+		if ok && st.refund(at, &c.Limit, c.N()) {
 			sh.storeSliding(c.Key, &st, c.Limit.Count)
 		}
 	}

@@ -29,7 +29,7 @@ func reviewKind(a bucket.Algorithm) int {
 	switch a {
 	case bucket.TokenBucket, bucket.LeakyBucket:
 		return 0
-	case bucket.FixedWindow:
+	case bucket.FixedWindow, bucket.Quota:
 		return 1
 	}
 	return 2
@@ -53,19 +53,23 @@ func (m *refModel) take(now int64, cs []bucket.Charge) (bool, []bucket.Result) {
 			if prev >= 0 {
 				tat = ps[prev].tat
 			}
-			ps[i].tat, rs[i] = bucket.GCRA(tat, now, c.Limit)
+			ps[i].tat, rs[i] = bucket.GCRAN(tat, now, c.Limit, c.N())
 		case 1:
 			s := m.fixed[c.Key]
 			if prev >= 0 {
 				s = ps[prev].fixed
 			}
-			ps[i].fixed, rs[i] = bucket.Fixed(s, now, c.Limit)
+			if c.Limit.Algorithm == bucket.Quota {
+				ps[i].fixed, rs[i] = bucket.QuotaN(s, now, c.Limit, c.N())
+			} else {
+				ps[i].fixed, rs[i] = bucket.FixedN(s, now, c.Limit, c.N())
+			}
 		case 2:
 			s := m.sliding[c.Key]
 			if prev >= 0 {
 				s = ps[prev].sliding
 			}
-			ps[i].sliding, rs[i] = bucket.Sliding(s, now, c.Limit)
+			ps[i].sliding, rs[i] = bucket.SlidingN(s, now, c.Limit, c.N())
 		}
 		admitted = admitted && (rs[i].Allowed || c.Shadow)
 	}
@@ -88,12 +92,17 @@ func (m *refModel) take(now int64, cs []bucket.Charge) (bool, []bucket.Result) {
 }
 
 // TestMemoryMatchesModel drives Memory and the reference with random groups (one to five
-// charges, the same key twice, shadow charges, limits that change between calls on one key:
-// sliding Counts on both sides of 65535 and Windows with and without a width tag) at a clock
+// charges, the same key twice, shadow charges, costs of 1 to 3, limits that change between
+// calls on one key: sliding Counts on both sides of 65535 and Windows with and without a width
+// tag; quotas, one of whose Berlin days ends during the run) at a clock
 // that only moves forward, on one shard so that sweeps run often. With no cap reached, a sweep
 // forgets only fresh-equivalent keys, so every verdict must match the reference exactly.
 func TestMemoryMatchesModel(t *testing.T) {
-	limits := [3][]bucket.Limit{
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := [4][]bucket.Limit{
 		{
 			{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 3},
 			{Algorithm: bucket.TokenBucket, Rate: 0.5, Burst: 2},
@@ -110,6 +119,12 @@ func TestMemoryMatchesModel(t *testing.T) {
 			{Algorithm: bucket.SlidingWindow, Count: 70000, Window: time.Second},           // wide
 			{Algorithm: bucket.SlidingWindow, Count: 6, Window: 300 * time.Millisecond},
 		},
+		{
+			// The run (about 38 minutes) starts 16m40s before midnight in Berlin.
+			{Algorithm: bucket.Quota, Count: 40, Period: bucket.Day, Zone: berlin},
+			{Algorithm: bucket.Quota, Count: 7, Period: bucket.Week, Offset: 1},
+			{Algorithm: bucket.Quota, Count: 9, Period: bucket.Month, Offset: 13, Zone: berlin},
+		},
 	}
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
@@ -121,7 +136,7 @@ func TestMemoryMatchesModel(t *testing.T) {
 				binary.LittleEndian.PutUint64(keys[i][:8], rng.Uint64())
 				binary.LittleEndian.PutUint64(keys[i][8:], rng.Uint64())
 			}
-			now := time.Unix(1_700_000_000, 0).UnixNano()
+			now := time.Unix(1_700_001_800, 0).UnixNano() // 2023-11-14 22:43:20 UTC
 			for step := range 30_000 {
 				switch r := rng.IntN(100); {
 				case r < 60:
@@ -148,7 +163,7 @@ func TestMemoryMatchesModel(t *testing.T) {
 					}
 					// A key's kind is fixed by its index, so one key keeps one kind of state
 					// (as policy keys do); its limit within the kind may change.
-					kind := int(binary.LittleEndian.Uint64(k[:8]) % 3)
+					kind := int(binary.LittleEndian.Uint64(k[:8]) % uint64(len(limits)))
 					ls := limits[kind]
 					l := ls[0]
 					if rng.IntN(10) == 0 {
@@ -157,6 +172,9 @@ func TestMemoryMatchesModel(t *testing.T) {
 						l = ls[int(binary.LittleEndian.Uint64(k[8:])%uint64(len(ls)))]
 					}
 					cs[i] = bucket.Charge{Key: k, Limit: l, Shadow: rng.IntN(6) == 0}
+					if rng.IntN(4) == 0 {
+						cs[i].Cost = 1 + rng.Int64N(3)
+					}
 				}
 				rs := make([]bucket.Result, n)
 				got, err := mem.Take(context.Background(), time.Unix(0, now), cs, rs)

@@ -37,46 +37,72 @@ func ConcurrentRelease(inflight int64) int64 { return max(inflight-1, 0) }
 // charge keeps tat >= at+T (exact refunds of other charges cannot take away what this one
 // added), so the bucket cannot have been idle since at, and tat-T is exactly the state without
 // the charge. Leaky-bucket charges are never refunded: their request was held for its turn.
-func GCRARefund(tat, at, now int64, l Limit) (int64, bool) {
+func GCRARefund(tat, at, now int64, l Limit) (int64, bool) { return GCRARefundN(tat, at, now, l, 1) }
+
+// GCRARefundN is GCRARefund for a charge of cost n, which added n*T: the same reasoning holds
+// until at+n*T.
+func GCRARefundN(tat, at, now int64, l Limit, n int64) (int64, bool) {
 	if l.Algorithm != TokenBucket {
 		return tat, false
 	}
 	t, _ := GCRAParams(l)
-	if now-at >= t || tat-t < at {
+	nt := spend(t, n)
+	if now-at >= nt || tat-nt < at {
 		return tat, false
 	}
-	return tat - t, true
+	return tat - nt, true
 }
 
 // FixedRefund undoes one fixed-window charge taken at instant at, if its window is still the
 // state's window and counted it; a closed window's count no longer matters.
 func FixedRefund(s FixedState, at int64, l Limit) (FixedState, bool) {
+	return FixedRefundN(s, at, l, 1)
+}
+
+// FixedRefundN is FixedRefund for a charge of cost n.
+func FixedRefundN(s FixedState, at int64, l Limit, n int64) (FixedState, bool) {
 	w := windowSpan(l.Window)
-	if end := floorDiv(at, w)*w + w; end != s.End || s.Count <= 0 {
+	if end := floorDiv(at, w)*w + w; end != s.End || s.Count < n {
 		return s, false
 	}
-	s.Count--
+	s.Count -= n
 	return s, true
 }
 
-// refund undoes one sliding-window charge taken at instant at, if the slot it was counted in
-// is still in the ring (of the same width) and counted it.
-func (s *SlidingState) refund(at int64, l *Limit) bool {
+// QuotaRefundN undoes a quota charge of cost n taken at instant at, if the period it was
+// counted in is still the state's period and counted it; a past period's count no longer
+// matters.
+func QuotaRefundN(s FixedState, at int64, l Limit, n int64) (FixedState, bool) {
+	if _, end := QuotaPeriod(at, l); end != s.End || s.Count < n {
+		return s, false
+	}
+	s.Count -= n
+	return s, true
+}
+
+// refund undoes a sliding-window charge of cost n taken at instant at, if the slot it was
+// counted in is still in the ring (of the same width) and counted it.
+func (s *SlidingState) refund(at int64, l *Limit, n int64) bool {
 	w := slotWidth(l.Window)
 	slot := floorDiv(at, w)
 	if s.Width != w || slot > s.Slot || slot <= s.Slot-slidingRing {
 		return false
 	}
 	i := ring(slot)
-	if s.Counts[i] == 0 {
+	if int64(s.Counts[i]) < n {
 		return false
 	}
-	s.Counts[i]--
+	s.Counts[i] -= uint32(n)
 	return true
 }
 
 // SlidingRefund undoes one sliding-window charge taken at instant at (see Releaser).
 func SlidingRefund(s SlidingState, at int64, l Limit) (SlidingState, bool) {
-	ok := s.refund(at, &l)
+	return SlidingRefundN(s, at, l, 1)
+}
+
+// SlidingRefundN is SlidingRefund for a charge of cost n.
+func SlidingRefundN(s SlidingState, at int64, l Limit, n int64) (SlidingState, bool) {
+	ok := s.refund(at, &l, n)
 	return s, ok
 }

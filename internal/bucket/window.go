@@ -42,19 +42,31 @@ type FixedState struct {
 //
 // A clock that steps back into an earlier window (or a Window made shorter by a reload) keeps
 // counting in the newer stored window, which can only reject more, never admit more.
-func Fixed(s FixedState, now int64, l Limit) (FixedState, Result) {
+func Fixed(s FixedState, now int64, l Limit) (FixedState, Result) { return FixedN(s, now, l, 1) }
+
+// FixedN is Fixed for a request that costs n (>= 1) requests at once: it is admitted while
+// Count-n or fewer were admitted in its window, and adds n. A rejection's Remaining is what is
+// left of the window's Count (less than n).
+func FixedN(s FixedState, now int64, l Limit, n int64) (FixedState, Result) {
 	w := windowSpan(l.Window)
 	if end := floorDiv(now, w)*w + w; end > s.End {
 		s = FixedState{End: end}
 	}
-	r := Result{Limit: l.Count, Reset: time.Duration(s.End - now)}
-	if s.Count >= l.Count {
+	return s.take(now, l.Count, n)
+}
+
+// take counts n requests of the window or period that ends at s.End (after now) if they fit in
+// count. It is Fixed's and Quota's decision once the state is in the right window.
+func (s FixedState) take(now, count, n int64) (FixedState, Result) {
+	r := Result{Limit: count, Reset: time.Duration(s.End - now)}
+	if s.Count > count-n {
 		r.RetryAfter = r.Reset
+		r.Remaining = max(count-s.Count, 0)
 		return s, r
 	}
-	s.Count++
+	s.Count += n
 	r.Allowed = true
-	r.Remaining = l.Count - s.Count
+	r.Remaining = count - s.Count
 	return s, r
 }
 
@@ -118,8 +130,16 @@ func ring(slot int64) int {
 // A clock that steps back to an older slot counts the request in the newest stored slot, which can
 // only reject more, never admit more.
 func Sliding(s SlidingState, now int64, l Limit) (SlidingState, Result) {
+	return SlidingN(s, now, l, 1)
+}
+
+// SlidingN is Sliding for a request that costs n (1 <= n <= l.Count) requests at once: it is
+// admitted when the counted sum plus n is at most Count, and adds n to the newest slot. A
+// rejection's RetryAfter is when enough has left for n to fit, and its Remaining is Count minus
+// the sum (less than n).
+func SlidingN(s SlidingState, now int64, l Limit, n int64) (SlidingState, Result) {
 	var r Result
-	s.take(now, &l, &r)
+	s.take(now, &l, n, &r)
 	return s, r
 }
 
@@ -127,7 +147,7 @@ func Sliding(s SlidingState, now int64, l Limit) (SlidingState, Result) {
 // request is taken (a caller discards it otherwise) and the verdict in r. Working through
 // pointers keeps the 64-byte state and the Result from being copied in and out of the call, which
 // cost a third of a decision.
-func (s *SlidingState) take(now int64, l *Limit, r *Result) {
+func (s *SlidingState) take(now int64, l *Limit, n int64, r *Result) {
 	w := slotWidth(l.Window)
 	// The common case under load is a request in the newest stored slot: a multiplication and
 	// a comparison find it without the 64-bit division floorDiv needs. (start may wrap for a
@@ -135,7 +155,7 @@ func (s *SlidingState) take(now int64, l *Limit, r *Result) {
 	if start := s.Slot * w; s.Width != w || now < start || now-start >= w {
 		s.advance(floorDiv(now, w), w)
 	}
-	decide(&s.Counts, s.Slot, now, w, l.Count, r)
+	decide(&s.Counts, s.Slot, now, w, l.Count, n, r)
 }
 
 // counter is the type of a ring's counters: uint32 in a SlidingState, uint16 in the memory
@@ -143,9 +163,10 @@ func (s *SlidingState) take(now int64, l *Limit, r *Result) {
 type counter interface{ ~uint16 | ~uint32 }
 
 // decide is the sliding-window decision on a ring whose newest slot is slot (of width w, with
-// now inside it, or before it after a clock stepped back): it counts the request in the newest
-// slot if the ring's sum is below count, and sets r.
-func decide[C counter](counts *[slidingRing]C, slot, now, w, count int64, r *Result) {
+// now inside it, or before it after a clock stepped back): it counts the request's n in the
+// newest slot if the ring's sum plus n is at most count, and sets r. n <= count keeps a
+// counter within count, so a compact ring's 16 bits hold it.
+func decide[C counter](counts *[slidingRing]C, slot, now, w, count, n int64, r *Result) {
 	// One pass over the ring, oldest slot (slot-K, whose counter is slot+1's) first, sums the
 	// counters and notes which slots are non-empty, so that a rejection finds its Reset and
 	// RetryAfter slots without walking the empty ones. The two loops wrap the ring without a
@@ -171,11 +192,11 @@ func decide[C counter](counts *[slidingRing]C, slot, now, w, count int64, r *Res
 	// A request in slot slot-back stops being counted when slot slot-back+K+1 starts, end-back*w
 	// from now.
 	end := (slot+slidingRing)*w - now
-	*r = Result{Limit: count}
-	if sum < count {
-		counts[newest]++
+	*r = Result{Limit: count, Remaining: max(count-sum, 0)}
+	if sum <= count-n {
+		counts[newest] += C(n)
 		r.Allowed = true
-		r.Remaining = count - sum - 1
+		r.Remaining = count - sum - n
 		r.Reset = time.Duration(end)
 		return
 	}
@@ -183,9 +204,9 @@ func decide[C counter](counts *[slidingRing]C, slot, now, w, count int64, r *Res
 	if live != 0 {
 		r.Reset = time.Duration(end - int64(SlidingSlots+1-bits.Len32(live))*w)
 	}
-	// RetryAfter: when enough of the oldest slots have left that the rest is below Count. Empty
-	// slots change nothing, so only the non-empty ones are visited. If none is enough (Count <= 0,
-	// invalid) no wait helps: say "a window".
+	// RetryAfter: when enough of the oldest slots have left that n fits beside the rest. Empty
+	// slots change nothing, so only the non-empty ones are visited. If none is enough (n above
+	// Count, invalid) no wait helps: say "a window".
 	r.RetryAfter = time.Duration(end)
 	rest := sum
 	for m := live; m != 0; m &= m - 1 {
@@ -195,7 +216,7 @@ func decide[C counter](counts *[slidingRing]C, slot, now, w, count int64, r *Res
 			i -= slidingRing
 		}
 		rest -= int64(counts[i])
-		if rest < count {
+		if rest <= count-n {
 			r.RetryAfter = time.Duration(end - int64(SlidingSlots-k)*w)
 			break
 		}

@@ -247,6 +247,9 @@ func (g *gen) refine() {
 	g.set("policies[].charge_on", "minItems", 1)
 	g.set("policies[].charge_on[]", "pattern", `^([1-5][0-9][0-9]|[1-5]xx)$`, "minimum", 100, "maximum", 599)
 	g.set("policies[].mode", "enum", []any{"enforce", "shadow"})
+	g.set("policies[].cost", "minimum", 1, "maximum", maxCount)
+	g.set("policies[].period", "enum", []any{"day", "week", "month"})
+	g.set("policies[].offset", "minimum", 0, "maximum", 27)
 	g.set("policies[].match.methods[]", "enum", methods)
 	g.set("policies[].match.path_prefix", "pattern", "^/")
 	g.require("policies[].overrides[]", "key")
@@ -291,6 +294,15 @@ func (g *gen) refine() {
 			"overrides": node{"items": node{"properties": node{"limit": node{"minimum": 1}, "rate": node{"const": ""}, "burst": zero, "window": false}}},
 		},
 	}
+	// A quota counts limit per calendar period; period, time_zone and offset are its alone.
+	quotaFields := node{
+		"required": []any{"limit", "period"},
+		"properties": node{
+			"limit": node{"minimum": 1}, "rate": node{"const": ""}, "burst": zero, "window": false,
+			"overrides": node{"items": node{"properties": node{"limit": node{"minimum": 1}, "rate": node{"const": ""}, "burst": zero, "window": false}}},
+		},
+	}
+	notCalendar := node{"properties": node{"period": false, "time_zone": false, "offset": zero}}
 	isAlg := func(names ...any) node {
 		return node{"required": []any{"algorithm"}, "properties": node{"algorithm": node{"enum": names}}}
 	}
@@ -298,6 +310,9 @@ func (g *gen) refine() {
 		node{"if": isAlg("token_bucket", "leaky_bucket"), "then": bucketFields},
 		node{"if": isAlg("fixed_window", "sliding_window"), "then": windowFields},
 		node{"if": isAlg("concurrency"), "then": concurrencyFields},
+		node{"if": isAlg("quota"), "then": quotaFields},
+		node{"if": isAlg("token_bucket", "leaky_bucket", "fixed_window", "sliding_window", "concurrency"), "then": notCalendar},
+		node{"if": isAlg("concurrency"), "then": node{"properties": node{"cost": false}}},
 		// A leaky bucket holds requests instead of charging them on their answer.
 		node{"if": isAlg("leaky_bucket"), "then": node{"properties": node{"charge_on": false}}},
 	})

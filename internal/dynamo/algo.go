@@ -13,22 +13,39 @@ import (
 // k is the number of slots a sliding window is divided into.
 const k = bucket.SlidingSlots
 
-// gcraResult is the verdict of a GCRA request against a bucket whose tat was prior.
-func gcraResult(l bucket.Limit, prior, now int64) bucket.Result {
-	_, r := bucket.GCRA(prior, now, l)
+// gcraResult is the verdict of a GCRA request of cost c against a bucket whose tat was prior.
+func gcraResult(l bucket.Limit, prior, now, c int64) bucket.Result {
+	_, r := bucket.GCRAN(prior, now, l, c)
 	return r
 }
 
-// fixedEnd returns the end (exclusive, Unix ns) of the fixed window holding now.
+// fixedEnd returns the end (exclusive, Unix ns) of the fixed window, or the quota period,
+// holding now.
 func fixedEnd(l bucket.Limit, now int64) int64 {
+	if l.Algorithm == bucket.Quota {
+		_, end := bucket.QuotaPeriod(now, l)
+		return end
+	}
 	s, _ := bucket.Fixed(bucket.FixedState{}, now, l)
 	return s.End
 }
 
-// fixedResult is the verdict of a fixed-window request when the window's count was prior.
-func fixedResult(l bucket.Limit, prior, now int64) bucket.Result {
-	_, r := bucket.Fixed(bucket.FixedState{End: fixedEnd(l, now), Count: prior}, now, l)
+// fixedResult is the verdict of a fixed-window or quota request of cost c when the window's (the
+// period's) count was prior.
+func fixedResult(l bucket.Limit, prior, now, c int64) bucket.Result {
+	s := bucket.FixedState{End: fixedEnd(l, now), Count: prior}
+	var r bucket.Result
+	if l.Algorithm == bucket.Quota {
+		_, r = bucket.QuotaN(s, now, l, c)
+	} else {
+		_, r = bucket.FixedN(s, now, l, c)
+	}
 	return r
+}
+
+// isCounter reports whether l keeps one counter per window or period (fixed window, quota).
+func isCounter(l bucket.Limit) bool {
+	return l.Algorithm == bucket.FixedWindow || l.Algorithm == bucket.Quota
 }
 
 // slotOf returns the sliding-window slot holding now.
@@ -59,15 +76,16 @@ func (c *slotCounts) closed() int64 {
 	return n
 }
 
-// slidingResult is the verdict of a sliding-window request in slot cur against counts c.
-func slidingResult(l bucket.Limit, cur int64, c *slotCounts, now int64) bucket.Result {
+// slidingResult is the verdict of a sliding-window request of cost w in slot cur against
+// counts c.
+func slidingResult(l bucket.Limit, cur int64, c *slotCounts, now, w int64) bucket.Result {
 	s := bucket.SlidingState{Width: bucket.SlidingWidth(l), Slot: cur}
 	n := int64(len(s.Counts))
 	for i, v := range c {
 		slot := cur - k + int64(i)
 		s.Counts[((slot%n)+n)%n] = uint32(v)
 	}
-	_, r := bucket.Sliding(s, now, l)
+	_, r := bucket.SlidingN(s, now, l, w)
 	return r
 }
 
@@ -76,8 +94,8 @@ func slidingResult(l bucket.Limit, cur int64, c *slotCounts, now int64) bucket.R
 // (c[K] the slot's final count). The request is rejected whatever c says: it could conform no
 // earlier than when the counts allow it (as for any rejection) and not before its own slot ends,
 // since every request decided in the slot writes to it.
-func sealedResult(l bucket.Limit, cur int64, c *slotCounts, now int64) bucket.Result {
-	r := slidingResult(l, cur, c, now)
+func sealedResult(l bucket.Limit, cur int64, c *slotCounts, now, w int64) bucket.Result {
+	r := slidingResult(l, cur, c, now, w)
 	r.Allowed, r.Remaining, r.Wait = false, 0, 0
 	end := (cur + 1) * bucket.SlidingWidth(l)
 	r.RetryAfter = max(r.RetryAfter, time.Duration(end-now))

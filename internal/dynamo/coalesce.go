@@ -69,12 +69,13 @@ type waiter struct {
 	err              error
 }
 
-// batch is the charges of one item that share its writes: same pk, same Limit (and for a
-// sliding window the same closed-slot sum, which its condition depends on).
+// batch is the charges of one item that share its writes: same pk, same Limit, same cost (and
+// for a sliding window the same closed-slot sum, which its condition depends on).
 type batch struct {
 	pk     string
 	key    bucket.Key
 	l      bucket.Limit
+	cost   int64 // what each charge spends: m charges add m*cost units
 	t, tau int64
 	avail  int64 // windows: the count the current window or slot may still reach
 	cur    int64
@@ -94,7 +95,7 @@ type itemState struct {
 }
 
 func compatible(a, b *waiter) bool {
-	return a.c.Limit == b.c.Limit &&
+	return a.c.Limit == b.c.Limit && a.c.N() == b.c.N() &&
 		(a.c.Limit.Algorithm != bucket.SlidingWindow || a.counts.closed() == b.counts.closed())
 }
 
@@ -242,9 +243,9 @@ func (s *Store) writeLoop(pk string) {
 // every waiter has left.
 func newBatch(pk string, ws []*waiter) *batch {
 	w0 := ws[0]
-	b := &batch{pk: pk, key: w0.c.Key, l: w0.c.Limit, t: w0.t, tau: w0.tau, cur: w0.cur, ws: ws, live: len(ws)}
+	b := &batch{pk: pk, key: w0.c.Key, l: w0.c.Limit, cost: w0.c.N(), t: w0.t, tau: w0.tau, cur: w0.cur, ws: ws, live: len(ws)}
 	switch b.l.Algorithm {
-	case bucket.FixedWindow:
+	case bucket.FixedWindow, bucket.Quota:
 		b.avail = b.l.Count
 	case bucket.SlidingWindow:
 		b.avail = b.l.Count - w0.counts.closed()
@@ -355,12 +356,12 @@ func (s *Store) runBatch(b *batch) {
 	}
 }
 
-// unit is what one charge adds to the item: T for GCRA, 1 for a counter.
+// unit is what one charge adds to the item: cost*T for GCRA, cost for a counter.
 func (b *batch) unit() int64 {
 	if isGCRA(b.l) {
-		return b.t
+		return b.cost * b.t
 	}
-	return 1
+	return b.cost
 }
 
 // state reads the item's value from a write's returned attributes (nil: the item is absent).
@@ -387,7 +388,7 @@ func (b *batch) fit(st itemState, k int) int {
 	if isGCRA(b.l) {
 		tat, m := b.gcraTat(st), 0
 		for ; m < k; m++ {
-			next, r := bucket.GCRA(tat, b.n, b.l)
+			next, r := bucket.GCRAN(tat, b.n, b.l, b.cost)
 			if !r.Allowed {
 				break
 			}
@@ -399,19 +400,19 @@ func (b *batch) fit(st itemState, k int) int {
 	if st.present {
 		room -= st.v
 	}
-	return int(min(max(room, 0), int64(k)))
+	return int(min(max(room, 0)/b.cost, int64(k)))
 }
 
-// write returns the conditional write of m charges, given st. GCRA: SET tat = n + m*T when
-// the bucket is idle (tat absent or < n; m*T <= tau by fit), else SET tat = tat + m*T while
-// tat <= n + tau - m*T. Windows: ADD count m while count <= avail - m.
+// write returns the conditional write of m charges (u = m*cost units), given st. GCRA: SET
+// tat = n + u*T when the bucket is idle (tat absent or < n; u*T <= tau by fit), else SET tat =
+// tat + u*T while tat <= n + tau - u*T. Counters: ADD count u while count <= avail - u.
 func (b *batch) write(st itemState, m int) update {
-	k := int64(m)
+	k := int64(m) * b.cost
 	switch b.l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
 		idle := (!st.present || st.v < b.n) && k <= b.tau/b.t
 		return gcraWrite(b.n, b.t, b.tau, k, !idle)
-	case bucket.FixedWindow:
+	case bucket.FixedWindow, bucket.Quota:
 		return countWrite(b.avail, k, ttlAt(fixedEnd(b.l, b.n)), false)
 	default: // SlidingWindow
 		return countWrite(b.avail, k, ttlAt(leaves(b.l, b.cur)), true)
@@ -420,15 +421,15 @@ func (b *batch) write(st itemState, m int) update {
 
 // admitted is the result of the charge at position i of a write applied to the value before.
 func (b *batch) admitted(w *waiter, before, i int64) bucket.Result {
-	switch b.l.Algorithm {
+	switch u := i * b.unit(); b.l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		return gcraResult(b.l, before+i*b.t, b.n)
-	case bucket.FixedWindow:
-		return fixedResult(b.l, before+i, b.n)
+		return gcraResult(b.l, before+u, b.n, b.cost)
+	case bucket.FixedWindow, bucket.Quota:
+		return fixedResult(b.l, before+u, b.n, b.cost)
 	default:
 		c := w.counts
-		c[k] = before + i
-		return slidingResult(b.l, b.cur, &c, b.n)
+		c[k] = before + u
+		return slidingResult(b.l, b.cur, &c, b.n, b.cost)
 	}
 }
 
@@ -436,15 +437,16 @@ func (b *batch) admitted(w *waiter, before, i int64) bucket.Result {
 func (b *batch) rejected(w *waiter, st itemState) bucket.Result {
 	switch b.l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		return gcraResult(b.l, b.gcraTat(st), b.n)
-	case bucket.FixedWindow:
-		return fixedResult(b.l, max(st.v, b.l.Count), b.n)
+		return gcraResult(b.l, b.gcraTat(st), b.n, b.cost)
+	case bucket.FixedWindow, bucket.Quota:
+		// fit found no room for cost: more than Count-cost are counted.
+		return fixedResult(b.l, max(st.v, b.l.Count-b.cost+1), b.n, b.cost)
 	default:
 		c := w.counts
 		c[k] = st.v
 		if st.sealed {
-			return sealedResult(b.l, b.cur, &c, b.n)
+			return sealedResult(b.l, b.cur, &c, b.n, b.cost)
 		}
-		return slidingResult(b.l, b.cur, &c, b.n)
+		return slidingResult(b.l, b.cur, &c, b.n, b.cost)
 	}
 }

@@ -31,6 +31,7 @@ var exactLimits = []struct {
 	{"LeakyBucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1e-3, Burst: 50}, 51},
 	{"FixedWindow", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 50, Window: time.Hour}, 50},
 	{"SlidingWindow", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 50, Window: time.Hour}, 50},
+	{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 50, Period: bucket.Day}, 50},
 }
 
 // position is what tells admitted requests of one instant apart: the leaky bucket's Wait (in

@@ -13,6 +13,8 @@
 //     (ReturnValuesOnConditionCheckFailure ALL_OLD), which says exactly whether the other form
 //     applies or the request is over the limit and until when;
 //   - fixed window: ADD count 1 while count <= Count-1, on the window's own item;
+//   - calendar quota: the same, on the item of the period (day, week, month of its zone) that
+//     the replica's clock is in (see quota.go);
 //   - sliding window (K=10 slots per window, the bucket package's exact upper bound): one counter
 //     item per slot; the current slot gets ADD count 1 while count <= Count - 1 - (sum of the K
 //     closed slots still counted) and the slot is not sealed. A closed slot's count is learnt
@@ -21,6 +23,9 @@
 //     on its way and must not land unseen; that write then fails its condition and its request
 //     is rejected (RetryAfter at least the rest of its slot). Older slots are final and read
 //     (BatchGetItem, ConsistentRead). Seals and the read go out concurrently.
+//
+// A charge of cost c (bucket.Charge.Cost) writes c where these say 1 (tat + c*T, ADD count c
+// while count <= Count-c), and its refund takes back c.
 //
 // Writes return ALL_NEW. Results (Remaining, Reset, RetryAfter, Wait) follow from the values the
 // writes return with the bucket package's arithmetic.
@@ -121,12 +126,13 @@
 //	pk = K#g           tat (N, Unix ns)   since (N)     ttl   token and leaky bucket state
 //	pk = K#w<start>    count (N)                        ttl   fixed window starting at <start> Unix ns
 //	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
+//	pk = K#q<start>    count (N)                        ttl   calendar quota period starting at <start> Unix ns
 //
 // since is the instant of the last write that found the bucket idle; sealed marks a closed
 // slot whose count is final (its item exists, without count, when the slot had no request).
 //
 // ttl is one hour after the item can last affect a decision (tat's latest value, the window's
-// end, the instant the slot stops being counted), so DynamoDB's lazy TTL deletion never removes
+// or the quota period's end, the instant the slot stops being counted), so DynamoDB's lazy TTL deletion never removes
 // live state.
 //
 // Minimal IAM policy for the table's ARN: dynamodb:UpdateItem and dynamodb:BatchGetItem; with
@@ -137,7 +143,7 @@
 // # Files
 //
 // store.go routes a decision (deny cache, then the group's mode); writes.go holds each
-// algorithm's conditional write and what its outcome means; slots.go the sliding window's closed
+// algorithm's conditional write and what its outcome means; quota.go the quota's items; slots.go the sliding window's closed
 // slots; coalesce.go the per-item writers; refund.go and transaction.go the two group modes;
 // items.go the calls and attribute values they share; cache.go the bounded local caches; table.go
 // the table's creation.

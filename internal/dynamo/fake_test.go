@@ -45,6 +45,7 @@ var allAlgorithms = []bucket.Limit{
 	{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: 5},
 	{Algorithm: bucket.FixedWindow, Count: 5, Window: time.Minute},
 	{Algorithm: bucket.SlidingWindow, Count: 5, Window: time.Minute},
+	{Algorithm: bucket.Quota, Count: 5, Period: bucket.Month},
 }
 
 // TestThrottlingIsAnError: a throttled store never decides "allowed"; the caller's on_error rule

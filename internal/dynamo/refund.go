@@ -20,7 +20,7 @@ func (o *op) refundWrite() (update, bool) {
 			expr:   "SET #tat = #tat - :t",
 			cond:   "attribute_exists(#tat) AND attribute_not_exists(#since)",
 			names:  map[string]string{"#tat": attrTat, "#since": attrSince},
-			values: map[string]types.AttributeValue{":t": num(o.t)},
+			values: map[string]types.AttributeValue{":t": num(o.c.N() * o.t)},
 		}
 		if o.epoch.present {
 			u.cond = "attribute_exists(#tat) AND #since = :since"
@@ -32,7 +32,7 @@ func (o *op) refundWrite() (update, bool) {
 		expr:   "ADD #count :minus",
 		cond:   "attribute_exists(#count)",
 		names:  map[string]string{"#count": attrCount},
-		values: map[string]types.AttributeValue{":minus": num(-1)},
+		values: map[string]types.AttributeValue{":minus": num(-o.c.N())},
 	}, true
 }
 

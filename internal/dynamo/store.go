@@ -117,6 +117,7 @@ var _ bucket.Store = (*Store)(nil)
 
 type denial struct {
 	limit            bucket.Limit
+	cost             int64 // a rejection of cost 5 says nothing about a charge of cost 1
 	retryAt, resetAt int64
 }
 
@@ -237,7 +238,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 }
 
 func limitValue(l bucket.Limit) int64 {
-	if l.Algorithm == bucket.FixedWindow || l.Algorithm == bucket.SlidingWindow {
+	if isCounter(l) || l.Algorithm == bucket.SlidingWindow {
 		return l.Count
 	}
 	return l.Burst
@@ -248,7 +249,7 @@ func (s *Store) cachedDenial(c bucket.Charge, n int64) (bucket.Result, bool) {
 		return bucket.Result{}, false
 	}
 	d, ok := s.deny.get(c.Key, n)
-	if !ok || d.limit != c.Limit {
+	if !ok || d.limit != c.Limit || d.cost != c.N() {
 		return bucket.Result{}, false
 	}
 	s.m.denyHits.Inc()
@@ -267,7 +268,7 @@ func (s *Store) remember(o *op, n int64) {
 	r := o.result
 	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 {
 		retryAt := n + int64(r.RetryAfter)
-		s.deny.put(o.c.Key, denial{limit: o.c.Limit, retryAt: retryAt, resetAt: n + int64(r.Reset)}, retryAt, n)
+		s.deny.put(o.c.Key, denial{limit: o.c.Limit, cost: o.c.N(), retryAt: retryAt, resetAt: n + int64(r.Reset)}, retryAt, n)
 	}
 	if isGCRA(o.c.Limit) && r.Reset > 0 && !o.coalesced {
 		// While tat is in the future, the next request most likely finds it there: form (b).
@@ -288,8 +289,17 @@ func (s *Store) prepare(o *op, n int64) {
 		o.pk = key + "#g"
 		o.t, o.tau = bucket.GCRAParams(l)
 		_, o.formB = s.hints.get(o.c.Key, n)
+		if w := o.c.N(); w > 1 {
+			if _, r := bucket.GCRAN(n, n, l, w); !r.Allowed {
+				// More than a full bucket holds (the policy package refuses such a cost):
+				// no write could ever take it, and form (a) would not check.
+				o.done, o.result = true, r
+			}
+		}
 	case bucket.FixedWindow:
 		o.pk = key + "#w" + strconv.FormatInt(fixedEnd(l, n)-int64(l.Window), 10)
+	case bucket.Quota:
+		o.pk = quotaItem(key, l, n)
 	case bucket.SlidingWindow:
 		o.cur = slotOf(l, n)
 		o.pk = key + "#s" + strconv.FormatInt(o.cur, 10)

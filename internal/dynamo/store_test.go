@@ -68,21 +68,33 @@ func (c *countingAPI) calls() int64 { return c.updates.Load() + c.batchGets.Load
 func newKey(t *testing.T) bucket.Key { return buckettest.NewKey(t) }
 
 // TestReplicasShareExactCount runs two stores (two replicas, each with its own caches) against
-// one table, hammered from many goroutines at one instant: together they admit exactly the limit.
+// one table, hammered from many goroutines at one instant: together they admit exactly the limit
+// (for a quota, exactly limit in the period; for a weighted charge, exactly floor(limit/cost)).
 // Each request also charges a roomy token bucket, so a rejected group must give its charge back:
 // that bucket ends with exactly one request spent per admitted group.
 func TestReplicasShareExactCount(t *testing.T) {
 	api, table := localTable(t)
 	const goroutines, each = 32, 6 // 192 requests per case
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Fatal(err)
+	}
 	limits := []struct {
 		name  string
 		limit bucket.Limit
+		cost  int64
 		want  int64
 	}{
-		{"TokenBucket", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 40}, 40},
-		{"LeakyBucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: 40}, 41},
-		{"FixedWindow", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 40, Window: time.Minute}, 40},
-		{"SlidingWindow", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 40, Window: time.Minute}, 40},
+		{"TokenBucket", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 40}, 1, 40},
+		{"LeakyBucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: 40}, 1, 41},
+		{"FixedWindow", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 40, Window: time.Minute}, 1, 40},
+		{"SlidingWindow", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 40, Window: time.Minute}, 1, 40},
+		{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 40, Period: bucket.Month, Zone: tokyo}, 1, 40},
+		// Weighted: exactly floor(limit/cost) requests fit.
+		{"TokenBucket/cost3", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 40}, 3, 13},
+		{"FixedWindow/cost4", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 40, Window: time.Minute}, 4, 10},
+		{"SlidingWindow/cost3", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 40, Window: time.Minute}, 3, 13},
+		{"Quota/cost5", bucket.Limit{Algorithm: bucket.Quota, Count: 42, Period: bucket.Week, Offset: 1}, 5, 8},
 	}
 	roomy := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1000}
 	for _, mode := range []dynamo.Mode{dynamo.Refund, dynamo.Transaction} {
@@ -92,7 +104,7 @@ func TestReplicasShareExactCount(t *testing.T) {
 					dynamo.New(api, dynamo.Options{Table: table, Mode: mode, DenyCache: true}),
 					dynamo.New(api, dynamo.Options{Table: table, Mode: mode, DenyCache: true}),
 				}
-				charges := []bucket.Charge{{Key: newKey(t), Limit: tc.limit}, {Key: newKey(t), Limit: roomy}}
+				charges := []bucket.Charge{{Key: newKey(t), Limit: tc.limit, Cost: tc.cost}, {Key: newKey(t), Limit: roomy}}
 				var admitted atomic.Int64
 				var wg sync.WaitGroup
 				errs := make(chan error, goroutines)

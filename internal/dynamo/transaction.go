@@ -147,7 +147,7 @@ func (s *Store) readBack(ctx context.Context, group []*op, n int64) error {
 	for _, o := range group {
 		item := items[o.pk]
 		if isGCRA(o.c.Limit) && !o.formB {
-			item = map[string]types.AttributeValue{attrTat: num(n + o.t)}
+			item = map[string]types.AttributeValue{attrTat: num(n + o.c.N()*o.t)}
 		}
 		if err := o.admit(item, n); err != nil {
 			return fmt.Errorf("dynamo: read %s: %w", o.pk, err)
@@ -177,7 +177,8 @@ func (o *op) committed(item map[string]types.AttributeValue, n int64) (bucket.Re
 	if err != nil {
 		return bucket.Result{}, err
 	}
-	r := gcraResult(l, min(tat-o.t, n+o.tau-o.t), n)
+	w := o.c.N()
+	r := gcraResult(l, min(tat-w*o.t, n+o.tau-w*o.t), n, w)
 	r.Reset = max(r.Reset, time.Duration(tat-n))
 	return r, nil
 }

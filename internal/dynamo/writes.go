@@ -16,18 +16,19 @@ import (
 // write returns the charge's conditional write in its current form.
 func (o *op) write(n int64) update {
 	l := o.c.Limit
-	switch l.Algorithm {
+	switch c := o.c.N(); l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		return gcraWrite(n, o.t, o.tau, 1, o.formB)
-	case bucket.FixedWindow:
-		return countWrite(l.Count, 1, ttlAt(fixedEnd(l, n)), false)
+		return gcraWrite(n, o.t, o.tau, c, o.formB)
+	case bucket.FixedWindow, bucket.Quota:
+		return countWrite(l.Count, c, ttlAt(fixedEnd(l, n)), false)
 	default: // SlidingWindow
-		return countWrite(l.Count-o.counts.closed(), 1, ttlAt(leaves(l, o.cur)), true)
+		return countWrite(l.Count-o.counts.closed(), c, ttlAt(leaves(l, o.cur)), true)
 	}
 }
 
-// gcraWrite spends m requests (m*T of slack) from a GCRA bucket at instant n. Form (a), for an
-// idle bucket (tat absent or < n), sets tat = n + m*T and needs m*T <= tau; form (b) (formB)
+// gcraWrite spends m requests (m*T of slack: m charges, or one of cost m) from a GCRA bucket at
+// instant n. Form (a), for an idle bucket (tat absent or < n), sets tat = n + m*T and needs
+// m*T <= tau; form (b) (formB)
 // adds m*T to tat while tat >= n and the result stays within n + tau.
 func gcraWrite(n, t, tau, m int64, formB bool) update {
 	names := map[string]string{"#tat": attrTat, "#ttl": attrTTL}
@@ -102,7 +103,7 @@ func (s *Store) apply(ctx context.Context, o *op, n int64) {
 
 // admit sets o's result from the item's values after its write was applied.
 func (o *op) admit(item map[string]types.AttributeValue, n int64) error {
-	l := o.c.Limit
+	l, w := o.c.Limit, o.c.N()
 	o.done = true
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
@@ -113,20 +114,20 @@ func (o *op) admit(item map[string]types.AttributeValue, n int64) error {
 		if !ok {
 			return errors.New("no tat after the write")
 		}
-		o.result = gcraResult(l, tat-o.t, n)
-	case bucket.FixedWindow:
+		o.result = gcraResult(l, tat-w*o.t, n, w)
+	case bucket.FixedWindow, bucket.Quota:
 		c, _, err := number(item, attrCount)
 		if err != nil {
 			return err
 		}
-		o.result = fixedResult(l, c-1, n)
+		o.result = fixedResult(l, c-w, n, w)
 	default:
 		c, _, err := number(item, attrCount)
 		if err != nil {
 			return err
 		}
-		o.counts[k] = c - 1
-		o.result = slidingResult(l, o.cur, &o.counts, n)
+		o.counts[k] = c - w
+		o.result = slidingResult(l, o.cur, &o.counts, n, w)
 	}
 	return nil
 }
@@ -135,7 +136,7 @@ func (o *op) admit(item map[string]types.AttributeValue, n int64) error {
 // either records that the charge does not conform, or switches the GCRA form and reports that
 // the write should be tried again.
 func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (again bool, err error) {
-	l := o.c.Limit
+	l, w := o.c.Limit, o.c.N()
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
 		tat, ok, err := number(old, attrTat)
@@ -146,15 +147,21 @@ func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (agai
 		case !ok || tat < n: // idle (or refunded, or our clock is ahead): form (a)
 			o.formB = false
 			return true, nil
-		case tat <= n+o.tau-o.t: // within the burst: form (b)
+		case tat <= n+o.tau-w*o.t: // within the burst: form (b)
 			o.formB = true
 			return true, nil
 		}
 		o.done = true
-		o.result = gcraResult(l, tat, n)
-	case bucket.FixedWindow:
+		o.result = gcraResult(l, tat, n, w)
+	case bucket.FixedWindow, bucket.Quota:
+		// The condition count <= Count-w failed: more than Count-w are counted. The count
+		// returned makes Remaining exact for a weighted charge.
+		c, _, err := number(old, attrCount)
+		if err != nil {
+			return false, err
+		}
 		o.done = true
-		o.result = fixedResult(l, l.Count, n)
+		o.result = fixedResult(l, max(c, l.Count-w+1), n, w)
 	default:
 		c, _, err := number(old, attrCount)
 		if err != nil {
@@ -163,9 +170,9 @@ func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (agai
 		o.counts[k] = c
 		o.done = true
 		if _, sealed := old[attrSealed]; sealed {
-			o.result = sealedResult(l, o.cur, &o.counts, n)
+			o.result = sealedResult(l, o.cur, &o.counts, n, w)
 		} else {
-			o.result = slidingResult(l, o.cur, &o.counts, n)
+			o.result = slidingResult(l, o.cur, &o.counts, n, w)
 		}
 	}
 	return false, nil

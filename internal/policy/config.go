@@ -153,9 +153,13 @@ type PolicyConfig struct {
 	Name string `mapstructure:"name"`
 	// Key is ip, api_key, user, global or header:NAME. (Required)
 	Key string `mapstructure:"key"`
-	// Algorithm is token_bucket, leaky_bucket, fixed_window, sliding_window or concurrency.
-	// (Required)
+	// Algorithm is token_bucket, leaky_bucket, fixed_window, sliding_window, concurrency or
+	// quota. (Required)
 	Algorithm string `mapstructure:"algorithm"`
+	// Cost is how much of the budget one matching request spends, all or nothing: with cost 5 a
+	// request passes only when 5 fit. Overrides keep it. (Optional) default 1; at most what
+	// the limit holds (burst for token_bucket, burst+1 for leaky_bucket, limit otherwise).
+	Cost int64 `mapstructure:"cost"`
 	// Rate is N/s, N/m or N/h (buckets).
 	Rate string `mapstructure:"rate"`
 	// Burst is the capacity (token bucket) or queue length (leaky bucket).
@@ -168,12 +172,23 @@ type PolicyConfig struct {
 	// ChargeOn lists the answers that consume the budget: status codes (401) or classes (5xx).
 	// A request is still checked before it is forwarded (an exhausted budget rejects it), and
 	// its charge is reserved; an answer not listed gives the reservation back. (Optional)
-	// default: every admitted request is charged. token_bucket, fixed_window and
-	// sliding_window only.
+	// default: every admitted request is charged. token_bucket, fixed_window, sliding_window
+	// and quota only.
 	ChargeOn []string `mapstructure:"charge_on"`
-	// windowSet records that the file wrote window, so that `window: 0s` is reported as the
-	// zero it is rather than as a missing field. Set by Parse.
-	windowSet bool
+	// Period is day, week or month: a quota's calendar period. (Required for quota)
+	Period string `mapstructure:"period"`
+	// TimeZone is the IANA time zone whose calendar a quota follows, e.g. Europe/Berlin; its
+	// periods start at midnight there. (Optional, quota) default UTC.
+	TimeZone string `mapstructure:"time_zone"`
+	// Offset moves a quota's period start by whole days, as API Gateway's usage-plan offset:
+	// for week the weekday it starts on, 0 (Sunday) to 6 (Saturday); for month the day after
+	// the 1st, 0 to 27 (offset 14: from the 15th to the 15th); 0 for day. (Optional, quota)
+	// default 0.
+	Offset int `mapstructure:"offset"`
+	// windowSet and costSet record that the file wrote window or cost, so that `window: 0s`
+	// and `cost: 0` are reported as the zeros they are rather than as fields left out. Set by
+	// Parse.
+	windowSet, costSet bool
 	// Mode is enforce or shadow. (Optional) default enforce.
 	Mode      string           `mapstructure:"mode"`
 	Overrides []OverrideConfig `mapstructure:"overrides"`

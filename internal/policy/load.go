@@ -157,9 +157,9 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 	return cfg, nil
 }
 
-// markWritten notes which policy and override durations the file wrote, so that validation can
-// tell `window: 0s` (a bad value, quoted back to the user) from a window left out (a missing
-// field). settings decoded into cfg without errors, so its policies are a list of mappings
+// markWritten notes which policy and override fields with a meaningful zero the file wrote, so
+// that validation can tell `window: 0s` (a bad value, quoted back to the user) from a window left
+// out (a missing field). settings decoded into cfg without errors, so its policies are a list of mappings
 // parallel to cfg.Policies.
 func markWritten(cfg *Config, settings map[string]any) {
 	list, _ := settings["policies"].([]any)
@@ -170,6 +170,7 @@ func markWritten(cfg *Config, settings map[string]any) {
 		}
 		p := &cfg.Policies[i]
 		_, p.windowSet = m["window"]
+		_, p.costSet = m["cost"]
 		overrides, _ := m["overrides"].([]any)
 		for j, o := range overrides {
 			if om, ok := o.(map[string]any); ok && j < len(p.Overrides) {

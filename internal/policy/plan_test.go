@@ -543,3 +543,46 @@ func TestPlanXFFWinsOverForwarded(t *testing.T) {
 		t.Fatalf("got key %s, want the X-Forwarded-For client's %s", got, want)
 	}
 }
+
+// TestPlanCostAndQuota: every charge of a policy carries its cost (1 by default, also under an
+// override), and a quota's limit and bucket key carry its calendar, so that a changed calendar
+// starts fresh periods instead of reading the old one's counts.
+func TestPlanCostAndQuota(t *testing.T) {
+	set := mustCompile(t, `upstream: http://h
+policies:
+  - {name: search, key: ip, algorithm: token_bucket, rate: 10/s, burst: 20, cost: 5, match: {path_prefix: /search},
+     overrides: [{key: 192.0.2.1, burst: 40}]}
+  - {name: monthly, key: ip, algorithm: quota, limit: 1000, period: month, time_zone: Europe/Berlin, offset: 14}
+  - {name: plain, key: ip, algorithm: fixed_window, limit: 10, window: 1m}
+`)
+	var p Plan
+	for _, remote := range []string{"192.0.2.1:1", "192.0.2.2:1"} {
+		if err := set.Plan(newRequest("GET", "/search", remote), &p); err != nil {
+			t.Fatal(err)
+		}
+		if got := []int64{p.Charges[0].Cost, p.Charges[1].Cost, p.Charges[2].Cost}; !slices.Equal(got, []int64{5, 1, 1}) {
+			t.Errorf("%s: got costs %v, want [5 1 1]", remote, got)
+		}
+	}
+	q := p.Charges[1]
+	if q.Limit.Algorithm != bucket.Quota || q.Limit.Count != 1000 || q.Limit.Period != bucket.Month ||
+		q.Limit.Offset != 14 || q.Limit.Zone == nil || q.Limit.Zone.String() != "Europe/Berlin" {
+		t.Errorf("got quota limit %+v, want 1000 per month from the 15th in Europe/Berlin", q.Limit)
+	}
+	if want := keyOf("monthly", "quota", "ip", "month/Europe/Berlin/14\x00192.0.2.2"); q.Key != want {
+		t.Errorf("got quota key %v, want %v", q.Key, want)
+	}
+	if want := keyOf("plain", "fixed_window", "ip", "192.0.2.2"); p.Charges[2].Key != want {
+		t.Errorf("got fixed-window key %v, want %v (unchanged by quotas)", p.Charges[2].Key, want)
+	}
+	pols := set.Policies()
+	if got, want := pols[1].IETFPolicy, `"monthly";q=1000;w=2592000`; got != want {
+		t.Errorf("got RateLimit-Policy item %s, want %s", got, want)
+	}
+	if got, want := pols[1].Summary, "monthly: key=ip quota limit=1000 period=month time_zone=Europe/Berlin offset=14 enforce"; got != want {
+		t.Errorf("got summary %q, want %q", got, want)
+	}
+	if got, want := pols[0].Summary, "search: key=ip token_bucket rate=10/s burst=20 cost=5 enforce path_prefix=/search overrides=1"; got != want {
+		t.Errorf("got summary %q, want %q", got, want)
+	}
+}

@@ -103,7 +103,8 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			Name:   pc.Name,
 			Index:  i,
 			Shadow: pc.Mode == modeShadow,
-			Limit:  limitOf(alg, pc.fields()),
+			Limit:  limitOf(alg, pc, pc.fields()),
+			Cost:   max(pc.Cost, 1),
 		}
 		if pc.ChargeOn != nil {
 			pol.ChargeOn, _ = ParseStatusSet(pc.ChargeOn) // validated
@@ -115,7 +116,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			kind:      kind,
 			methods:   matchMethods(pc.Match.Methods),
 			prefix:    pc.Match.PathPrefix,
-			keyPrefix: keyPrefix(pc.Name, alg, kind, hdr),
+			keyPrefix: keyPrefix(pc, alg, kind, hdr),
 		}
 		if kind == keyGlobal {
 			sum := digest(ru.keyPrefix, "")
@@ -133,7 +134,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			oc := &pc.Overrides[j]
 			o := &override{unlimited: oc.Unlimited}
 			if !o.unlimited {
-				o.limit = limitOf(alg, effective(pc, oc))
+				o.limit = limitOf(alg, pc, effective(pc, oc))
 			}
 			if h, ok := strings.CutPrefix(oc.Key, "sha256:"); ok && isSHA256Key(oc.Key) {
 				var sum [sha256.Size]byte
@@ -165,11 +166,16 @@ func matchMethods(listed []string) []string {
 	return ms
 }
 
-// limitOf builds the bucket limit from validated fields.
-func limitOf(alg bucket.Algorithm, f limitFields) bucket.Limit {
-	if isBucket(alg) {
+// limitOf builds the bucket limit of policy pc (or of one of its overrides) from validated
+// fields f; a quota takes its calendar from the policy.
+func limitOf(alg bucket.Algorithm, pc *PolicyConfig, f limitFields) bucket.Limit {
+	switch {
+	case isBucket(alg):
 		r, _ := ParseRate(f.rate)
 		return bucket.Limit{Algorithm: alg, Rate: r, Burst: f.burst}
+	case alg == bucket.Quota:
+		zone, _ := loadZone(pc.TimeZone) // validated
+		return bucket.Limit{Algorithm: alg, Count: f.limit, Period: periods[pc.Period], Offset: uint8(pc.Offset), Zone: zone}
 	}
 	return bucket.Limit{Algorithm: alg, Count: f.limit, Window: f.window}
 }
@@ -190,13 +196,24 @@ func kindName(kind keyKind, header string) string {
 	return "header:" + strings.ToLower(header)
 }
 
-func keyPrefix(name string, alg bucket.Algorithm, kind keyKind, header string) []byte {
-	b := make([]byte, 0, len(name)+len(header)+32)
-	b = append(b, name...)
+// keyPrefix is what a policy's bucket keys hash before the key value. A quota's also holds its
+// calendar (period, zone, offset): periods of another calendar are other periods, and state
+// counted in one (its End is a period end) must not be read as the other's.
+func keyPrefix(pc *PolicyConfig, alg bucket.Algorithm, kind keyKind, header string) []byte {
+	b := make([]byte, 0, len(pc.Name)+len(header)+32)
+	b = append(b, pc.Name...)
 	b = append(b, 0)
 	b = append(b, algorithmName[alg]...)
 	b = append(b, 0)
 	b = append(b, kindName(kind, header)...)
+	if alg == bucket.Quota {
+		zone := pc.TimeZone
+		if zone == "" {
+			zone = "UTC"
+		}
+		b = append(b, 0)
+		b = append(b, pc.Period+"/"+zone+"/"+strconv.Itoa(pc.Offset)...)
+	}
 	return append(b, 0)
 }
 
@@ -208,8 +225,20 @@ func summary(pc *PolicyConfig) string {
 		fmt.Fprintf(&b, " rate=%s burst=%d", pc.Rate, pc.Burst)
 	case alg == bucket.Concurrency:
 		fmt.Fprintf(&b, " limit=%d in flight", pc.Limit)
+	case alg == bucket.Quota:
+		zone := pc.TimeZone
+		if zone == "" {
+			zone = "UTC"
+		}
+		fmt.Fprintf(&b, " limit=%d period=%s time_zone=%s", pc.Limit, pc.Period, zone)
+		if pc.Offset != 0 {
+			fmt.Fprintf(&b, " offset=%d", pc.Offset)
+		}
 	default:
 		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, shortDuration(pc.Window))
+	}
+	if pc.Cost > 1 {
+		fmt.Fprintf(&b, " cost=%d", pc.Cost)
 	}
 	mode := pc.Mode
 	if mode == "" {
@@ -251,8 +280,11 @@ func ietfPolicy(p *Policy) string {
 		return `"` + p.Name + `";q=` + strconv.FormatInt(p.Limit.Count, 10) + `;qu="concurrent-requests"`
 	}
 	q, w := p.Limit.Count, ceilSeconds(p.Limit.Window.Seconds())
-	if isBucket(p.Limit.Algorithm) {
+	switch {
+	case isBucket(p.Limit.Algorithm):
 		q, w = p.Limit.Burst, ceilSeconds(float64(p.Limit.Burst)/p.Limit.Rate)
+	case p.Limit.Algorithm == bucket.Quota:
+		w = int64(p.Limit.Period.Nominal() / time.Second)
 	}
 	return `"` + p.Name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
 }
@@ -387,7 +419,7 @@ func charge[V string | []byte](ru *rule, v V, client netip.Addr) (bucket.Charge,
 		sum := digest(ru.keyPrefix, v)
 		copy(key[:], sum[:])
 	}
-	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow}, true
+	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost}, true
 }
 
 // findOverride finds the override for a key value: a CIDR containing the client (ip policies,

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"crypto/rsa"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -12,6 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	// Quotas name IANA zones: the binary carries the zone database (about 450 kB), so a
+	// time_zone works in a distroless or scratch image without /usr/share/zoneinfo, and means the
+	// same on every replica.
+	_ "time/tzdata"
 
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/net/http/httpguts"
@@ -39,7 +44,11 @@ var algorithms = map[string]bucket.Algorithm{
 	"fixed_window":   bucket.FixedWindow,
 	"sliding_window": bucket.SlidingWindow,
 	"concurrency":    bucket.Concurrency,
+	"quota":          bucket.Quota,
 }
+
+// periods maps the file's quota periods to bucket periods.
+var periods = map[string]bucket.Period{"day": bucket.Day, "week": bucket.Week, "month": bucket.Month}
 
 // algorithmName is the inverse of algorithms, indexed by bucket.Algorithm.
 var algorithmName = [...]string{
@@ -48,10 +57,11 @@ var algorithmName = [...]string{
 	bucket.FixedWindow:   "fixed_window",
 	bucket.SlidingWindow: "sliding_window",
 	bucket.Concurrency:   "concurrency",
+	bucket.Quota:         "quota",
 }
 
 // algorithmList is the algorithms as error messages list them.
-const algorithmList = "token_bucket, leaky_bucket, fixed_window, sliding_window or concurrency"
+const algorithmList = "token_bucket, leaky_bucket, fixed_window, sliding_window, concurrency or quota"
 
 func isBucket(a bucket.Algorithm) bool { return a == bucket.TokenBucket || a == bucket.LeakyBucket }
 
@@ -510,6 +520,17 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 			r, _ := ParseRate(p.Rate)
 			checkRefill(es, at+".burst", r, p.Burst)
 		}
+		if alg == bucket.Concurrency && (p.Cost != 0 || p.costSet) {
+			es.add(at+".cost", strconv.FormatInt(p.Cost, 10), "not used by concurrency: every request holds one slot")
+		} else if len(*es) == before {
+			checkCost(es, at+".cost", p.Cost, p.Cost, p.fields(), alg)
+		}
+		checkCalendar(es, at, p, alg)
+	}
+	if c := p.Cost; c < 0 || c == 0 && p.costSet {
+		es.add(at+".cost", strconv.FormatInt(c, 10), "must be at least 1")
+	} else if c > maxCount {
+		es.add(at+".cost", strconv.FormatInt(c, 10), fmt.Sprintf("must be at most %d", maxCount))
 	}
 
 	switch p.Mode {
@@ -593,13 +614,23 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 		checkCount(es, at+".limit", f.limit, name, full)
 		return
 	}
+	set := "set limit and window"
+	if alg == bucket.Quota {
+		set = "set limit and period"
+	}
 	if f.rate != "" {
-		es.add(at+".rate", f.rate, "not used by "+name+": set limit and window")
+		es.add(at+".rate", f.rate, "not used by "+name+": "+set)
 	}
 	if f.burst != 0 {
-		es.add(at+".burst", strconv.FormatInt(f.burst, 10), "not used by "+name+": set limit and window")
+		es.add(at+".burst", strconv.FormatInt(f.burst, 10), "not used by "+name+": "+set)
 	}
 	checkCount(es, at+".limit", f.limit, name, full)
+	if alg == bucket.Quota {
+		if f.window != 0 || f.windowSet {
+			es.add(at+".window", shortDuration(f.window), "not used by quota: "+set+" (day, week or month)")
+		}
+		return
+	}
 	switch w := f.window; {
 	case w < 0 || w == 0 && f.windowSet:
 		// Quoted like every other bad value: "required" would hide what the user wrote.
@@ -612,6 +643,90 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 	case w > maxWindow:
 		es.add(at+".window", shortDuration(w), "must be at most "+shortDuration(maxWindow))
 	}
+}
+
+// capacity is the most one request can cost under a valid limit: what a full bucket, a window or
+// a period holds.
+func capacity(alg bucket.Algorithm, f limitFields) int64 {
+	switch alg {
+	case bucket.TokenBucket:
+		return f.burst
+	case bucket.LeakyBucket:
+		return f.burst + 1 // the request in service and burst waiting
+	}
+	return f.limit
+}
+
+// checkCost rejects a cost that the (effective, valid) limit f can never admit: every such
+// request would be refused forever. path names the field to blame; shown is its value.
+func checkCost(es *Errors, path string, shown, cost int64, f limitFields, alg bucket.Algorithm) {
+	cost = max(cost, 1)
+	if c := capacity(alg, f); cost > c {
+		es.add(path, strconv.FormatInt(shown, 10), fmt.Sprintf(
+			"a request costing %d never fits in what the limit holds (%d): raise the limit or lower cost", cost, c))
+	}
+}
+
+// checkCalendar checks a quota's period, time_zone and offset, and refuses them on the other
+// algorithms.
+func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
+	if alg != bucket.Quota {
+		why := "not used by " + algorithmName[alg] + ": calendar periods are algorithm: quota"
+		if p.Period != "" {
+			es.add(at+".period", p.Period, why)
+		}
+		if p.TimeZone != "" {
+			es.add(at+".time_zone", p.TimeZone, why)
+		}
+		if p.Offset != 0 {
+			es.add(at+".offset", strconv.Itoa(p.Offset), why)
+		}
+		return
+	}
+	period, ok := periods[p.Period]
+	switch {
+	case p.Period == "":
+		es.add(at+".period", "", "required for quota: day, week or month")
+	case !ok:
+		es.add(at+".period", p.Period, "must be day, week or month")
+	}
+	if _, err := loadZone(p.TimeZone); err != nil {
+		es.add(at+".time_zone", p.TimeZone, err.Error())
+	}
+	if !ok {
+		return
+	}
+	o := strconv.Itoa(p.Offset)
+	switch period {
+	case bucket.Day:
+		if p.Offset != 0 {
+			es.add(at+".offset", o, "must be 0 for period day: a day starts at midnight in time_zone")
+		}
+	case bucket.Week:
+		if p.Offset < 0 || p.Offset > 6 {
+			es.add(at+".offset", o, "must be from 0 (weeks start on Sunday) to 6 (Saturday) for period week")
+		}
+	case bucket.Month:
+		if p.Offset < 0 || p.Offset > 27 {
+			es.add(at+".offset", o, "must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for period month")
+		}
+	}
+}
+
+// loadZone loads a quota's time zone: "" is UTC. Local is refused: it is whatever zone each
+// replica's machine has, so replicas would disagree on when a period ends.
+func loadZone(name string) (*time.Location, error) {
+	switch name {
+	case "":
+		return time.UTC, nil
+	case "Local":
+		return nil, errors.New("is this machine's zone, which may differ between replicas: name the zone, such as Europe/Berlin, or UTC")
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, errors.New("unknown time zone: use an IANA name such as Europe/Berlin or America/New_York, or UTC")
+	}
+	return loc, nil
 }
 
 func checkCount(es *Errors, path string, n int64, alg string, full bool) {
@@ -677,11 +792,19 @@ func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK
 		case setsLimit && algOK:
 			before := len(*es)
 			checkLimit(es, oat, alg, f, false)
+			eff := effective(p, o)
 			if len(*es) == before && isBucket(alg) {
-				eff := effective(p, o)
 				if r, err := ParseRate(eff.rate); err == nil {
 					checkRefill(es, oat+".burst", r, eff.burst)
 				}
+			}
+			if len(*es) == before {
+				// Blame the field that made the limit too small for the policy's cost.
+				field, shown := ".limit", eff.limit
+				if isBucket(alg) {
+					field, shown = ".burst", eff.burst
+				}
+				checkCost(es, oat+field, shown, p.Cost, eff, alg)
 			}
 		}
 	}
@@ -801,7 +924,7 @@ func checkChargeOn(es *Errors, at string, list []string, alg bucket.Algorithm, a
 		if alg == bucket.Concurrency {
 			why = "a concurrency slot is given back when the request ends, whatever its answer"
 		}
-		es.add(at+".charge_on", "", "not supported by "+algorithmName[alg]+": "+why+"; use token_bucket, fixed_window or sliding_window")
+		es.add(at+".charge_on", "", "not supported by "+algorithmName[alg]+": "+why+"; use token_bucket, fixed_window, sliding_window or quota")
 	}
 	for i, v := range list {
 		if _, err := ParseStatusSet([]string{v}); err != nil {

@@ -182,6 +182,49 @@ func TestValidate(t *testing.T) {
 			[]string{`upstream_protocol: "http2": must be http1, h2c or auto`}},
 		{"upstream protocol h2c", minimal + "upstream_protocol: h2c\n", nil, nil},
 		{"upstream protocol auto", minimal + "upstream_protocol: auto\n", nil, nil},
+		{"quota ok", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 1000, period: month, time_zone: Europe/Berlin, offset: 14, cost: 5}\n", nil, nil},
+		{"quota week from Monday", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 10, period: week, offset: 1}\n", nil, nil},
+		{"quota needs limit and period", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota}\n", nil, []string{
+			"policies[0].limit: required for quota: at least 1", "policies[0].period: required for quota: day, week or month"}},
+		{"quota bad fields", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 10, period: year, time_zone: Mars/Olympus, window: 24h, rate: 1/s}\n", nil, []string{
+			`policies[0].rate: "1/s": not used by quota: set limit and period`,
+			`policies[0].window: "24h": not used by quota: set limit and period (day, week or month)`,
+			`policies[0].period: "year": must be day, week or month`,
+			`policies[0].time_zone: "Mars/Olympus": unknown time zone: use an IANA name such as Europe/Berlin or America/New_York, or UTC`}},
+		{"quota Local zone", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 10, period: day, time_zone: Local}\n", nil, []string{
+			`policies[0].time_zone: "Local": is this machine's zone, which may differ between replicas: name the zone, such as Europe/Berlin, or UTC`}},
+		{"quota offsets", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 1, period: day, offset: 1}\n" +
+			"  - {name: b, key: ip, algorithm: quota, limit: 1, period: week, offset: 7}\n" +
+			"  - {name: c, key: ip, algorithm: quota, limit: 1, period: month, offset: 28}\n" +
+			"  - {name: d, key: ip, algorithm: quota, limit: 1, period: month, offset: -1}\n", nil, []string{
+			`policies[0].offset: "1": must be 0 for period day: a day starts at midnight in time_zone`,
+			`policies[1].offset: "7": must be from 0 (weeks start on Sunday) to 6 (Saturday) for period week`,
+			`policies[2].offset: "28": must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for period month`,
+			`policies[3].offset: "-1": must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for period month`}},
+		{"period on a fixed window", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: fixed_window, limit: 1, window: 24h, period: day, time_zone: UTC, offset: 2}\n", nil, []string{
+			`policies[0].period: "day": not used by fixed_window: calendar periods are algorithm: quota`,
+			`policies[0].time_zone: "UTC": not used by fixed_window: calendar periods are algorithm: quota`,
+			`policies[0].offset: "2": not used by fixed_window: calendar periods are algorithm: quota`}},
+		{"cost ok on every algorithm", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 5, cost: 5}\n" +
+			"  - {name: b, key: ip, algorithm: leaky_bucket, rate: 1/s, burst: 4, cost: 5}\n" +
+			"  - {name: c, key: ip, algorithm: fixed_window, limit: 5, window: 1m, cost: 5}\n" +
+			"  - {name: d, key: ip, algorithm: sliding_window, limit: 5, window: 1m, cost: 5}\n", nil, nil},
+		{"cost zero and negative", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 5, cost: 0}\n" +
+			"  - {name: b, key: ip, algorithm: token_bucket, rate: 1/s, burst: 5, cost: -2}\n", nil, []string{
+			`policies[0].cost: "0": must be at least 1`, `policies[1].cost: "-2": must be at least 1`}},
+		{"cost above what the limit holds", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 4, cost: 5}\n" +
+			"  - {name: b, key: ip, algorithm: leaky_bucket, rate: 1/s, burst: 3, cost: 5}\n" +
+			"  - {name: c, key: ip, algorithm: quota, limit: 4, period: day, cost: 5}\n", nil, []string{
+			`policies[0].cost: "5": a request costing 5 never fits in what the limit holds (4): raise the limit or lower cost`,
+			`policies[1].cost: "5": a request costing 5 never fits in what the limit holds (4): raise the limit or lower cost`,
+			`policies[2].cost: "5": a request costing 5 never fits in what the limit holds (4): raise the limit or lower cost`}},
+		{"override below the cost", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: sliding_window, limit: 10, window: 1m, cost: 5, overrides: [{key: 10.0.0.0/8, limit: 3}]}\n", nil, []string{
+			`policies[0].overrides[0].limit: "3": a request costing 5 never fits in what the limit holds (3): raise the limit or lower cost`}},
+		{"quota and cost on dynamodb", "upstream: http://h\nstore: {backend: dynamodb, dynamodb: {table: rl-1}}\npolicies:\n" +
+			"  - {name: a, key: ip, algorithm: quota, limit: 5, period: day}\n  - {name: b, key: ip, algorithm: fixed_window, limit: 5, window: 1m, cost: 2}\n", nil, nil},
+		{"cost on concurrency", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: concurrency, limit: 5, cost: 2}\n", nil,
+			[]string{`policies[0].cost: "2": not used by concurrency: every request holds one slot`}},
+		{"quota with charge_on", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 5, period: day, charge_on: [401], cost: 2}\n", nil, nil},
 		{"log level", minimal + "log: {level: trace}\n", nil, []string{`log.level: "trace": must be debug, info, warn or error`}},
 		{"no policies", "upstream: http://h\n", nil, []string{"policies: at least one policy is required"}},
 		{"name required", "upstream: http://h\npolicies:\n  - {key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil, []string{"policies[0].name: required"}},
@@ -208,9 +251,9 @@ func TestValidate(t *testing.T) {
 			[]string{`policies[0].key: "user": needs identity.user_header or identity.jwt`}},
 		{"key user with header", "upstream: http://h\nidentity: {user_header: X-User}\npolicies:\n  - {name: a, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil, nil},
 		{"algorithm required", "upstream: http://h\npolicies:\n  - {name: a, key: ip}\n", nil,
-			[]string{"policies[0].algorithm: required: token_bucket, leaky_bucket, fixed_window, sliding_window or concurrency"}},
+			[]string{"policies[0].algorithm: required: token_bucket, leaky_bucket, fixed_window, sliding_window, concurrency or quota"}},
 		{"algorithm unknown", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: gcra}\n", nil,
-			[]string{`policies[0].algorithm: "gcra": must be token_bucket, leaky_bucket, fixed_window, sliding_window or concurrency`}},
+			[]string{`policies[0].algorithm: "gcra": must be token_bucket, leaky_bucket, fixed_window, sliding_window, concurrency or quota`}},
 		{"bucket needs rate and burst", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: leaky_bucket}\n", nil,
 			[]string{"policies[0].rate: required for leaky_bucket: N/s, N/m or N/h", "policies[0].burst: required for leaky_bucket: at least 1"}},
 		{"bucket rate unit", "upstream: http://h\npolicies:\n" + okPolicy + "  - {name: b, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n  - {name: c, key: ip, algorithm: token_bucket, rate: 10/x, burst: 1}\n", nil,
@@ -244,8 +287,8 @@ func TestValidate(t *testing.T) {
 			[]string{`policies[0].charge_on: must list at least one status (such as 401) or class (such as 5xx); remove it to charge every request`}},
 		{"charge_on unsupported", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: leaky_bucket, rate: 1/s, burst: 1, charge_on: [401]}\n" +
 			"  - {name: b, key: ip, algorithm: concurrency, limit: 1, charge_on: [5xx]}\n", nil,
-			[]string{`policies[0].charge_on: not supported by leaky_bucket: a leaky bucket has already held the request for its turn; use token_bucket, fixed_window or sliding_window`,
-				`policies[1].charge_on: not supported by concurrency: a concurrency slot is given back when the request ends, whatever its answer; use token_bucket, fixed_window or sliding_window`}},
+			[]string{`policies[0].charge_on: not supported by leaky_bucket: a leaky bucket has already held the request for its turn; use token_bucket, fixed_window, sliding_window or quota`,
+				`policies[1].charge_on: not supported by concurrency: a concurrency slot is given back when the request ends, whatever its answer; use token_bucket, fixed_window, sliding_window or quota`}},
 		{"bucket with window fields", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1, limit: 5, window: 90s}\n", nil,
 			[]string{`policies[0].limit: "5": not used by token_bucket: set rate and burst`, `policies[0].window: "1m30s": not used by token_bucket: set rate and burst`}},
 		{"window needs limit and window", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: fixed_window}\n", nil,

@@ -139,6 +139,10 @@ func appendIETFItem(buf []byte, name string, l bucket.Limit) []byte {
 	switch l.Algorithm {
 	case bucket.FixedWindow, bucket.SlidingWindow:
 		q, w = l.Count, ceilSeconds(l.Window)
+	case bucket.Quota:
+		// The period's nominal length (a month as 30 days): the item describes the policy; the
+		// RateLimit field's t says exactly when the current period ends.
+		q, w = l.Count, ceilSeconds(l.Period.Nominal())
 	default:
 		q = l.Burst
 		if l.Rate > 0 {

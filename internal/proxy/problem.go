@@ -40,6 +40,10 @@ type problem struct {
 	Policy string
 	// RetryAfter in seconds; when > 0 it is also sent as the Retry-After header, with the same value.
 	RetryAfter int64
+	// Cost is, for a rejected request of a weighted policy (cost above 1), what it would have
+	// spent, and Remaining what is left of the budget (less than Cost): the body says which cost
+	// did not fit. Both are written only when Cost > 1.
+	Cost, Remaining int64
 }
 
 // writeProblem writes p as the whole response, building the body in buf (which may be nil), and
@@ -81,7 +85,15 @@ func appendProblem(buf []byte, p problem) []byte {
 		if p.Type == problemRateLimited {
 			buf = append(buf, `"Rate limit of policy \"`...)
 			buf = appendJSONStringBody(buf, p.Policy)
-			buf = append(buf, `\" exceeded; retry after `...)
+			buf = append(buf, `\" exceeded`...)
+			if p.Cost > 1 {
+				buf = append(buf, `: the request costs `...)
+				buf = strconv.AppendInt(buf, p.Cost, 10)
+				buf = append(buf, ` and `...)
+				buf = strconv.AppendInt(buf, p.Remaining, 10)
+				buf = append(buf, ` remain`...)
+			}
+			buf = append(buf, `; retry after `...)
 		} else {
 			buf = append(buf, `"Concurrency limit of policy \"`...)
 			buf = appendJSONStringBody(buf, p.Policy)
@@ -103,6 +115,12 @@ func appendProblem(buf []byte, p problem) []byte {
 	if p.RetryAfter > 0 {
 		buf = append(buf, `,"retry_after_seconds":`...)
 		buf = strconv.AppendInt(buf, p.RetryAfter, 10)
+	}
+	if p.Cost > 1 {
+		buf = append(buf, `,"cost":`...)
+		buf = strconv.AppendInt(buf, p.Cost, 10)
+		buf = append(buf, `,"remaining":`...)
+		buf = strconv.AppendInt(buf, p.Remaining, 10)
 	}
 	return append(buf, "}\n"...)
 }

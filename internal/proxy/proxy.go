@@ -173,16 +173,17 @@ type policyState struct {
 type rejection struct {
 	typ                 string // problem type: rate-limited or concurrency-limited
 	retry, limit, reset int64
+	cost, remaining     int64 // remaining is 0 unless cost > 1
 	retryAfter          []string
-	vals                [3]string // X-RateLimit-Limit, -Remaining ("0"), -Reset
+	vals                [3]string // X-RateLimit-Limit, -Remaining, -Reset
 	body                []byte
 }
 
-func newRejection(typ, name string, retry, limit, reset int64) *rejection {
-	r := &rejection{typ: typ, retry: retry, limit: limit, reset: reset, retryAfter: retryAfter(retry)}
-	r.vals = [3]string{strconv.FormatInt(limit, 10), "0", strconv.FormatInt(reset, 10)}
+func newRejection(typ, name string, retry, limit, reset, cost, remaining int64) *rejection {
+	r := &rejection{typ: typ, retry: retry, limit: limit, reset: reset, cost: cost, remaining: remaining, retryAfter: retryAfter(retry)}
+	r.vals = [3]string{strconv.FormatInt(limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(reset, 10)}
 	r.body = appendProblem(nil, problem{Type: typ, Status: http.StatusTooManyRequests,
-		Policy: name, RetryAfter: retry})
+		Policy: name, RetryAfter: retry, Cost: cost, Remaining: remaining})
 	return r
 }
 
@@ -555,7 +556,11 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 		ce.Write(zap.String("policy", name), h.logKey(charges[pick].Key),
 			zap.Int64("retry_after_seconds", retry))
 	}
-	res.Remaining = 0
+	// A request of cost 1 was rejected because nothing is left. One of a higher cost may have
+	// been rejected with some left (less than its cost): the headers and the body say how much,
+	// so the client sees which cost did not fit.
+	cost := charges[pick].N()
+	res.Remaining = min(max(res.Remaining, 0), cost-1)
 	typ := problemRateLimited
 	if charges[pick].Limit.Algorithm == bucket.Concurrency {
 		typ = problemConcurrency
@@ -568,14 +573,14 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	if hc.IETF || pickState == nil {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
 		st.buf = writeProblem(w, st.buf[:0], problem{Type: typ, Status: http.StatusTooManyRequests,
-			Policy: name, RetryAfter: retry})
+			Policy: name, RetryAfter: retry, Cost: cost, Remaining: res.Remaining})
 		return
 	}
 	// The common case: reuse the policy's last rendering when the numbers are the same.
 	reset := resetValue(hc.Reset, st.now, res.Reset)
 	rj := pickState.last.Load()
-	if rj == nil || rj.typ != typ || rj.retry != retry || rj.limit != res.Limit || rj.reset != reset {
-		rj = newRejection(typ, name, retry, res.Limit, reset)
+	if rj == nil || rj.typ != typ || rj.retry != retry || rj.limit != res.Limit || rj.reset != reset || rj.cost != cost || rj.remaining != res.Remaining {
+		rj = newRejection(typ, name, retry, res.Limit, reset, cost, res.Remaining)
 		pickState.last.Store(rj)
 	}
 	hdr := w.Header()

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	_ "time/tzdata" // the quota tests' named zones, whatever the machine has installed
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
@@ -27,6 +28,10 @@ func Run(t *testing.T, newStore func(t *testing.T) bucket.Store) {
 	t.Run("LeakyBucket", func(t *testing.T) { testLeakyBucket(t, newStore(t)) })
 	t.Run("FixedWindow", func(t *testing.T) { testFixedWindow(t, newStore(t)) })
 	t.Run("SlidingWindow", func(t *testing.T) { testSlidingWindow(t, newStore(t)) })
+	t.Run("Quota", func(t *testing.T) { testQuota(t, newStore(t)) })
+	t.Run("QuotaDST", func(t *testing.T) { testQuotaDST(t, newStore(t)) })
+	t.Run("Cost", func(t *testing.T) { testCost(t, newStore(t)) })
+	t.Run("CostAllOrNothing", func(t *testing.T) { testCostAllOrNothing(t, newStore(t)) })
 	t.Run("RejectedGroupCommitsNothing", func(t *testing.T) { testRejectedGroup(t, newStore(t)) })
 	t.Run("ShadowOverLimit", func(t *testing.T) { testShadowOverLimit(t, newStore(t)) })
 	t.Run("ShadowWithinLimit", func(t *testing.T) { testShadowWithinLimit(t, newStore(t)) })
@@ -286,6 +291,7 @@ func testConcurrent(t *testing.T, newStore func(t *testing.T) bucket.Store) {
 		{"LeakyBucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: 50}, 51},
 		{"FixedWindow", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 50, Window: time.Minute}, 50},
 		{"SlidingWindow", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 50, Window: time.Minute}, 50},
+		{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 50, Period: bucket.Month}, 50},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t)
@@ -319,5 +325,143 @@ func testConcurrent(t *testing.T, newStore func(t *testing.T) bucket.Store) {
 					goroutines, each, got, tc.want)
 			}
 		})
+	}
+}
+
+// at is a step of a test with absolute instants: one charge of cost n at instant when.
+type at struct {
+	when     time.Time
+	n        int64
+	admitted bool
+	want     bucket.Result
+}
+
+// runAt takes c with each step's cost at its instant and compares the admission and every
+// Result field.
+func runAt(t *testing.T, s bucket.Store, c bucket.Charge, steps []at) {
+	t.Helper()
+	for i, st := range steps {
+		c.Cost = st.n
+		admitted, got := take(t, s, st.when, c)
+		if admitted != st.admitted || got != st.want {
+			t.Errorf("step %d at %v cost %d: got admitted=%v %+v, want admitted=%v %+v",
+				i, st.when.UTC(), st.n, admitted, got, st.admitted, st.want)
+		}
+	}
+}
+
+func date(t *testing.T, s string) time.Time {
+	t.Helper()
+	v, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func zone(t *testing.T, name string) *time.Location {
+	t.Helper()
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loc
+}
+
+// testQuota: a monthly quota of 3 across the end of a leap February; every Reset points at the
+// next month's first instant, and March starts from zero.
+func testQuota(t *testing.T, s bucket.Store) {
+	l := bucket.Limit{Algorithm: bucket.Quota, Count: 3, Period: bucket.Month}
+	end := date(t, "2024-03-01T00:00:00Z")
+	day := 24 * time.Hour
+	runAt(t, s, bucket.Charge{Key: NewKey(t), Limit: l}, []at{
+		{end.Add(-28 * day), 1, true, bucket.Result{Allowed: true, Limit: 3, Remaining: 2, Reset: 28 * day}},
+		{end.Add(-time.Second), 1, true, bucket.Result{Allowed: true, Limit: 3, Remaining: 1, Reset: time.Second}},
+		{end.Add(-time.Second), 1, true, bucket.Result{Allowed: true, Limit: 3, Remaining: 0, Reset: time.Second}},
+		{end.Add(-time.Millisecond), 1, false, bucket.Result{Limit: 3, RetryAfter: time.Millisecond, Reset: time.Millisecond}},
+		{end, 1, true, bucket.Result{Allowed: true, Limit: 3, Remaining: 2, Reset: 31 * day}},
+		{end.Add(30 * day), 1, true, bucket.Result{Allowed: true, Limit: 3, Remaining: 1, Reset: day}},
+	})
+}
+
+// testQuotaDST: a daily quota of 2 in Berlin on the day clocks go forward (23 hours), and a
+// weekly one from Monday in New York across its spring-forward Sunday.
+func testQuotaDST(t *testing.T, s bucket.Store) {
+	berlin, ny := zone(t, "Europe/Berlin"), zone(t, "America/New_York")
+	day := bucket.Limit{Algorithm: bucket.Quota, Count: 2, Period: bucket.Day, Zone: berlin}
+	midnight := date(t, "2024-03-30T23:00:00Z") // 2024-03-31 00:00 CET
+	runAt(t, s, bucket.Charge{Key: NewKey(t), Limit: day}, []at{
+		{midnight, 1, true, bucket.Result{Allowed: true, Limit: 2, Remaining: 1, Reset: 23 * time.Hour}},
+		{midnight.Add(22 * time.Hour), 1, true, bucket.Result{Allowed: true, Limit: 2, Remaining: 0, Reset: time.Hour}},
+		{midnight.Add(22 * time.Hour), 1, false, bucket.Result{Limit: 2, RetryAfter: time.Hour, Reset: time.Hour}},
+		{midnight.Add(23 * time.Hour), 1, true, bucket.Result{Allowed: true, Limit: 2, Remaining: 1, Reset: 24 * time.Hour}},
+	})
+	week := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Week, Offset: 1, Zone: ny}
+	monday := date(t, "2024-03-04T05:00:00Z") // 00:00 EST
+	runAt(t, s, bucket.Charge{Key: NewKey(t), Limit: week}, []at{
+		{monday.Add(time.Hour), 1, true, bucket.Result{Allowed: true, Limit: 1, Remaining: 0, Reset: 7*24*time.Hour - 2*time.Hour}},
+		{monday.Add(6 * 24 * time.Hour), 1, false, bucket.Result{Limit: 1, RetryAfter: 23 * time.Hour, Reset: 23 * time.Hour}},
+		{monday.Add(7*24*time.Hour - time.Hour), 1, true, bucket.Result{Allowed: true, Limit: 1, Remaining: 0, Reset: 7 * 24 * time.Hour}},
+	})
+}
+
+// testCost: weighted charges on every algorithm spend their cost all or nothing; a rejection
+// reports what is left (less than the cost) and when all of the cost fits.
+func testCost(t *testing.T, s bucket.Store) {
+	// T = 100ms, tau = 500ms.
+	token := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 5}
+	runSteps(t, s, bucket.Charge{Key: NewKey(t), Limit: token, Cost: 2}, []step{
+		{0, true, bucket.Result{Allowed: true, Limit: 5, Remaining: 3, Reset: ms(200)}},
+		{0, true, bucket.Result{Allowed: true, Limit: 5, Remaining: 1, Reset: ms(400)}},
+		{0, false, bucket.Result{Limit: 5, Remaining: 1, RetryAfter: ms(100), Reset: ms(400)}},
+		{ms(100), true, bucket.Result{Allowed: true, Limit: 5, Remaining: 0, Reset: ms(500)}},
+	})
+	fixed := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 5, Window: time.Minute}
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	runSteps(t, s, bucket.Charge{Key: NewKey(t), Limit: fixed, Cost: 2}, []step{
+		{sec(10), true, bucket.Result{Allowed: true, Limit: 5, Remaining: 3, Reset: sec(50)}},
+		{sec(20), true, bucket.Result{Allowed: true, Limit: 5, Remaining: 1, Reset: sec(40)}},
+		{sec(30), false, bucket.Result{Limit: 5, Remaining: 1, RetryAfter: sec(30), Reset: sec(30)}},
+		{sec(60), true, bucket.Result{Allowed: true, Limit: 5, Remaining: 3, Reset: sec(60)}},
+	})
+	// Slots of 1s; a request counts until 11 slots after its own starts.
+	sliding := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 5, Window: 10 * time.Second}
+	runSteps(t, s, bucket.Charge{Key: NewKey(t), Limit: sliding, Cost: 3}, []step{
+		{0, true, bucket.Result{Allowed: true, Limit: 5, Remaining: 2, Reset: sec(11)}},
+		{sec(2), false, bucket.Result{Limit: 5, Remaining: 2, RetryAfter: sec(9), Reset: sec(9)}},
+		{sec(11), true, bucket.Result{Allowed: true, Limit: 5, Remaining: 2, Reset: sec(11)}},
+	})
+	quota := bucket.Limit{Algorithm: bucket.Quota, Count: 12, Period: bucket.Day}
+	noon := date(t, "2024-05-01T12:00:00Z")
+	runAt(t, s, bucket.Charge{Key: NewKey(t), Limit: quota}, []at{
+		{noon, 5, true, bucket.Result{Allowed: true, Limit: 12, Remaining: 7, Reset: 12 * time.Hour}},
+		{noon, 5, true, bucket.Result{Allowed: true, Limit: 12, Remaining: 2, Reset: 12 * time.Hour}},
+		{noon, 5, false, bucket.Result{Limit: 12, Remaining: 2, RetryAfter: 12 * time.Hour, Reset: 12 * time.Hour}},
+		{noon, 2, true, bucket.Result{Allowed: true, Limit: 12, Remaining: 0, Reset: 12 * time.Hour}},
+	})
+}
+
+// testCostAllOrNothing: a weighted charge that does not fit rejects its group, and the group's
+// other charges (weighted or not) spend nothing.
+func testCostAllOrNothing(t *testing.T, s bucket.Store) {
+	quota := bucket.Charge{Key: NewKey(t), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Month}, Cost: 4}
+	window := bucket.Charge{Key: NewKey(t), Limit: fixedLimit, Cost: 2}
+	tight := bucket.Charge{Key: NewKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 5}, Cost: 3}
+	if admitted, _ := take(t, s, base, tight); !admitted {
+		t.Fatalf("first cost-3 take of a Burst 5 bucket: got rejected, want admitted")
+	}
+	admitted, r := takeGroup(t, s, base, quota, window, tight)
+	if admitted || !r[0].Allowed || !r[1].Allowed || r[2].Allowed {
+		t.Fatalf("group whose cost-3 charge finds 2 left: got admitted=%v Allowed %v %v %v, want false, true true false",
+			admitted, r[0].Allowed, r[1].Allowed, r[2].Allowed)
+	}
+	for _, c := range []struct {
+		name   string
+		charge bucket.Charge
+		want   int64
+	}{{"quota", quota, 6}, {"window", window, 1}} {
+		if _, got := take(t, s, base, c.charge); got.Remaining != c.want {
+			t.Errorf("%s after the rejected group: got Remaining %d, want %d (nothing spent)", c.name, got.Remaining, c.want)
+		}
 	}
 }
