@@ -163,7 +163,7 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 			t.Fatalf("Take: %v", err)
 		}
 	}
-	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+)$`)
+	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+|q-?[0-9]+)$`)
 	allowed := map[string]bool{"pk": true, "tat": true, "count": true, "ttl": true, "since": true, "sealed": true}
 	ours := map[string]bool{}
 	for _, c := range charges {
