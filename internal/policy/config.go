@@ -27,7 +27,10 @@ type Config struct {
 	Headers        HeadersConfig  `mapstructure:"headers"`
 	Store          StoreConfig    `mapstructure:"store"`
 	Server         ServerConfig   `mapstructure:"server"`
-	Log            LogConfig      `mapstructure:"log"`
+	// TLS terminates TLS on the proxy listener (HTTP/1.1 and h2 by ALPN). (Optional) default:
+	// cleartext HTTP/1.1 and h2c.
+	TLS *TLSConfig `mapstructure:"tls"`
+	Log LogConfig  `mapstructure:"log"`
 	// Policies are evaluated in order, coarse to fine. (Required) at least one.
 	Policies []PolicyConfig `mapstructure:"policies"`
 }

@@ -246,13 +246,14 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "RATELIMIT_STORE_DYNAMODB_CREATE_TABLE",
 		"RATELIMIT_STORE_DYNAMODB_MODE", "RATELIMIT_STORE_DYNAMODB_DENY_CACHE",
 		"RATELIMIT_UPSTREAM_PROTOCOL", "RATELIMIT_SERVER_MAX_CONCURRENT_STREAMS",
+		"RATELIMIT_TLS_CERT_FILE", "RATELIMIT_TLS_KEY_FILE", "RATELIMIT_TLS_CLIENT_CA_FILE",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 36 {
-		t.Errorf("got %d overrides, want 36: a new field needs a line above", len(got))
+	if len(got) != 39 {
+		t.Errorf("got %d overrides, want 39: a new field needs a line above", len(got))
 	}
 }
 

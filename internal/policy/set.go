@@ -32,10 +32,11 @@ type Set struct {
 	headers  Headers
 	trusted  []netip.Prefix
 
-	userHeader string    // canonical name; "" when users come from JWT or nowhere
-	jwt        *verifier // nil without identity.jwt
-	needIP     bool      // some policy is keyed by ip
-	ipv6Bits   int       // identity.ipv6_prefix: leading bits of an IPv6 client that key it
+	userHeader string       // canonical name; "" when users come from JWT or nowhere
+	jwt        *verifier    // nil without identity.jwt
+	needIP     bool         // some policy is keyed by ip
+	ipv6Bits   int          // identity.ipv6_prefix: leading bits of an IPv6 client that key it
+	tls        *TLSMaterial // the tls block's files as loaded; nil without one
 }
 
 // rule is the request-time side of one policy.
@@ -69,7 +70,7 @@ type cidrOverride struct {
 // Compile validates cfg (returning its Errors) and builds the immutable Set. cfg is not
 // retained or modified.
 func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
-	errs, keys := cfg.check(opts.Getenv)
+	errs, keys, tlsm := cfg.check(opts.Getenv)
 	if err := errs.err(); err != nil {
 		return nil, err
 	}
@@ -77,7 +78,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 	if now == nil {
 		now = time.Now
 	}
-	s := &Set{headers: Headers{Reset: ResetUnix, IETF: cfg.Headers.IETFDraft}, ipv6Bits: cfg.Identity.IPv6Prefix}
+	s := &Set{headers: Headers{Reset: ResetUnix, IETF: cfg.Headers.IETFDraft}, ipv6Bits: cfg.Identity.IPv6Prefix, tls: tlsm}
 	if cfg.Headers.Reset == "delta" {
 		s.headers.Reset = ResetDelta
 	}
@@ -497,6 +498,10 @@ func peerAddr(remote string) netip.Addr {
 
 // Headers returns the response-header settings.
 func (s *Set) Headers() Headers { return s.headers }
+
+// TLS returns the certificate and client CAs loaded from the tls block when the set was
+// compiled (so a reload re-reads them), or nil without a tls block.
+func (s *Set) TLS() *TLSMaterial { return s.tls }
 
 // Policies returns the compiled policies in evaluation order. Callers must not modify them.
 func (s *Set) Policies() []*Policy { return s.policies }

@@ -132,7 +132,7 @@ func allDigits(s string) bool {
 // variable named by identity.jwt.hs256_secret_env (nil means os.Getenv); the public key file is
 // read too, so a valid Config compiles.
 func (c *Config) Validate(getenv func(string) string) error {
-	errs, _ := c.check(getenv)
+	errs, _, _ := c.check(getenv)
 	return errs.err()
 }
 
@@ -143,8 +143,9 @@ type jwtKeys struct {
 	rsa    *rsa.PublicKey
 }
 
-// check is Validate, also returning the JWT key material.
-func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
+// check is Validate, also returning the JWT key material and the loaded tls block (nil without
+// one, or when it is invalid).
+func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMaterial) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
@@ -235,7 +236,11 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys) {
 			seen[name] = i
 		}
 	}
-	return es, keys
+	var tlsm *TLSMaterial
+	if c.TLS != nil {
+		tlsm = checkTLS(&es, c.TLS)
+	}
+	return es, keys, tlsm
 }
 
 // maxReplicas bounds store.replicas: beyond it every divided limit is 1 anyway.

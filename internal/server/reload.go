@@ -141,6 +141,11 @@ func referencedFiles(cfg *policy.Config) []input {
 	if j := cfg.Identity.JWT; j != nil {
 		add("identity.jwt.rs256_public_key_file", j.RS256PublicKeyFile)
 	}
+	if t := cfg.TLS; t != nil {
+		add("tls.cert_file", t.CertFile)
+		add("tls.key_file", t.KeyFile)
+		add("tls.client_ca_file", t.ClientCAFile)
+	}
 	return out
 }
 
@@ -234,6 +239,8 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("store", !reflect.DeepEqual(old.Store, cur.Store))
 	add("server", old.Server != cur.Server)
 	add("log", old.Log != cur.Log)
+	// The files of the tls block reload; switching TLS on or off changes the listener.
+	add("tls", (old.TLS == nil) != (cur.TLS == nil))
 	return out
 }
 

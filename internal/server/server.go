@@ -144,7 +144,7 @@ func Run(ctx context.Context, o Options) error {
 		IdleTimeout:       cfg.Server.IdleTimeout,
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          errLog,
-		Protocols:         listenerProtocols(),
+		Protocols:         listenerProtocols(cfg.TLS != nil),
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: cfg.Server.MaxConcurrentStreams},
 	}
 	// Once shutdown begins the proxy port refuses new connections: /readyz says so, so that a
@@ -160,6 +160,11 @@ func Run(ctx context.Context, o Options) error {
 		Handler:           proxy.AdminHandler(reg, ready),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          errLog,
+	}
+
+	if cfg.TLS != nil {
+		tc := &tlsConfigs{material: func() *policy.TLSMaterial { return rl.Set().TLS() }}
+		proxySrv.TLSConfig = tc.serverTLS()
 	}
 
 	errc := make(chan error, 2)
@@ -189,6 +194,7 @@ func Run(ctx context.Context, o Options) error {
 		zap.String("admin_listen", al.Addr().String()),
 		zap.String("upstream", upstream.Redacted()),
 		zap.String("store", cfg.Store.Backend),
+		zap.Bool("tls", cfg.TLS != nil),
 		zap.Int("policies", len(rl.Set().Policies())),
 		zap.Int("gogc", gcPercent),
 		zap.Int64("memory_limit_bytes", memLimit))
@@ -303,18 +309,31 @@ func parseCgroupLimit(s string) (int64, bool) {
 	return n, true
 }
 
-// listenerProtocols are the protocols of the cleartext proxy listener: HTTP/1.1, and HTTP/2 with
-// prior knowledge (h2c), told apart by the connection preface; the `Upgrade: h2c` dance of RFC
-// 7540 is not offered (RFC 9113 deprecated it, and gRPC clients never use it).
-func listenerProtocols() *http.Protocols {
+// listenerProtocols are the protocols of the proxy listener. In cleartext: HTTP/1.1, and HTTP/2
+// with prior knowledge (h2c), told apart by the connection preface; the `Upgrade: h2c` dance of
+// RFC 7540 is not offered (RFC 9113 deprecated it, and gRPC clients never use it). Over TLS:
+// HTTP/1.1 and h2, chosen by ALPN.
+func listenerProtocols(tls bool) *http.Protocols {
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
+	if tls {
+		p.SetHTTP2(true)
+	} else {
+		p.SetUnencryptedHTTP2(true)
+	}
 	return p
 }
 
+// serve serves l until s shuts down, over TLS when s has a TLSConfig (its certificates come from
+// GetConfigForClient, so no files are named here).
 func serve(s *http.Server, l net.Listener) error {
-	if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	var err error
+	if s.TLSConfig != nil {
+		err = s.ServeTLS(l, "", "")
+	} else {
+		err = s.Serve(l)
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
