@@ -228,6 +228,8 @@ func (g *gen) refine() {
 	g.set("store.dynamodb.region", "pattern", regionPattern)
 	g.set("store.dynamodb.mode", "enum", []any{"refund", "transaction"})
 	g.set("server.max_header_bytes", "minimum", 1)
+	g.set("upstream_protocol", "enum", []any{"http1", "h2c", "auto"})
+	g.set("server.max_concurrent_streams", "minimum", 1, "maximum", 10000)
 	g.set("log.level", "enum", []any{"debug", "info", "warn", "error"})
 	g.set("policies", "minItems", 1)
 
@@ -316,7 +318,27 @@ func (g *gen) refine() {
 		// A leaky bucket holds requests instead of charging them on their answer.
 		node{"if": isAlg("leaky_bucket"), "then": node{"properties": node{"charge_on": false}}},
 	})
+	for p, d := range undocumented {
+		if n := g.at(p); n["description"] == nil {
+			n["description"] = d
+		}
+	}
 	g.loosenStrings()
+}
+
+// undocumented describes the fields whose Go doc comment is missing or shared with another
+// field; a doc comment in internal/policy/config.go takes precedence.
+var undocumented = map[string]string{
+	"identity.jwt.audience":            "audience, when set, must be one of the token's aud values. (Optional)",
+	"policies[].match":                 "match restricts the policy to some requests; empty matches everything.",
+	"policies[].match.methods":         "methods the policy applies to, in upper case; GET also matches HEAD. (Optional) default: every method.",
+	"policies[].match.path_prefix":     "path_prefix the request path (and its cleaned form) must start with; starts with /. (Optional) default: every path.",
+	"policies[].overrides":             "overrides set other limits for some keys, or exempt them (unlimited: true); first match wins for sha256: keys, the most specific prefix for CIDRs.",
+	"policies[].overrides[].rate":      "rate replaces the policy's rate for these keys (buckets).",
+	"policies[].overrides[].burst":     "burst replaces the policy's burst for these keys (buckets).",
+	"policies[].overrides[].limit":     "limit replaces the policy's limit for these keys (windows, concurrency).",
+	"policies[].overrides[].window":    "window replaces the policy's window for these keys (windows).",
+	"policies[].overrides[].unlimited": "unlimited: true neither counts nor limits these keys; exclusive with the limit fields.",
 }
 
 // loosenStrings lets every string field take an unquoted number or boolean, as the loader does
