@@ -127,6 +127,7 @@
 //	pk = K#w<start>    count (N)                        ttl   fixed window starting at <start> Unix ns
 //	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
 //	pk = K#q<start>    count (N)                        ttl   calendar quota period starting at <start> Unix ns
+//	pk = K#c           count (N)          l<id> (N)     ttl   concurrency slots taken, one l<id> lease expiry per slot (see concurrency.go)
 //
 // since is the instant of the last write that found the bucket idle; sealed marks a closed
 // slot whose count is final (its item exists, without count, when the slot had no request).

@@ -13,19 +13,23 @@ const (
 	opTransact = "transact"
 	opRefund   = "refund"
 	opSeal     = "seal"
+	opReap     = "reap"    // concurrency: expired slots removed
+	opRenew    = "renew"   // concurrency: leases extended
+	opRelease  = "release" // Release: slots given back, charge_on refunds
 )
 
 type metrics struct {
 	requests, errors *prometheus.CounterVec
 	denyHits         prometheus.Counter
 	batchCharges     prometheus.Histogram
+	reaped           prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_store_requests_total",
-			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund, seal).",
+			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund, seal, reap, renew, release).",
 		}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_dynamodb_errors_total",
@@ -42,7 +46,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 8),
 		}),
 	}
-	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund, opSeal} {
+	m.reaped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_dynamodb_slots_reaped_total",
+		Help: "Concurrency slots whose lease expired (their replica stopped renewing them) and that a take removed.",
+	})
+	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund, opSeal, opReap, opRenew, opRelease} {
 		m.requests.WithLabelValues(op)
 		m.errors.WithLabelValues(op)
 	}
@@ -51,6 +59,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.errors = register(reg, m.errors)
 		m.denyHits = register(reg, m.denyHits)
 		m.batchCharges = register(reg, m.batchCharges)
+		m.reaped = register(reg, m.reaped)
 	}
 	return m
 }

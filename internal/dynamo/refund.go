@@ -13,6 +13,9 @@ import (
 // refundWrite undoes an applied write of o; false when it cannot be undone safely (a GCRA write
 // whose epoch is unknown), which leaves the limit stricter.
 func (o *op) refundWrite() (update, bool) {
+	if isSlot(o) {
+		return slotRelease(o.slot), true
+	}
 	if isGCRA(o.c.Limit) {
 		// A form (a) write since ours discarded our charge with the old tat: then the refund
 		// must not take T off the charges after it.

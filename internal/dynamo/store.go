@@ -1,6 +1,7 @@
 package dynamo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -96,6 +97,10 @@ type Options struct {
 	// an older one is read. Too short a value lets a late write go unseen by the replicas that
 	// read the slot, so allow for the longest a DynamoDB call of a decision can take.
 	LateWrites time.Duration
+	// SlotLease is how long a concurrency slot stays taken without a renewal: the Store renews
+	// its slots every SlotLease/3, so a replica that crashes while holding slots loses them at
+	// most SlotLease after its last renewal (Optional; default 30s). See concurrency.go.
+	SlotLease time.Duration
 }
 
 // Store is a bucket.Store backed by a DynamoDB table. It is safe for concurrent use; the zero
@@ -111,9 +116,11 @@ type Store struct {
 	m     *metrics
 	// lateWrites is Options.LateWrites in ns.
 	lateWrites int64
+	slotLease  time.Duration
+	leases     leases // concurrency slots held, renewed until released
 }
 
-var _ bucket.Store = (*Store)(nil)
+var _ bucket.Releaser = (*Store)(nil)
 
 type denial struct {
 	limit            bucket.Limit
@@ -146,6 +153,8 @@ func New(api API, o Options) *Store {
 		m:     newMetrics(o.Registerer),
 
 		lateWrites: int64(late),
+		slotLease:  cmp.Or(o.SlotLease, defaultSlotLease),
+		leases:     leases{stop: make(chan struct{})},
 	}
 	if o.DenyCache {
 		s.deny = newBoundedCache[bucket.Key, denial](size)
@@ -170,7 +179,8 @@ type op struct {
 	cached    bool // result came from the deny cache
 	applied   bool // our write is in the table (and not refunded)
 	epoch     epoch
-	coalesced bool // decided by its item's writer, which keeps the GCRA hint itself
+	coalesced bool   // decided by its item's writer, which keeps the GCRA hint itself
+	slot      uint64 // Concurrency: the slot's id
 	result    bucket.Result
 	err       error
 }
@@ -217,7 +227,14 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 			s.prepare(&ops[i], n)
 		}
 	}
+	if admitted, decided, err := s.takeSlots(ctx, ops, n); decided {
+		for i := range ops {
+			results[i] = ops[i].result
+		}
+		return admitted, err
+	}
 	if err := s.loadClosedSlots(ctx, ops, n); err != nil {
+		s.refund(ctx, ops) // the slots taken, if any
 		return false, err
 	}
 	var admitted bool
@@ -232,13 +249,20 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	}
 	for i := range ops {
 		results[i] = ops[i].result
+		if o := &ops[i]; admitted && isGCRA(o.c.Limit) && o.epoch.known && o.epoch.present {
+			// What a charge_on refund conditions on (see Release).
+			results[i].Token = uint64(o.epoch.v)
+		}
 		s.remember(&ops[i], n)
+	}
+	if admitted {
+		s.holdSlots(ops)
 	}
 	return admitted, nil
 }
 
 func limitValue(l bucket.Limit) int64 {
-	if isCounter(l) || l.Algorithm == bucket.SlidingWindow {
+	if isCounter(l) || l.Algorithm == bucket.SlidingWindow || l.Algorithm == bucket.Concurrency {
 		return l.Count
 	}
 	return l.Burst
@@ -266,7 +290,9 @@ func (s *Store) remember(o *op, n int64) {
 		return
 	}
 	r := o.result
-	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 {
+	// A concurrency slot, or a refundable charge, may come back any moment: such refusals are
+	// not cached.
+	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 && o.c.Limit.Algorithm != bucket.Concurrency && !o.c.Refundable {
 		retryAt := n + int64(r.RetryAfter)
 		s.deny.put(o.c.Key, denial{limit: o.c.Limit, cost: o.c.N(), retryAt: retryAt, resetAt: n + int64(r.Reset)}, retryAt, n)
 	}
@@ -303,6 +329,9 @@ func (s *Store) prepare(o *op, n int64) {
 	case bucket.SlidingWindow:
 		o.cur = slotOf(l, n)
 		o.pk = key + "#s" + strconv.FormatInt(o.cur, 10)
+	case bucket.Concurrency:
+		o.pk = key + "#c"
+		o.slot = newSlotID()
 	default:
 		o.err = fmt.Errorf("dynamo: key %s: unknown algorithm %d", key, l.Algorithm)
 	}

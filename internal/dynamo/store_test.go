@@ -38,6 +38,11 @@ func TestConformance(t *testing.T) {
 			o := tc.opts
 			o.Table = table
 			buckettest.Run(t, func(t *testing.T) bucket.Store { return dynamo.New(api, o) })
+			buckettest.RunRelease(t, func(t *testing.T) bucket.Releaser {
+				s := dynamo.New(api, o)
+				t.Cleanup(func() { s.Close() })
+				return s
+			})
 		})
 	}
 }

@@ -118,6 +118,10 @@ type DynamoDBConfig struct {
 	// DenyCache answers clients known to be limited locally until they may retry, without a
 	// DynamoDB write. (Optional) default true.
 	DenyCache bool `mapstructure:"deny_cache"`
+	// SlotLease is how long a concurrency slot stays taken without a renewal: each replica
+	// renews the slots it holds every SlotLease/3, so the slots of a replica that crashed come
+	// back at most SlotLease after its last renewal. (Optional) default 30s, from 3s to 10m.
+	SlotLease time.Duration `mapstructure:"slot_lease"`
 }
 
 // ServerConfig holds the proxy listener's timeouts.

@@ -29,6 +29,9 @@ type LoadOptions struct {
 // list. An empty variable counts as unset.
 const EnvPrefix = "RATELIMIT_"
 
+// defaultSlotLease is store.dynamodb.slot_lease's default.
+const defaultSlotLease = 30 * time.Second
+
 // defaults are the documented defaults of config.go for the fields that exist whatever the file
 // says. They are viper defaults, so a field written explicitly (even as 0) keeps its value and
 // is validated. identity.jwt.claim, policies[i].mode, store.dynamodb.mode and
@@ -152,6 +155,9 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 		}
 		if !v.IsSet("store.dynamodb.deny_cache") {
 			d.DenyCache = true
+		}
+		if !v.IsSet("store.dynamodb.slot_lease") {
+			d.SlotLease = defaultSlotLease
 		}
 	}
 	return cfg, nil

@@ -244,7 +244,7 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_SERVER_DRAIN_TIMEOUT", "RATELIMIT_SERVER_SHUTDOWN_DELAY", "RATELIMIT_SERVER_MAX_HEADER_BYTES", "RATELIMIT_LOG_LEVEL",
 		"RATELIMIT_STORE_REPLICAS", "RATELIMIT_STORE_DYNAMODB_TABLE", "RATELIMIT_STORE_DYNAMODB_REGION",
 		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "RATELIMIT_STORE_DYNAMODB_CREATE_TABLE",
-		"RATELIMIT_STORE_DYNAMODB_MODE", "RATELIMIT_STORE_DYNAMODB_DENY_CACHE",
+		"RATELIMIT_STORE_DYNAMODB_MODE", "RATELIMIT_STORE_DYNAMODB_DENY_CACHE", "RATELIMIT_STORE_DYNAMODB_SLOT_LEASE",
 		"RATELIMIT_UPSTREAM_PROTOCOL", "RATELIMIT_SERVER_MAX_CONCURRENT_STREAMS",
 		"RATELIMIT_TLS_CERT_FILE", "RATELIMIT_TLS_KEY_FILE", "RATELIMIT_TLS_CLIENT_CA_FILE",
 	} {
@@ -252,14 +252,14 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 39 {
-		t.Errorf("got %d overrides, want 39: a new field needs a line above", len(got))
+	if len(got) != 40 {
+		t.Errorf("got %d overrides, want 40: a new field needs a line above", len(got))
 	}
 }
 
 func TestParseDynamoDBDefaults(t *testing.T) {
 	cfg := mustParse(t, minimal+"store: {backend: dynamodb, dynamodb: {table: rate-limits}}\n", noEnv)
-	want := DynamoDBConfig{Table: "rate-limits", Mode: "refund", DenyCache: true}
+	want := DynamoDBConfig{Table: "rate-limits", Mode: "refund", DenyCache: true, SlotLease: 30 * time.Second}
 	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
 		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
 	}
@@ -270,8 +270,8 @@ func TestParseDynamoDBDefaults(t *testing.T) {
 
 func TestParseDynamoDBExplicitValuesKept(t *testing.T) {
 	cfg := mustParse(t, minimal+"store:\n  backend: dynamodb\n  on_error: local\n  replicas: 3\n  dynamodb:\n"+
-		"    table: t-1\n    region: us-east-1\n    endpoint: http://127.0.0.1:8000\n    create_table: true\n    mode: transaction\n    deny_cache: false\n", noEnv)
-	want := DynamoDBConfig{Table: "t-1", Region: "us-east-1", Endpoint: "http://127.0.0.1:8000", CreateTable: true, Mode: "transaction", DenyCache: false}
+		"    table: t-1\n    region: us-east-1\n    endpoint: http://127.0.0.1:8000\n    create_table: true\n    mode: transaction\n    deny_cache: false\n    slot_lease: 2m\n", noEnv)
+	want := DynamoDBConfig{Table: "t-1", Region: "us-east-1", Endpoint: "http://127.0.0.1:8000", CreateTable: true, Mode: "transaction", DenyCache: false, SlotLease: 2 * time.Minute}
 	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
 		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
 	}
@@ -297,7 +297,7 @@ func TestEnvOverridesDynamoDB(t *testing.T) {
 		"RATELIMIT_STORE_DYNAMODB_DENY_CACHE", "false",
 	)
 	cfg := mustParse(t, minimal, getenv)
-	want := DynamoDBConfig{Table: "from-env", Endpoint: "http://127.0.0.1:8000", Mode: "refund", DenyCache: false}
+	want := DynamoDBConfig{Table: "from-env", Endpoint: "http://127.0.0.1:8000", Mode: "refund", DenyCache: false, SlotLease: 30 * time.Second}
 	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
 		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
 	}

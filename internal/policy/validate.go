@@ -225,10 +225,6 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	hasUser := id.UserHeader != "" || id.JWT != nil
 	for i := range c.Policies {
 		checkPolicy(&es, fmt.Sprintf("policies[%d]", i), &c.Policies[i], hasUser)
-		if p := &c.Policies[i]; c.Store.Backend == "dynamodb" && (p.Algorithm == "concurrency" || p.ChargeOn != nil) {
-			// The DynamoDB store cannot give charges back yet: a slot would never be freed.
-			es.add(fmt.Sprintf("policies[%d]", i), "", "concurrency and charge_on need store.backend memory in this version")
-		}
 		name := c.Policies[i].Name
 		if first, dup := seen[name]; dup && name != "" {
 			es.add(fmt.Sprintf("policies[%d].name", i), name, fmt.Sprintf("duplicate of policies[%d]", first))
@@ -287,6 +283,11 @@ func checkStore(es *Errors, st *StoreConfig) {
 	case dynamoModeRefund, dynamoModeTransaction:
 	default:
 		es.add("store.dynamodb.mode", d.Mode, "must be refund or transaction")
+	}
+	if l := d.SlotLease; l < 3*time.Second || l > 10*time.Minute {
+		// Renewed every third of it: much shorter would cost writes and make a slow
+		// DynamoDB call lose a slot; much longer would keep a crashed replica's slots away.
+		es.add("store.dynamodb.slot_lease", shortDuration(l), "must be from 3s to 10m")
 	}
 }
 

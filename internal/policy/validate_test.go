@@ -264,6 +264,8 @@ func TestValidate(t *testing.T) {
 			[]string{`policies[0].burst: "1000000001": must be at most 1000000000`}},
 		{"bucket refill too long", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/h, burst: 9000}\n", nil,
 			[]string{`policies[0].burst: "9000": burst/rate (the time to refill) must be at most 8784h`}},
+		{"slot_lease bounds", "upstream: http://h\nstore: {backend: dynamodb, dynamodb: {table: t-1, slot_lease: 1s}}\npolicies:\n  - {name: a, key: api_key, algorithm: concurrency, limit: 10}\n", nil,
+			[]string{`store.dynamodb.slot_lease: "1s": must be from 3s to 10m`}},
 		{"concurrency ok", "upstream: http://h\npolicies:\n  - {name: a, key: api_key, algorithm: concurrency, limit: 10}\n", nil, nil},
 		{"concurrency needs limit", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: concurrency}\n", nil,
 			[]string{"policies[0].limit: required for concurrency: at least 1"}},

@@ -68,6 +68,7 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			mode = dynamo.Transaction
 		}
 		primary = dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg,
+			SlotLease: d.SlotLease,
 			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 			// batch whose deadline is another waiter's: a write can land up to about twice the
 			// timeout after its decision.

@@ -73,7 +73,7 @@ func runSteps(t *testing.T, s bucket.Store, c bucket.Charge, steps []step) {
 	t.Helper()
 	for i, st := range steps {
 		admitted, got := take(t, s, base.Add(st.at), c)
-		if admitted != st.admitted || got != st.want {
+		if admitted != st.admitted || !same(got, st.want) {
 			t.Errorf("step %d at base+%v: got admitted=%v %+v, want admitted=%v %+v",
 				i, st.at, admitted, got, st.admitted, st.want)
 		}

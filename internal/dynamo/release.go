@@ -1,0 +1,131 @@
+package dynamo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// Release implements bucket.Releaser: concurrency slots are removed from their item (their
+// leases are no longer renewed); charge_on refunds take the charge back off the item it was
+// written to, with conditions that keep them from ever admitting past the limit:
+//
+//   - fixed window: ADD #count -1 on the window of the take, IF #count > 0, while that window
+//     is still the current one;
+//   - sliding window: ADD #count -1 on the slot of the take, IF #count > 0, while that slot is
+//     still counted (a sealed slot's readers have cached the higher count: stricter);
+//   - token bucket: SET #tat = #tat - T IF #since = (the since the take's write left) AND
+//     #tat >= at+T, while now < at+T: as the memory store (bucket.GCRARefund), and also never
+//     across a write that found the bucket idle.
+//
+// Refunds are sent once (not idempotent); a slot release may be retried (it only removes its
+// own slot). The calls run concurrently within ctx. Charges that cannot be given back stay
+// spent (stricter), and a slot whose release fails is reaped once its lease expires.
+func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken) error {
+	n := now.UnixNano()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for i := range taken {
+		tk := &taken[i]
+		pk, u, retry, ok := s.releaseWrite(tk, n)
+		if !ok {
+			continue
+		}
+		if s.deny != nil {
+			// A refund moves a count back: this replica's deny cache must not outlive it.
+			s.deny.remove(tk.Charge.Key)
+		}
+		if l := tk.Charge.Limit; l.Algorithm == bucket.SlidingWindow {
+			// Nor its cached count of the refunded slot (read again, or sealed again, next time).
+			s.slots.remove(slotKey{tk.Charge.Key, slotOf(l, tk.At.UnixNano())})
+		}
+		wg.Go(func() {
+			var opts []func(*dynamodb.Options)
+			if !retry {
+				opts = append(opts, noRetry)
+			}
+			s.m.requests.WithLabelValues(opRelease).Inc()
+			_, err := s.updateItem(ctx, pk, u, types.ReturnValueNone, opts...)
+			var ccf *types.ConditionalCheckFailedException
+			if err != nil && !errors.As(err, &ccf) {
+				// A failed condition is a charge already given back (its slot reaped, its
+				// window or epoch gone): nothing to do.
+				s.m.errors.WithLabelValues(opRelease).Inc()
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("dynamo: release %s: %w", pk, err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// releaseWrite is the write that gives tk back at instant n, and whether the SDK may retry it;
+// ok is false when nothing is to be written (see Release).
+func (s *Store) releaseWrite(tk *bucket.Taken, n int64) (pk string, u update, retry, ok bool) {
+	c, at := tk.Charge, tk.At.UnixNano()
+	key := c.Key.String()
+	l := c.Limit
+	switch l.Algorithm {
+	case bucket.Concurrency:
+		if tk.Token == 0 {
+			return "", update{}, false, false
+		}
+		pk = key + "#c"
+		s.leases.drop(pk, tk.Token)
+		return pk, slotRelease(tk.Token), true, true
+	case bucket.FixedWindow:
+		end := fixedEnd(l, at)
+		if n >= end {
+			return "", update{}, false, false
+		}
+		return key + "#w" + strconv.FormatInt(end-int64(l.Window), 10), countRefund(), false, true
+	case bucket.SlidingWindow:
+		slot := slotOf(l, at)
+		if n >= leaves(l, slot) {
+			return "", update{}, false, false
+		}
+		return key + "#s" + strconv.FormatInt(slot, 10), countRefund(), false, true
+	case bucket.TokenBucket:
+		t, _ := bucket.GCRAParams(l)
+		if tk.Token == 0 || n-at >= t {
+			return "", update{}, false, false
+		}
+		return key + "#g", update{
+			expr:   "SET #tat = #tat - :t",
+			cond:   "attribute_exists(#tat) AND #since = :since AND #tat >= :floor",
+			names:  map[string]string{"#tat": attrTat, "#since": attrSince},
+			values: map[string]types.AttributeValue{":t": num(t), ":since": num(int64(tk.Token)), ":floor": num(at + t)},
+		}, false, true
+	}
+	return "", update{}, false, false // leaky bucket: never refunded
+}
+
+// remove forgets k.
+func (c *boundedCache[K, V]) remove(k K) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, k)
+}
+
+// countRefund takes one request off a window's or slot's count, never below zero.
+func countRefund() update {
+	return update{
+		expr:   "ADD #count :minus",
+		cond:   "#count > :zero",
+		names:  map[string]string{"#count": attrCount},
+		values: map[string]types.AttributeValue{":minus": num(-1), ":zero": num(0)},
+	}
+}
