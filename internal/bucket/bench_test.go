@@ -30,6 +30,8 @@ var benchLimits = []struct {
 	// A daily quota: every benchmark stays within one day, so this is the decision within a
 	// period (the calendar is read once per key and period, when the key is first taken).
 	{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 100, Period: bucket.Day}},
+	// A concurrency decision is a whole request's cost: the slot taken, then given back.
+	{"Concurrency", bucket.Limit{Algorithm: bucket.Concurrency, Count: 100}},
 }
 
 var benchKeyCounts = []struct {
@@ -61,12 +63,18 @@ func BenchmarkMemory(b *testing.B) {
 				m := newStore(b)
 				charges := []bucket.Charge{{Limit: bl.limit}}
 				var r [1]bucket.Result
+				var taken [1]bucket.Taken
 				now := t0
 				for i := range b.N {
 					charges[0].Key = keys[i%len(keys)]
 					now = now.Add(benchStep)
-					if _, err := m.Take(ctx, now, charges, r[:]); err != nil {
+					ok, err := m.Take(ctx, now, charges, r[:])
+					if err != nil {
 						b.Fatal(err)
+					}
+					if ok && bl.limit.Algorithm == bucket.Concurrency {
+						taken[0] = bucket.Taken{Charge: charges[0], At: now}
+						_ = m.Release(ctx, now, taken[:])
 					}
 				}
 			})
@@ -75,15 +83,21 @@ func BenchmarkMemory(b *testing.B) {
 				b.RunParallel(func(pb *testing.PB) {
 					charges := []bucket.Charge{{Limit: bl.limit}}
 					var r [1]bucket.Result
+					var taken [1]bucket.Taken
 					now := t0
 					i := int(seq.Add(7919))
 					for pb.Next() {
 						i++
 						charges[0].Key = keys[i%len(keys)]
 						now = now.Add(benchStep)
-						if _, err := m.Take(ctx, now, charges, r[:]); err != nil {
+						ok, err := m.Take(ctx, now, charges, r[:])
+						if err != nil {
 							b.Error(err)
 							return
+						}
+						if ok && bl.limit.Algorithm == bucket.Concurrency {
+							taken[0] = bucket.Taken{Charge: charges[0], At: now}
+							_ = m.Release(ctx, now, taken[:])
 						}
 					}
 				})

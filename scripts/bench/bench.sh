@@ -228,7 +228,7 @@ go_benches() {
       FNR == NR { ratio[$1] = $2; next }
       { ns[$1] = $2; by[$1] = $3; al[$1] = $4 }
       END {
-        na = split("TokenBucket LeakyBucket FixedWindow SlidingWindow Quota", algs, " ")
+        na = split("TokenBucket LeakyBucket FixedWindow SlidingWindow Quota Concurrency", algs, " ")
         nc = split("HotKey/Serial HotKey/Parallel Keys100k/Serial Keys100k/Parallel", cases, " ")
         for (i = 1; i <= na; i++) for (j = 1; j <= nc; j++) {
           n = "BenchmarkMemory/" algs[i] "/" cases[j]
