@@ -16,15 +16,16 @@ import (
 
 // Release implements bucket.Releaser: concurrency slots are removed from their item (their
 // leases are no longer renewed); charge_on refunds take the charge back off the item it was
-// written to, with conditions that keep them from ever admitting past the limit:
+// written to, whole (a charge of cost N gives back N), with conditions that keep them from ever
+// admitting past the limit:
 //
-//   - fixed window: ADD #count -1 on the window of the take, IF #count > 0, while that window
-//     is still the current one;
-//   - sliding window: ADD #count -1 on the slot of the take, IF #count > 0, while that slot is
+//   - fixed window and quota: ADD #count -N on the window or period of the take, IF #count >= N,
+//     while that window or period is still the current one;
+//   - sliding window: ADD #count -N on the slot of the take, IF #count >= N, while that slot is
 //     still counted (a sealed slot's readers have cached the higher count: stricter);
-//   - token bucket: SET #tat = #tat - T IF #since = (the since the take's write left) AND
-//     #tat >= at+T, while now < at+T: as the memory store (bucket.GCRARefund), and also never
-//     across a write that found the bucket idle.
+//   - token bucket: SET #tat = #tat - N*T IF #since = (the since the take's write left) AND
+//     #tat >= at+N*T, while now < at+N*T: as the memory store (bucket.GCRARefundN), and also
+//     never across a write that found the bucket idle.
 //
 // Refunds are sent once (not idempotent); a slot release may be retried (it only removes its
 // own slot). The calls run concurrently within ctx. Charges that cannot be given back stay
@@ -91,23 +92,29 @@ func (s *Store) releaseWrite(tk *bucket.Taken, n int64) (pk string, u update, re
 		if n >= end {
 			return "", update{}, false, false
 		}
-		return key + "#w" + strconv.FormatInt(end-int64(l.Window), 10), countRefund(), false, true
+		return key + "#w" + strconv.FormatInt(end-int64(l.Window), 10), countRefund(c.N()), false, true
+	case bucket.Quota:
+		if _, end := bucket.QuotaPeriod(at, l); n >= end {
+			return "", update{}, false, false
+		}
+		return quotaItem(key, l, at), countRefund(c.N()), false, true
 	case bucket.SlidingWindow:
 		slot := slotOf(l, at)
 		if n >= leaves(l, slot) {
 			return "", update{}, false, false
 		}
-		return key + "#s" + strconv.FormatInt(slot, 10), countRefund(), false, true
+		return key + "#s" + strconv.FormatInt(slot, 10), countRefund(c.N()), false, true
 	case bucket.TokenBucket:
 		t, _ := bucket.GCRAParams(l)
-		if tk.Token == 0 || n-at >= t {
+		nt := c.N() * t // the policy package keeps N*T within a bucket's tolerance
+		if tk.Token == 0 || n-at >= nt {
 			return "", update{}, false, false
 		}
 		return key + "#g", update{
 			expr:   "SET #tat = #tat - :t",
 			cond:   "attribute_exists(#tat) AND #since = :since AND #tat >= :floor",
 			names:  map[string]string{"#tat": attrTat, "#since": attrSince},
-			values: map[string]types.AttributeValue{":t": num(t), ":since": num(int64(tk.Token)), ":floor": num(at + t)},
+			values: map[string]types.AttributeValue{":t": num(nt), ":since": num(int64(tk.Token)), ":floor": num(at + nt)},
 		}, false, true
 	}
 	return "", update{}, false, false // leaky bucket: never refunded
@@ -120,12 +127,12 @@ func (c *boundedCache[K, V]) remove(k K) {
 	delete(c.m, k)
 }
 
-// countRefund takes one request off a window's or slot's count, never below zero.
-func countRefund() update {
+// countRefund takes n requests off a window's, slot's or period's count, never below zero.
+func countRefund(n int64) update {
 	return update{
 		expr:   "ADD #count :minus",
-		cond:   "#count > :zero",
+		cond:   "#count >= :n",
 		names:  map[string]string{"#count": attrCount},
-		values: map[string]types.AttributeValue{":minus": num(-1), ":zero": num(0)},
+		values: map[string]types.AttributeValue{":minus": num(-n), ":n": num(n)},
 	}
 }

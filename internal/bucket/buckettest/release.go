@@ -23,6 +23,7 @@ func RunRelease(t *testing.T, newStore func(t *testing.T) bucket.Releaser) {
 	t.Run("RefundTokenBucket", func(t *testing.T) { testRefundToken(t, newStore(t)) })
 	t.Run("NoRefundLeakyBucket", func(t *testing.T) { testNoRefundLeaky(t, newStore(t)) })
 	t.Run("RefundUnderConcurrency", func(t *testing.T) { testRefundConcurrent(t, newStore(t)) })
+	t.Run("RefundCostAndQuota", func(t *testing.T) { testRefundCostAndQuota(t, newStore(t)) })
 }
 
 // concLimit admits two requests in flight per key.
@@ -291,5 +292,40 @@ func testRefundConcurrent(t *testing.T, s bucket.Releaser) {
 	}
 	if admitted, _ := take(t, s, base, c); admitted {
 		t.Errorf("take %d: got admitted, want rejected", l.Count+1)
+	}
+}
+
+// testRefundCostAndQuota: a charge of cost N is given back whole, on every refundable algorithm,
+// and a quota's charge goes back to its period.
+func testRefundCostAndQuota(t *testing.T, s bucket.Releaser) {
+	for _, tc := range []struct {
+		name string
+		l    bucket.Limit
+		cost int64
+		// Two charges fit, the third does not; a refund at base+back makes room for one again.
+		back time.Duration
+	}{
+		{"FixedWindow", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 5, Window: time.Minute}, 2, time.Second},
+		{"SlidingWindow", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 5, Window: 10 * time.Second}, 2, time.Second},
+		{"TokenBucket", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 5}, 2, ms(1)}, // within 2T, before a token refills
+		{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 2, Period: bucket.Day}, 1, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := bucket.Charge{Key: NewKey(t), Limit: tc.l, Cost: tc.cost, Refundable: true}
+			_, _, first := takeToken(t, s, base, c)
+			if admitted, _ := take(t, s, base, c); !admitted {
+				t.Fatalf("second charge of cost %d: rejected, want admitted", tc.cost)
+			}
+			if admitted, _ := take(t, s, base, c); admitted {
+				t.Fatalf("third charge of cost %d: admitted, want rejected", tc.cost)
+			}
+			release(t, s, base.Add(tc.back), first)
+			if admitted, _ := take(t, s, base.Add(tc.back), c); !admitted {
+				t.Errorf("after a refund of cost %d at base+%v: rejected, want admitted", tc.cost, tc.back)
+			}
+			if admitted, _ := take(t, s, base.Add(tc.back), c); admitted {
+				t.Errorf("again after one refund: admitted, want rejected (the refund gave back %d, not more)", tc.cost)
+			}
+		})
 	}
 }
