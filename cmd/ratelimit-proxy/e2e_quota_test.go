@@ -12,8 +12,9 @@ import (
 // TestCostRouteDrainsQuotaFiveAtATime: the real binary with a monthly quota of 22 in which a
 // search costs 5. Searches drain it 5 at a time (17, 12, 7, 2 left); the fifth is rejected with 2
 // left, its body naming the cost that did not fit; X-RateLimit-Reset and RateLimit's t point at
-// the first instant of next month in Tokyo. Another key has its own quota, and other paths are
-// not charged.
+// the first instant of next month in Tokyo. Another key has its own quota, paths outside the
+// policy are not charged, and a quota whose costs give searches 5 and the rest 1 lets cheaper
+// requests take what a search could not.
 func TestCostRouteDrainsQuotaFiveAtATime(t *testing.T) {
 	up := newUpstream(t, nil)
 	g := startGateway(t, up.URL, `headers: {ietf_draft: true}
@@ -26,6 +27,13 @@ policies:
     time_zone: Asia/Tokyo
     cost: 5
     match: {path_prefix: /search}
+  - name: shared-daily
+    key: api_key
+    algorithm: quota
+    limit: 12
+    period: day
+    costs: [{methods: [POST], path_prefix: /v2/search, cost: 5}]
+    match: {path_prefix: /v2/}
 `)
 	tokyo, err := time.LoadLocation("Asia/Tokyo")
 	if err != nil {
@@ -80,7 +88,28 @@ policies:
 	if resp, _ := get(t, g.proxy+"/home", "X-Api-Key", "k1"); resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Remaining") != "" {
 		t.Errorf("unmatched path: got %d with remaining %q, want 200 without rate-limit headers", resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"))
 	}
-	if got := up.hits.Load(); got != 6 {
-		t.Errorf("upstream got %d requests, want 6", got)
+	// One budget of 12 a day: two searches (5 each), then a third is refused with 2 left, and
+	// the 2 go to requests of cost 1.
+	for i, want := range []int{200, 200, 429, 200, 200, 429} {
+		method, path := http.MethodPost, "/v2/search"
+		if i >= 3 {
+			method, path = http.MethodGet, "/v2/items"
+		}
+		req, err := http.NewRequest(method, g.proxy+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Api-Key", "k3")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("shared budget, request %d (%s %s): got %d, want %d", i, method, path, resp.StatusCode, want)
+		}
+	}
+	if got := up.hits.Load(); got != 10 {
+		t.Errorf("upstream got %d requests, want 10", got)
 	}
 }

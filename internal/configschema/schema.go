@@ -250,6 +250,11 @@ func (g *gen) refine() {
 	g.set("policies[].charge_on[]", "pattern", `^([1-5][0-9][0-9]|[1-5]xx)$`, "minimum", 100, "maximum", 599)
 	g.set("policies[].mode", "enum", []any{"enforce", "shadow"})
 	g.set("policies[].cost", "minimum", 1, "maximum", maxCount)
+	g.require("policies[].costs[]", "cost")
+	g.set("policies[].costs[].cost", "minimum", 1, "maximum", maxCount)
+	g.set("policies[].costs[].methods[]", "enum", methods)
+	g.set("policies[].costs[].path_prefix", "pattern", "^/")
+	g.set("policies[].costs[]", "anyOf", []any{node{"required": []any{"methods"}}, node{"required": []any{"path_prefix"}}})
 	g.set("policies[].period", "enum", []any{"day", "week", "month"})
 	g.set("policies[].offset", "minimum", 0, "maximum", 27)
 	g.set("policies[].match.methods[]", "enum", methods)
@@ -314,7 +319,7 @@ func (g *gen) refine() {
 		node{"if": isAlg("concurrency"), "then": concurrencyFields},
 		node{"if": isAlg("quota"), "then": quotaFields},
 		node{"if": isAlg("token_bucket", "leaky_bucket", "fixed_window", "sliding_window", "concurrency"), "then": notCalendar},
-		node{"if": isAlg("concurrency"), "then": node{"properties": node{"cost": false}}},
+		node{"if": isAlg("concurrency"), "then": node{"properties": node{"cost": false, "costs": false}}},
 		// A leaky bucket holds requests instead of charging them on their answer.
 		node{"if": isAlg("leaky_bucket"), "then": node{"properties": node{"charge_on": false}}},
 	})

@@ -44,8 +44,8 @@ type Policy struct {
 	// request's charge is taken (reserved) before it is forwarded, and given back through
 	// bucket.Releaser when the answer's status is not in the set (charge_on).
 	ChargeOn *StatusSet
-	// Cost is what one matching request spends (at least 1); every charge of the policy
-	// carries it, whatever override applies.
+	// Cost is what one matching request spends (at least 1), unless an entry of the policy's
+	// costs matches it; whatever override applies, a charge carries its request's cost.
 	Cost int64
 	// Summary is a one-line human description, printed by `validate`.
 	Summary string

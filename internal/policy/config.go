@@ -167,6 +167,10 @@ type PolicyConfig struct {
 	// request passes only when 5 fit. Overrides keep it. (Optional) default 1; at most what
 	// the limit holds (burst for token_bucket, burst+1 for leaky_bucket, limit otherwise).
 	Cost int64 `mapstructure:"cost"`
+	// Costs give some of the policy's requests another cost than Cost, so that one budget
+	// charges routes differently (POST /search 5, the rest 1): the first entry whose methods
+	// and path_prefix both match the request decides. (Optional)
+	Costs []CostConfig `mapstructure:"costs"`
 	// Rate is N/s, N/m or N/h (buckets).
 	Rate string `mapstructure:"rate"`
 	// Burst is the capacity (token bucket) or queue length (leaky bucket).
@@ -199,6 +203,17 @@ type PolicyConfig struct {
 	// Mode is enforce or shadow. (Optional) default enforce.
 	Mode      string           `mapstructure:"mode"`
 	Overrides []OverrideConfig `mapstructure:"overrides"`
+}
+
+// CostConfig is one entry of a policy's costs.
+type CostConfig struct {
+	// Methods and PathPrefix select the requests, as a policy's match does; at least one of
+	// the two. (Optional each)
+	Methods    []string `mapstructure:"methods"`
+	PathPrefix string   `mapstructure:"path_prefix"`
+	// Cost is what those requests spend instead of the policy's cost. (Required) at least 1,
+	// at most what the limit holds.
+	Cost int64 `mapstructure:"cost"`
 }
 
 // MatchConfig restricts a policy to some requests; empty matches everything.

@@ -586,3 +586,41 @@ policies:
 		t.Errorf("got summary %q, want %q", got, want)
 	}
 }
+
+// TestPlanCostsByRoute: one budget, routes charged differently; the first matching entry wins,
+// a GET entry also covers HEAD, and requests no entry matches spend the policy's cost.
+func TestPlanCostsByRoute(t *testing.T) {
+	set := mustCompile(t, `upstream: http://h
+policies:
+  - name: monthly
+    key: api_key
+    algorithm: quota
+    limit: 1000
+    period: month
+    cost: 2
+    costs:
+      - {methods: [POST], path_prefix: /search, cost: 5}
+      - {path_prefix: /search, cost: 3}
+      - {methods: [GET], path_prefix: /export, cost: 20}
+`)
+	var p Plan
+	for _, tc := range []struct {
+		method, path string
+		want         int64
+	}{
+		{"POST", "/search/q", 5},
+		{"GET", "/search/q", 3},
+		{"GET", "/export/all", 20},
+		{"HEAD", "/export/all", 20},
+		{"POST", "/export/all", 2},
+		{"GET", "/other", 2},
+		{"POST", "/x/../search", 5}, // the cleaned path is matched too, as for match.path_prefix
+	} {
+		if err := set.Plan(newRequest(tc.method, tc.path, "192.0.2.1:1", "X-Api-Key", "k"), &p); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Charges) != 1 || p.Charges[0].Cost != tc.want {
+			t.Errorf("%s %s: got charges %+v, want one of cost %d", tc.method, tc.path, p.Charges, tc.want)
+		}
+	}
+}

@@ -43,9 +43,10 @@ type Set struct {
 type rule struct {
 	pol     *Policy
 	kind    keyKind
-	header  string   // canonical header name for api_key and header:NAME keys
-	methods []string // empty: any method
-	prefix  string   // empty: any path
+	header  string     // canonical header name for api_key and header:NAME keys
+	methods []string   // empty: any method
+	prefix  string     // empty: any path
+	costs   []costRule // costs by route, first match wins; the policy's Cost otherwise
 	// keyPrefix is `name 0x00 algorithm 0x00 key-kind 0x00`: the bucket key hashes it before
 	// the value, so two policies never share a bucket.
 	keyPrefix []byte
@@ -116,6 +117,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			pol:       pol,
 			kind:      kind,
 			methods:   matchMethods(pc.Match.Methods),
+			costs:     costRules(pc.Costs),
 			prefix:    pc.Match.PathPrefix,
 			keyPrefix: keyPrefix(pc, alg, kind, hdr),
 		}
@@ -154,6 +156,32 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		s.rules[i] = ru
 	}
 	return s, nil
+}
+
+// costRule is one compiled entry of a policy's costs.
+type costRule struct {
+	methods []string // empty: any method
+	prefix  string   // empty: any path
+	cost    int64
+}
+
+func costRules(cs []CostConfig) []costRule {
+	var out []costRule
+	for _, c := range cs {
+		out = append(out, costRule{methods: matchMethods(c.Methods), prefix: c.PathPrefix, cost: c.Cost})
+	}
+	return out
+}
+
+// cost is what a request with this method and path spends of the rule's policy.
+func (ru *rule) cost(method, reqPath string) int64 {
+	for i := range ru.costs {
+		c := &ru.costs[i]
+		if (len(c.methods) == 0 || slices.Contains(c.methods, method)) && (c.prefix == "" || pathHasPrefix(reqPath, c.prefix)) {
+			return c.cost
+		}
+	}
+	return ru.pol.Cost
 }
 
 // matchMethods is the methods a policy matches: those listed and, when GET is, also HEAD.
@@ -240,6 +268,13 @@ func summary(pc *PolicyConfig) string {
 	}
 	if pc.Cost > 1 {
 		fmt.Fprintf(&b, " cost=%d", pc.Cost)
+	}
+	for _, c := range pc.Costs {
+		route := strings.Join(c.Methods, ",")
+		if c.PathPrefix != "" {
+			route = strings.TrimPrefix(route+" "+c.PathPrefix, " ")
+		}
+		fmt.Fprintf(&b, " cost(%s)=%d", route, c.Cost)
 	}
 	mode := pc.Mode
 	if mode == "" {
@@ -379,6 +414,9 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 			c, ok = charge(ru, headerValue(r.Header, ru.header), client)
 		}
 		if ok {
+			if ru.costs != nil {
+				c.Cost = ru.cost(r.Method, reqPath)
+			}
 			p.Charges = append(p.Charges, c)
 			p.Policies = append(p.Policies, ru.pol)
 		}

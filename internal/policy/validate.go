@@ -526,11 +526,18 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 			r, _ := ParseRate(p.Rate)
 			checkRefill(es, at+".burst", r, p.Burst)
 		}
-		if alg == bucket.Concurrency && (p.Cost != 0 || p.costSet) {
+		switch {
+		case alg == bucket.Concurrency && (p.Cost != 0 || p.costSet):
 			es.add(at+".cost", strconv.FormatInt(p.Cost, 10), "not used by concurrency: every request holds one slot")
-		} else if len(*es) == before {
+		case alg == bucket.Concurrency && len(p.Costs) > 0:
+			es.add(at+".costs", "", "not used by concurrency: every request holds one slot")
+		case len(*es) == before:
 			checkCost(es, at+".cost", p.Cost, p.Cost, p.fields(), alg)
+			for j, c := range p.Costs {
+				checkCost(es, fmt.Sprintf("%s.costs[%d].cost", at, j), c.Cost, c.Cost, p.fields(), alg)
+			}
 		}
+		checkCosts(es, at, p.Costs)
 		checkCalendar(es, at, p, alg)
 	}
 	if c := p.Cost; c < 0 || c == 0 && p.costSet {
@@ -649,6 +656,43 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 	case w > maxWindow:
 		es.add(at+".window", shortDuration(w), "must be at most "+shortDuration(maxWindow))
 	}
+}
+
+// checkCosts checks the entries of a policy's costs (their costs against the limit are checked
+// with the policy's own cost).
+func checkCosts(es *Errors, at string, costs []CostConfig) {
+	for j := range costs {
+		c := &costs[j]
+		cat := fmt.Sprintf("%s.costs[%d]", at, j)
+		if len(c.Methods) == 0 && c.PathPrefix == "" {
+			es.add(cat, "", "needs methods or path_prefix: an entry for every request is the policy's cost")
+		}
+		for k, m := range c.Methods {
+			if !methods[m] {
+				es.add(fmt.Sprintf("%s.methods[%d]", cat, k), m, "must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE")
+			}
+		}
+		if pp := c.PathPrefix; pp != "" && pp[0] != '/' {
+			es.add(cat+".path_prefix", pp, `must start with "/"`)
+		}
+		switch {
+		case c.Cost == 0:
+			es.add(cat+".cost", "", "required: at least 1")
+		case c.Cost < 0:
+			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), "must be at least 1")
+		case c.Cost > maxCount:
+			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), fmt.Sprintf("must be at most %d", maxCount))
+		}
+	}
+}
+
+// maxCost is the highest cost a request of the policy can have.
+func maxCost(p *PolicyConfig) int64 {
+	c := max(p.Cost, 1)
+	for _, e := range p.Costs {
+		c = max(c, e.Cost)
+	}
+	return c
 }
 
 // capacity is the most one request can cost under a valid limit: what a full bucket, a window or
@@ -810,7 +854,7 @@ func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK
 				if isBucket(alg) {
 					field, shown = ".burst", eff.burst
 				}
-				checkCost(es, oat+field, shown, p.Cost, eff, alg)
+				checkCost(es, oat+field, shown, maxCost(p), eff, alg)
 			}
 		}
 	}

@@ -222,6 +222,16 @@ func TestValidate(t *testing.T) {
 			`policies[0].overrides[0].limit: "3": a request costing 5 never fits in what the limit holds (3): raise the limit or lower cost`}},
 		{"quota and cost on dynamodb", "upstream: http://h\nstore: {backend: dynamodb, dynamodb: {table: rl-1}}\npolicies:\n" +
 			"  - {name: a, key: ip, algorithm: quota, limit: 5, period: day}\n  - {name: b, key: ip, algorithm: fixed_window, limit: 5, window: 1m, cost: 2}\n", nil, nil},
+		{"costs ok", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 100, period: month, costs: [{methods: [POST], path_prefix: /search, cost: 5}, {path_prefix: /export, cost: 20}]}\n", nil, nil},
+		{"costs bad", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: fixed_window, limit: 10, window: 1m, costs: [{cost: 2}, {methods: [post], path_prefix: search, cost: 0}, {path_prefix: /x, cost: 11}], " +
+			"overrides: [{key: 10.0.0.0/8, limit: 5}]}\n  - {name: b, key: ip, algorithm: concurrency, limit: 1, costs: [{path_prefix: /x, cost: 2}]}\n", nil, []string{
+			`policies[0].costs[2].cost: "11": a request costing 11 never fits in what the limit holds (10): raise the limit or lower cost`,
+			"policies[0].costs[0]: needs methods or path_prefix: an entry for every request is the policy's cost",
+			`policies[0].costs[1].methods[0]: "post": must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE`,
+			`policies[0].costs[1].path_prefix: "search": must start with "/"`,
+			"policies[0].costs[1].cost: required: at least 1",
+			`policies[0].overrides[0].limit: "5": a request costing 11 never fits in what the limit holds (5): raise the limit or lower cost`,
+			"policies[1].costs: not used by concurrency: every request holds one slot"}},
 		{"cost on concurrency", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: concurrency, limit: 5, cost: 2}\n", nil,
 			[]string{`policies[0].cost: "2": not used by concurrency: every request holds one slot`}},
 		{"quota with charge_on", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: quota, limit: 5, period: day, charge_on: [401], cost: 2}\n", nil, nil},
