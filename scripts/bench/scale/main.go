@@ -206,7 +206,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 			return err
 		}
 		if p50 < 10*time.Millisecond || round == 15 {
-			fmt.Fprintf(stdout, "DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes from 16 goroutines\n", p50.Round(10*time.Microsecond), round)
+			fmt.Fprintf(stdout, "DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes from 8 goroutines\n", p50.Round(10*time.Microsecond), round)
 			break
 		}
 	}
@@ -276,6 +276,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		return loadErr
 	}
 
+	// A replica that died during the load makes the numbers meaningless: say which and why.
+	for _, r := range reps {
+		select {
+		case <-r.exited:
+			return fmt.Errorf("replica %d exited during the load: %v; %s (log: %s)", r.i, r.exitErr, firstPanicLine(r.log.Name()), r.log.Name())
+		default:
+		}
+	}
 	// The decision-time histograms, before the replicas stop.
 	var hs []histogram
 	for _, r := range reps {
@@ -412,7 +420,7 @@ func createTable(ctx context.Context, client *dynamodb.Client, table string) err
 	return dynamo.CreateTable(cctx, client, table)
 }
 
-// warmUp sends UpdateItems to one item of the table (not one the gateways use) from 16
+// warmUp sends UpdateItems to one item of the table (not one the gateways use) from 8
 // goroutines for d and returns their median latency.
 func warmUp(ctx context.Context, client *dynamodb.Client, table string, d time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
@@ -423,7 +431,7 @@ func warmUp(ctx context.Context, client *dynamodb.Client, table string, d time.D
 		errs int
 	)
 	var wg sync.WaitGroup
-	for range 16 {
+	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -814,6 +822,20 @@ func procCPU(pid int) float64 {
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / clockTicks
+}
+
+// firstPanicLine returns the first "panic:" or "fatal error:" line of a log, or a placeholder.
+func firstPanicLine(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "no log"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "panic:") || strings.HasPrefix(l, "fatal error:") {
+			return l
+		}
+	}
+	return "no panic in its log"
 }
 
 // loadAvg is the 1-minute load average (Linux), to tell a quiet machine from a shared one.
