@@ -30,6 +30,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -215,7 +216,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	relayURL, closeRelay, err := serve(relay)
+	timed := &timedHandler{h: relay}
+	relayURL, closeRelay, err := serve(timed)
 	if err != nil {
 		return err
 	}
@@ -270,7 +272,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 
 	cpuBefore := cpuSeconds(reps, ddb)
 	loadBefore := loadAvg()
+	// A probe beside the load: serial UpdateItems straight to DynamoDB Local (not through the
+	// relay, not counted), to tell a slow DynamoDB Local from slow replicas.
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	probeDone := make(chan []time.Duration, 1)
+	go func() { probeDone <- probe(probeCtx, client, table, 50*time.Millisecond) }()
 	counts, loadErr := offer(ctx, o, reps, stdout)
+	stopProbe()
+	probeLat := <-probeDone
 	cpuAfter := cpuSeconds(reps, ddb)
 	if loadErr != nil {
 		return loadErr
@@ -313,6 +322,16 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	}
 	printReport(stdout, o, res, ph, st, cpuBefore, cpuAfter)
 	fmt.Fprintf(stdout, "load average (1 min) before the load %s, after %s\n", loadBefore, loadAvg())
+	if lat := timed.latencies(); len(lat) > 0 {
+		n := len(lat)
+		fmt.Fprintf(stdout, "relay: %d requests answered (forwarded or throttled) in p50 %v, p99 %v, max %v\n", n,
+			lat[n/2].Round(10*time.Microsecond), lat[n*99/100].Round(10*time.Microsecond), lat[n-1].Round(10*time.Microsecond))
+	}
+	if n := len(probeLat); n > 0 {
+		sort.Slice(probeLat, func(i, j int) bool { return probeLat[i] < probeLat[j] })
+		fmt.Fprintf(stdout, "DynamoDB Local during the load, %d serial UpdateItems straight to it: p50 %v, p99 %v, max %v\n", n,
+			probeLat[n/2].Round(10*time.Microsecond), probeLat[n*99/100].Round(10*time.Microsecond), probeLat[n-1].Round(10*time.Microsecond))
+	}
 	var other int64
 	for _, p := range ph {
 		other += p.Other + p.Unsent
@@ -464,6 +483,57 @@ func warmUp(ctx context.Context, client *dynamodb.Client, table string, d time.D
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return lat[len(lat)/2], nil
+}
+
+// timedHandler records how long h took to answer each request.
+type timedHandler struct {
+	h   http.Handler
+	mu  sync.Mutex
+	lat []time.Duration
+}
+
+func (t *timedHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	t.h.ServeHTTP(w, r)
+	d := time.Since(start)
+	t.mu.Lock()
+	t.lat = append(t.lat, d)
+	t.mu.Unlock()
+}
+
+// latencies returns the recorded durations, sorted.
+func (t *timedHandler) latencies() []time.Duration {
+	t.mu.Lock()
+	lat := slices.Clone(t.lat)
+	t.mu.Unlock()
+	slices.Sort(lat)
+	return lat
+}
+
+// probe sends one UpdateItem at a time to an item no gateway uses, every interval, until ctx
+// ends, and returns their latencies.
+func probe(ctx context.Context, client *dynamodb.Client, table string, interval time.Duration) []time.Duration {
+	var lat []time.Duration
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return lat
+		case <-tick.C:
+		}
+		t := time.Now()
+		_, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName:                 aws.String(table),
+			Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "bench-scale-probe"}},
+			UpdateExpression:          aws.String("ADD #n :one"),
+			ExpressionAttributeNames:  map[string]string{"#n": "n"},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
+		})
+		if err == nil {
+			lat = append(lat, time.Since(t))
+		}
+	}
 }
 
 // replica is one gateway process.
