@@ -137,6 +137,16 @@ func TestGRPCUnaryThrottledWithRetryInfo(t *testing.T) {
 	if _, err := c.Check(callCtx(t, "x-api-key", "key-b"), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Errorf("another api key: %v, want OK", err)
 	}
+	for series, want := range map[string]float64{
+		`ratelimit_protocol_decisions_total{protocol="grpc",result="allowed"}`:  3,
+		`ratelimit_protocol_decisions_total{protocol="grpc",result="limited"}`:  1,
+		`ratelimit_protocol_decisions_total{protocol="http2",result="allowed"}`: 0,
+		`ratelimit_decisions_total{result="limited"}`:                           1,
+	} {
+		if got := metric(t, g.admin, series); got != want {
+			t.Errorf("%s got %v, want %v", series, got, want)
+		}
+	}
 }
 
 // TestGRPCServerStreamingAndCancel: a server-streaming call (health Watch) streams through the

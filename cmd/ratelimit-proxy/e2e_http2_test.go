@@ -96,6 +96,15 @@ func TestHTTP2H2CEndToEnd(t *testing.T) {
 	} else {
 		t.Log("curl not found: the curl h2c check did not run")
 	}
+	for series, want := range map[string]float64{
+		`ratelimit_protocol_decisions_total{protocol="http2",result="allowed"}`: 3,
+		`ratelimit_protocol_decisions_total{protocol="http2",result="limited"}`: 2, // Go's and curl's
+		`ratelimit_protocol_decisions_total{protocol="http1",result="limited"}`: 0,
+	} {
+		if got := metric(t, g.admin, series); got != want {
+			t.Errorf("%s got %v, want %v", series, got, want)
+		}
+	}
 	// HTTP/1.1 still works on the same port, and h2c to the upstream whatever the client spoke.
 	up2 := h2cUpstream(t, protoEcho)
 	g2 := startGateway(t, up2.URL, "upstream_protocol: h2c\n"+ipPolicy)

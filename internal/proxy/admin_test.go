@@ -93,7 +93,7 @@ func TestMetrics_NoClientLabels(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gather: %v", err)
 	}
-	allowed := map[string]bool{"policy": true, "result": true, "backend": true, "reason": true, "stage": true}
+	allowed := map[string]bool{"policy": true, "result": true, "backend": true, "reason": true, "stage": true, "protocol": true}
 	for _, mf := range mfs {
 		if !strings.HasPrefix(mf.GetName(), "ratelimit_") {
 			continue

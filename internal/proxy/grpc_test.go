@@ -127,6 +127,9 @@ func TestGRPC_RejectedIsResourceExhaustedWithRetryInfo(t *testing.T) {
 	if p := decodeProblem(t, res, body); res.StatusCode != http.StatusTooManyRequests || p.Type != problemRateLimited {
 		t.Errorf("HTTP request: got %d %q, want 429 rate-limited", res.StatusCode, p.Type)
 	}
+	wantCounter(t, hs.reg, 2, "ratelimit_protocol_decisions_total", "protocol", "grpc", "result", "limited")
+	wantCounter(t, hs.reg, 1, "ratelimit_protocol_decisions_total", "protocol", "http1", "result", "limited")
+	wantCounter(t, hs.reg, 3, mDecisions, "result", "limited")
 }
 
 func TestGRPC_StatusMapping(t *testing.T) {

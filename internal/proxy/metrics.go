@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +36,29 @@ const (
 
 var stageNames = [numStages]string{"store", "wait", "upstream"}
 
+// Protocols of a request, the values of ratelimit_protocol_decisions_total{protocol} and of the
+// "protocol" field of log lines: a small fixed set, never a method or a path.
+const (
+	protoHTTP1 = iota // HTTP/1.x
+	protoHTTP2        // HTTP/2 (h2c or h2), not gRPC
+	protoGRPC         // a gRPC call (content-type application/grpc...), whatever its HTTP version
+	numProtocols
+)
+
+var protocolNames = [numProtocols]string{"http1", "http2", "grpc"}
+
+// protocolOf is r's protocol; grpc is isGRPC(r).
+func protocolOf(r *http.Request, grpc bool) uint8 {
+	switch {
+	case grpc:
+		return protoGRPC
+	case r.ProtoMajor == 2:
+		return protoHTTP2
+	default:
+		return protoHTTP1
+	}
+}
+
 // Upstream error reasons: ratelimit_upstream_errors_total{reason}.
 const (
 	upRefused = iota // connection refused, nothing listening
@@ -55,6 +79,7 @@ var upstreamReasonNames = [numUpstreamReasons]string{"refused", "timeout", "rese
 type Metrics struct {
 	requests         *prometheus.CounterVec
 	decisions        *prometheus.CounterVec
+	protoDecisions   *prometheus.CounterVec
 	storeDuration    *prometheus.HistogramVec
 	storeErrors      *prometheus.CounterVec
 	upstreamDuration prometheus.Histogram
@@ -67,6 +92,7 @@ type Metrics struct {
 
 	// Resolved children, so the hot path does no label hashing.
 	decision    [numDecisions]prometheus.Counter
+	byProto     [numProtocols][numDecisions]prometheus.Counter
 	upstreamErr [numUpstreamReasons]prometheus.Counter
 	canceled    [numStages]prometheus.Counter
 
@@ -96,6 +122,9 @@ type policyCounters struct {
 //	    it, it is answered 401 and counts nothing here, as nothing reached the upstream.
 //	ratelimit_decisions_total{result}            one per request: allowed|limited|unauthorized|
 //	    store_error_allowed|store_error_denied|unmatched|error
+//	ratelimit_protocol_decisions_total{protocol,result}  the same, by protocol: http1|http2|grpc
+//	    (a separate family, so that ratelimit_decisions_total keeps its series for existing
+//	    queries and alerts)
 //	ratelimit_store_duration_seconds{backend}    time spent in Limiter.Take
 //	ratelimit_store_errors_total{backend,reason} reason: timeout|error
 //	ratelimit_upstream_duration_seconds          time until the upstream's response headers
@@ -117,6 +146,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_decisions_total",
 			Help: "Requests by decision.",
 		}, []string{"result"})),
+		protoDecisions: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_protocol_decisions_total",
+			Help: "Requests by protocol (http1, http2, grpc) and decision; the same counts as ratelimit_decisions_total.",
+		}, []string{"protocol", "result"})),
 		storeDuration: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "ratelimit_store_duration_seconds",
 			Help: "Time the rate-limit store took to decide one request.",
@@ -161,6 +194,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for i, n := range decisionNames {
 		m.decision[i] = m.decisions.WithLabelValues(n)
+		for p, pn := range protocolNames {
+			m.byProto[p][i] = m.protoDecisions.WithLabelValues(pn, n)
+		}
 	}
 	for i, n := range upstreamReasonNames {
 		m.upstreamErr[i] = m.upstreamErrors.WithLabelValues(n)
@@ -169,6 +205,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.canceled[i] = m.clientCanceled.WithLabelValues(n)
 	}
 	return m
+}
+
+// decided counts one request's decision d, of protocol proto.
+func (m *Metrics) decided(proto uint8, d int) {
+	m.decision[d].Inc()
+	m.byProto[proto][d].Inc()
 }
 
 // register registers c on reg, or returns the equal collector reg already holds.

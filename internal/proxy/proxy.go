@@ -205,7 +205,8 @@ type reqState struct {
 	now     time.Time // the instant handed to the limiter; headers are relative to it
 	ctx     *storeCtx // reused while no store materialised it
 	taken   []bucket.Taken
-	grpc    bool // the request is a gRPC call: the gateway's own answers are gRPC statuses
+	grpc    bool  // the request is a gRPC call: the gateway's own answers are gRPC statuses
+	proto   uint8 // protoHTTP1, protoHTTP2 or protoGRPC: the metrics' and logs' protocol label
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -304,7 +305,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	pols := h.policies()
 	if pols == nil {
 		// Options.Policies broke its contract; fail closed rather than forward unlimited traffic.
-		h.m.decision[decError].Inc()
+		h.m.decided(protocolOf(r, grpc), decError)
 		h.log.Error("no policy set in force")
 		writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "No rate-limit policy set is loaded.", RetryAfter: 1})
@@ -315,19 +316,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	st.plan.Reset()
 	st.grpc = grpc
+	st.proto = protocolOf(r, grpc)
 	if err := pols.Plan(r, &st.plan); err != nil {
 		if errors.Is(err, policy.ErrUnauthorized) {
 			h.unauthorized(w, r, st, pols)
 			return
 		}
-		h.m.decision[decError].Inc()
+		h.m.decided(st.proto, decError)
 		h.log.Error("policy plan failed", zap.Error(err))
 		st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemInternal, Status: http.StatusInternalServerError,
 			Detail: "The request could not be matched against the rate-limit policies."})
 		return
 	}
 	if len(st.plan.Charges) == 0 {
-		h.m.decision[decUnmatched].Inc()
+		h.m.decided(st.proto, decUnmatched)
 		h.forward(w, r, pols)
 		return
 	}
@@ -459,7 +461,7 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 			return
 		}
 	}
-	h.m.decision[decUnauthorized].Inc()
+	h.m.decided(st.proto, decUnauthorized)
 	w.Header()["Www-Authenticate"] = wwwAuthenticate
 	st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
 		Detail: "The bearer token is not valid."})
@@ -472,11 +474,12 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 
 // storeError applies OnError to a request the limiter could not decide.
 func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Policies, err error, timedOut bool) {
-	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
-		// The call's own deadline (grpc-timeout) ran out first: nobody waits for a forward,
-		// and on_error cannot help.
+	if dl, ok := r.Context().Deadline(); ok && !time.Now().Before(dl) {
+		// The call's own deadline (grpc-timeout; only gRPC calls carry one) ran out first:
+		// nobody waits for a forward, and on_error cannot help. Read from the clock, not from
+		// Err: the store's context may end a moment before the request's, at the same instant.
 		h.countStoreError(err, true)
-		h.m.decision[decStoreErrorDenied].Inc()
+		h.m.decided(protoGRPC, decStoreErrorDenied)
 		callDeadline(w, r, "The call's deadline passed while the rate limiter decided.")
 		return
 	}
@@ -485,16 +488,18 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Polici
 		h.m.canceled[stageStore].Inc()
 		return
 	}
+	proto := protocolOf(r, isGRPC(r))
 	reason := h.countStoreError(err, timedOut)
 	if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
-		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", h.onError == Allow), zap.Error(err))
+		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", h.onError == Allow),
+			zap.String("protocol", protocolNames[proto]), zap.Error(err))
 	}
 	if h.onError == Allow {
-		h.m.decision[decStoreErrorAllowed].Inc()
+		h.m.decided(proto, decStoreErrorAllowed)
 		h.forward(w, r, pols)
 		return
 	}
-	h.m.decision[decStoreErrorDenied].Inc()
+	h.m.decided(proto, decStoreErrorDenied)
 	writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 		Detail: "The rate limiter is unavailable; retry shortly.", RetryAfter: 1})
 }
@@ -545,7 +550,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 			pick = 0
 		}
 	}
-	h.m.decision[decLimited].Inc()
+	h.m.decided(st.proto, decLimited)
 	res := results[pick]
 	retry := ceilSeconds(res.RetryAfter)
 	if retry < 1 {
@@ -554,7 +559,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	name := ps[pick].Name
 	if ce := h.log.Check(zap.InfoLevel, "rate limited"); ce != nil {
 		ce.Write(zap.String("policy", name), h.logKey(charges[pick].Key),
-			zap.Int64("retry_after_seconds", retry))
+			zap.Int64("retry_after_seconds", retry), zap.String("protocol", protocolNames[st.proto]))
 	}
 	// A request of cost 1 was rejected because nothing is left. One of a higher cost may have
 	// been rejected with some left (less than its cost): the headers and the body say how much,
@@ -619,7 +624,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 			pick = i
 		}
 	}
-	h.m.decision[decAllowed].Inc()
+	h.m.decided(st.proto, decAllowed)
 	if pick >= 0 {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, results[pick])
 	}

@@ -221,7 +221,8 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		err = ue.Err
 	}
 	if ce := h.log.Check(zap.WarnLevel, "upstream error"); ce != nil {
-		ce.Write(zap.String("reason", upstreamReasonNames[reason]), zap.Error(err))
+		ce.Write(zap.String("reason", upstreamReasonNames[reason]),
+			zap.String("protocol", protocolNames[protocolOf(r, isGRPC(r))]), zap.Error(err))
 	}
 	if reason == upTimeout {
 		writeAnswer(w, r, nil, problem{Type: problemTimeout, Status: http.StatusGatewayTimeout,
