@@ -12,7 +12,7 @@
 #   BENCH_CONNS=64        concurrent keep-alive connections
 #   BENCH_RSS_SECONDS=60  length of the RSS sampling run
 #   BENCH_GO_COUNT=5      -count of the Go benchmarks    BENCH_GO_TIME=200ms  their -benchtime
-#   BENCH_ONLY=go|e2e     run only one half
+#   BENCH_ONLY=go|e2e|h2  run only one half (h2: only the HTTP/2 and gRPC rows)
 #   BENCH_DYNAMODB=0      skip row (e) even when the dynamodb backend is available
 #
 # Uses wrk, nginx and haproxy when installed (apt-get install wrk nginx haproxy) and says so when
@@ -41,6 +41,8 @@ only=${BENCH_ONLY:-}
 
 # Ports (loopback only).
 P_UP=18000 P_GW=18080 P_ADMIN=19090 P_PLAIN=18081 P_NGINX=18082 P_HAPROXY=18083 P_DYN=18084 P_DYNADMIN=19094 P_BARE=18085
+# HTTP/2 and gRPC rows.
+P_UP2=18020 P_PLAIN2=18121 P_GW2=18122 P_ADMIN2=19122 P_GRPC=18150 P_PLAIN3=18131 P_GW3=18132 P_ADMIN3=19132
 
 note() { echo "bench: $*" >&2; }
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -91,9 +93,10 @@ stop_pid() {
 }
 
 # wait_http URL: polls until URL answers any HTTP status, for at most 20 s.
-wait_http() {
-  local deadline=$((SECONDS + 20))
-  until [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null || true)" != "000" ]; do
+wait_http() { # wait_http URL [PROTO]: h2c and grpc servers are asked over HTTP/2
+  local deadline=$((SECONDS + 20)) h2=()
+  [ "${2:-http1}" != http1 ] && h2=(--http2-prior-knowledge)
+  until [ "$(curl -s "${h2[@]}" -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null || true)" != "000" ]; do
     if [ "$SECONDS" -ge "$deadline" ]; then note "$1 did not answer within 20s"; return 1; fi
     sleep 0.1
   done
@@ -120,10 +123,15 @@ else
   note "wrk not found: using the Go load generator scripts/bench/loadgen (apt-get install wrk for lower client overhead)"
 fi
 
-# load SECONDS URL KEYS HOT: prints the RESULT line.
+# load SECONDS URL KEYS HOT [PROTO]: prints the RESULT line. PROTO http1 (default), h2c or grpc;
+# wrk speaks HTTP/1.1 only, so the HTTP/2 and gRPC rows always use the Go generator, over
+# conns/16 connections (HTTP/2 clients multiplex their requests on few connections).
 load() {
-  local secs=$1 url=$2 keys=$3 hot=$4
-  if have wrk; then
+  local secs=$1 url=$2 keys=$3 hot=$4 proto=${5:-http1}
+  if [ "$proto" != http1 ]; then
+    pin "$GEN_CPU" "$out/bin/loadgen" -proto "$proto" -h2conns $(((conns + 15) / 16)) -url "$url" -c "$conns" \
+      -d "${secs}s" -keys "$keys" -hot "$hot" | grep '^RESULT'
+  elif have wrk; then
     BENCH_KEYS=$keys BENCH_HOT=$hot pin "$GEN_CPU" wrk -t"$gen_threads" -c"$conns" -d"${secs}s" --timeout 5s \
       -s scripts/bench/wrk.lua "$url" | grep '^RESULT'
   else
@@ -374,9 +382,9 @@ EOF
 }
 
 # Row table: id, label, server kind, URL, keys, hot key.
-declare -A row_label row_url row_keys row_hot row_srv
+declare -A row_label row_url row_keys row_hot row_srv row_proto
 rows=()
-addrow() { rows+=("$1"); row_label[$1]=$2; row_srv[$1]=$3; row_url[$1]=$4; row_keys[$1]=$5; row_hot[$1]=$6; }
+addrow() { rows+=("$1"); row_label[$1]=$2; row_srv[$1]=$3; row_url[$1]=$4; row_keys[$1]=$5; row_hot[$1]=$6; row_proto[$1]=${7:-http1}; }
 
 # Servers are started once and kept running; each measured run reads the CPU ticks of the process
 # that the row measures.
@@ -387,8 +395,11 @@ start_servers() {
   CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/plainproxy" ./scripts/bench/plainproxy
   CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/bare429" ./scripts/bench/bare429
   CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/ratelimit-proxy" ./cmd/ratelimit-proxy
-  have wrk || CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/loadgen" ./scripts/bench/loadgen
+  # Always: the HTTP/2 and gRPC rows need it even where wrk is installed.
+  CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/loadgen" ./scripts/bench/loadgen
+  CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/grpcupstream" ./scripts/bench/grpcupstream
 
+  if [ "$only" != h2 ]; then
   # The upstream shares the load generator's core behind a proxy; (a) measures it alone on the
   # server core, so it runs a second instance there.
   start upstream "$UP_CPU" "$out/bin/upstream" -listen 127.0.0.1:$P_UP; srv_pids[up]=$last_pid
@@ -451,8 +462,43 @@ start_servers() {
     note "haproxy not installed (apt-get install haproxy): skipping the HAProxy rows"
     skipped+=("HAProxy rows: haproxy not installed")
   fi
+  fi # only != h2
 
-  for r in "${rows[@]}"; do wait_http "${row_url[$r]}"; done
+  h2_servers
+  for r in "${rows[@]}"; do wait_http "${row_url[$r]}" "${row_proto[$r]}"; done
+}
+
+# h2_servers: the HTTP/2 rows, each against a plain httputil.ReverseProxy doing the same job over
+# h2c in the same run. (c2)/(b2): three layered policies, HTTP/2 on both sides. gRPC: unary
+# grpc.health.v1 Check calls direct (g0), through the plain h2c proxy (gb) and through the
+# gateway (g, 10k keys, none rejected); (d2) is the gateway answering a hot key
+# RESOURCE_EXHAUSTED, to compare with the plain proxy's forwarding rate (gb).
+h2_servers() {
+  start upstream-h2 "$UP_CPU" "$out/bin/upstream" -h2c -listen 127.0.0.1:$P_UP2
+  start upstream-a2 "$SRV_CPU" "$out/bin/upstream" -h2c -listen 127.0.0.1:$((P_UP2 + 1)); srv_pids[a2]=$last_pid
+  addrow a2 "(a2) upstream direct, h2c" a2 "http://127.0.0.1:$((P_UP2 + 1))/" 10000 "" h2c
+  start plainproxy-h2 "$SRV_CPU" "$out/bin/plainproxy" -h2c -listen 127.0.0.1:$P_PLAIN2 -upstream http://127.0.0.1:$P_UP2
+  srv_pids[b2]=$last_pid
+  addrow b2 "(b2) httputil.ReverseProxy, h2c both sides" b2 "http://127.0.0.1:$P_PLAIN2/" 10000 "" h2c
+  P_UP_SAVE=$P_UP; P_UP=$P_UP2
+  gateway_config "$out/gateway-h2.yaml" 127.0.0.1:$P_GW2 127.0.0.1:$P_ADMIN2
+  echo "upstream_protocol: h2c" >>"$out/gateway-h2.yaml"
+  start gateway-h2 "$SRV_CPU" "$out/bin/ratelimit-proxy" serve --config "$out/gateway-h2.yaml"; srv_pids[c2]=$last_pid
+  addrow c2 "(c2) ratelimit-proxy, 3 policies, h2c both sides, 10k keys, none rejected" c2 "http://127.0.0.1:$P_GW2/" 10000 "" h2c
+
+  start grpcupstream "$UP_CPU" "$out/bin/grpcupstream" -listen 127.0.0.1:$P_GRPC
+  start grpcupstream-direct "$SRV_CPU" "$out/bin/grpcupstream" -listen 127.0.0.1:$((P_GRPC + 1)); srv_pids[g0]=$last_pid
+  addrow g0 "(g0) gRPC unary calls, direct" g0 "http://127.0.0.1:$((P_GRPC + 1))/" 10000 "" grpc
+  start plainproxy-grpc "$SRV_CPU" "$out/bin/plainproxy" -h2c -listen 127.0.0.1:$P_PLAIN3 -upstream http://127.0.0.1:$P_GRPC
+  srv_pids[gb]=$last_pid
+  addrow gb "(gb) gRPC unary calls through httputil.ReverseProxy, h2c" gb "http://127.0.0.1:$P_PLAIN3/" 10000 "" grpc
+  P_UP=$P_GRPC
+  gateway_config "$out/gateway-grpc.yaml" 127.0.0.1:$P_GW3 127.0.0.1:$P_ADMIN3
+  echo "upstream_protocol: h2c" >>"$out/gateway-grpc.yaml"
+  P_UP=$P_UP_SAVE
+  start gateway-grpc "$SRV_CPU" "$out/bin/ratelimit-proxy" serve --config "$out/gateway-grpc.yaml"; srv_pids[g]=$last_pid
+  addrow g "(g) gRPC unary calls through ratelimit-proxy, 3 policies, 10k keys, none rejected" g "http://127.0.0.1:$P_GW3/" 10000 "" grpc
+  addrow d2 "(d2) ratelimit-proxy, gRPC hot key always RESOURCE_EXHAUSTED" g "http://127.0.0.1:$P_GW3/" 0 "$hot_key" grpc
 }
 
 # server_pids KIND: the PIDs whose CPU a row counts (nginx: master and workers).
@@ -466,7 +512,7 @@ e2e() {
   note "end to end: $((${#rows[@]})) configurations x $rounds rounds x ${dur}s, $conns connections"
   : >"$out/e2e.tsv"
   # Warm-up: connections, pools, JIT-free but page cache and GC pacing settle.
-  for r in "${rows[@]}"; do load 1 "${row_url[$r]}" "${row_keys[$r]}" "${row_hot[$r]}" >/dev/null || true; done
+  for r in "${rows[@]}"; do load 1 "${row_url[$r]}" "${row_keys[$r]}" "${row_hot[$r]}" "${row_proto[$r]}" >/dev/null || true; done
   local order i
   for round in $(seq "$rounds"); do
     # Every other round runs the rows in reverse (a b c ... c b a), so that no row always follows
@@ -481,7 +527,7 @@ e2e() {
       ps=$(server_pids "${row_srv[$r]}")
       # shellcheck disable=SC2086
       t0=$(cpu_ticks $ps)
-      line=$(load "$dur" "${row_url[$r]}" "${row_keys[$r]}" "${row_hot[$r]}") || { note "run $r failed"; continue; }
+      line=$(load "$dur" "${row_url[$r]}" "${row_keys[$r]}" "${row_hot[$r]}" "${row_proto[$r]}") || { note "run $r failed"; continue; }
       # shellcheck disable=SC2086
       t1=$(cpu_ticks $ps)
       req=$(field requests "$line")
@@ -531,7 +577,7 @@ e2e() {
       echo "| (e) ratelimit-proxy (c) on DynamoDB Local | pending: ${dyn_reason:-not run} | | | | | | | | |"
     fi
     echo
-    echo "Targets: (c) >= 0.90x (b) req/s with p99 <= 1.20x (b); (d) >= 4x (b) req/s. nginx and HAProxy are the outside reference."
+    echo "Targets: (c) >= 0.90x (b) req/s with p99 <= 1.20x (b); (d) >= 4x (b) req/s; (c2) >= 0.90x (b2) req/s; (d2) >= 2x (gb) calls/s. nginx and HAProxy are the outside reference."
     # Per-round ratios: the rows of one round ran seconds apart, so their ratio is less exposed to
     # the machine's slow drifts (other tenants) than a ratio of medians; the spread says how far
     # to trust either.
@@ -544,7 +590,8 @@ e2e() {
         for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
         printf "%s %.2fx (%.2f-%.2f over %d rounds); ", name, (n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2), a[1], a[n], n
       }
-      END { printf "Per-round req/s ratios, median (range): "; ratio("c", "b", "(c)/(b)"); ratio("d", "b", "(d)/(b)"); ratio("d", "d0g", "(d)/(d0 at GOGC=400)"); ratio("d", "d1", "(d)/(d1)"); ratio("d1", "d0g", "(d1)/(d0 at GOGC=400)"); print "" }
+      END { printf "Per-round req/s ratios, median (range): "; ratio("c", "b", "(c)/(b)"); ratio("d", "b", "(d)/(b)"); ratio("d", "d0g", "(d)/(d0 at GOGC=400)"); ratio("d", "d1", "(d)/(d1)"); ratio("d1", "d0g", "(d1)/(d0 at GOGC=400)")
+            ratio("c2", "b2", "(c2)/(b2)"); ratio("d2", "gb", "(d2)/(gb)"); ratio("g", "gb", "gRPC (g)/(gb)"); ratio("g", "g0", "gRPC (g)/(g0 direct)"); ratio("gb", "g0", "gRPC (gb)/(g0 direct)"); print "" }
     ' "$out/e2e.tsv"
     # How close the 429 path is to net/http's own floor, at equal GC settings.
     awk -F'\t' '$1 == "d" { d = $3 } $1 == "d0g" { f = $3 } $1 == "dg" { dg = $3 } $1 == "d0" { f0 = $3 } $1 == "d1" { d1 = $3 }
@@ -680,13 +727,15 @@ rss_run() {
 }
 
 # ==================================================================================================
-if [ "$only" != e2e ]; then go_benches; fi
+if [ "$only" != e2e ] && [ "$only" != h2 ]; then go_benches; fi
 if [ "$only" != go ]; then
   start_servers
   e2e
-  dynamo_costs
-  [ -s "$out/dynamo.md" ] && cat "$out/dynamo.md" >&3 || true
-  rss_run
+  if [ "$only" != h2 ]; then
+    dynamo_costs
+    [ -s "$out/dynamo.md" ] && cat "$out/dynamo.md" >&3 || true
+    rss_run
+  fi
 fi
 exec 3>&-
 echo

@@ -15,6 +15,7 @@ var body = []byte(`{"service":"bench-upstream","ok":true}` + "\n")
 
 func main() {
 	addr := flag.String("listen", "127.0.0.1:18000", "address to listen on")
+	h2c := flag.Bool("h2c", false, "also accept HTTP/2 with prior knowledge (h2c)")
 	flag.Parse()
 	length := []string{strconv.Itoa(len(body))}
 	ctype := []string{"application/json"}
@@ -25,5 +26,10 @@ func main() {
 		_, _ = w.Write(body)
 	})
 	srv := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if *h2c {
+		srv.Protocols = new(http.Protocols)
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+	}
 	log.Fatal(srv.ListenAndServe())
 }
