@@ -234,3 +234,61 @@ func TestHTTP2BidiStreamAndCancel(t *testing.T) {
 		t.Errorf("allowed charges: got %v, want 1 (one stream, one request)", got)
 	}
 }
+
+// TestGRPCStreamOutlivesReadTimeout: a gRPC call's request body is its client stream, which may
+// rightly last longer than server.read_timeout; the gateway lifts that timeout for gRPC calls
+// over HTTP/2 (a plain HTTP/2 request keeps it). Streamed here as gRPC frames are: the body
+// keeps flowing, paced, for longer than the read timeout.
+func TestGRPCStreamOutlivesReadTimeout(t *testing.T) {
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		_ = rc.Flush()
+		sc := bufio.NewScanner(r.Body)
+		for sc.Scan() {
+			fmt.Fprintf(w, "echo %s\n", sc.Text())
+			_ = rc.Flush()
+		}
+	})
+	g := startGateway(t, up.URL, "upstream_protocol: h2c\nserver:\n  read_timeout: 1s\n"+lenientPolicy)
+	for _, tc := range []struct {
+		contentType string
+		wantAll     bool
+	}{
+		{"application/grpc", true},
+		{"application/octet-stream", false},
+	} {
+		pr, pw := io.Pipe()
+		req, err := http.NewRequest(http.MethodPost, g.proxy+"/pkg.Svc/Stream", pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", tc.contentType)
+		resp, err := h2cClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := bufio.NewReader(resp.Body)
+		got := 0
+		start := time.Now()
+		for i := 0; time.Since(start) < 1800*time.Millisecond; i++ {
+			if _, err := fmt.Fprintf(pw, "ping %d\n", i); err != nil {
+				break
+			}
+			if _, err := lines.ReadString('\n'); err != nil {
+				break
+			}
+			got++
+			time.Sleep(200 * time.Millisecond) // pacing the stream past read_timeout, not waiting for an event
+		}
+		pw.Close()
+		resp.Body.Close()
+		elapsed := time.Since(start)
+		if tc.wantAll && elapsed < 1800*time.Millisecond {
+			t.Errorf("%s: the stream ended after %v (%d echoes), want it to outlive read_timeout 1s", tc.contentType, elapsed, got)
+		}
+		if !tc.wantAll && elapsed >= 1800*time.Millisecond {
+			t.Errorf("%s: the stream lasted %v (%d echoes), want read_timeout 1s to cut it", tc.contentType, elapsed, got)
+		}
+	}
+}

@@ -207,6 +207,9 @@ type reqState struct {
 	taken   []bucket.Taken
 	grpc    bool  // the request is a gRPC call: the gateway's own answers are gRPC statuses
 	proto   uint8 // protoHTTP1, protoHTTP2 or protoGRPC: the metrics' and logs' protocol label
+	// callExpired: the last Take ran out of time at the request's own deadline (a gRPC call's
+	// grpc-timeout), not at StoreTimeout.
+	callExpired bool
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -335,7 +338,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	admitted, timedOut, err := h.take(r, st)
 	if err != nil {
-		h.storeError(w, r, pols, err, timedOut)
+		h.storeError(w, r, pols, err, timedOut, st.callExpired)
 		return
 	}
 	if !admitted {
@@ -425,6 +428,7 @@ func (h *Handler) take(r *http.Request, st *reqState) (admitted, timedOut bool, 
 	end := time.Now()
 	h.storeDur.Observe(end.Sub(start).Seconds())
 	timedOut = ctx.timedOut(end)
+	st.callExpired = timedOut && ctx.parentBound
 	ctx.release()
 	if ctx.reusable() {
 		ctx.parent = nil // do not keep the request's context alive in the pool
@@ -473,11 +477,11 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 }
 
 // storeError applies OnError to a request the limiter could not decide.
-func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Policies, err error, timedOut bool) {
-	if dl, ok := r.Context().Deadline(); ok && !time.Now().Before(dl) {
+func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Policies, err error, timedOut, callExpired bool) {
+	if callExpired || errors.Is(r.Context().Err(), context.DeadlineExceeded) {
 		// The call's own deadline (grpc-timeout; only gRPC calls carry one) ran out first:
-		// nobody waits for a forward, and on_error cannot help. Read from the clock, not from
-		// Err: the store's context may end a moment before the request's, at the same instant.
+		// nobody waits for a forward, and on_error cannot help. callExpired says so without
+		// asking the request's context, whose own timer may fire a moment after the store's.
 		h.countStoreError(err, true)
 		h.m.decided(protoGRPC, decStoreErrorDenied)
 		callDeadline(w, r, "The call's deadline passed while the rate limiter decided.")

@@ -19,6 +19,8 @@ import (
 type storeCtx struct {
 	parent   context.Context
 	deadline time.Time
+	// parentBound: the deadline is the parent's (a gRPC call's grpc-timeout), not StoreTimeout.
+	parentBound bool
 
 	mu     sync.Mutex
 	real   context.Context // nil until Done is first called
@@ -35,8 +37,10 @@ func newStoreCtx(parent context.Context, deadline time.Time) *storeCtx {
 // (see reusable): nobody can hold its Done channel, and Limiter.Take does not keep ctx after it
 // returns.
 func (c *storeCtx) init(parent context.Context, deadline time.Time) {
-	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
+	c.parentBound = false
+	if d, ok := parent.Deadline(); ok && !d.After(deadline) {
 		deadline = d
+		c.parentBound = true
 	}
 	c.parent, c.deadline = parent, deadline
 }
