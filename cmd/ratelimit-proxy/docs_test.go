@@ -336,12 +336,14 @@ func runnableOffline(args []string) bool {
 }
 
 // checkGatewayCommand runs the command with --help: cobra rejects unknown flags before it prints
-// help, and the usage line names the subcommand it found (an unknown word leaves the root's).
+// help, and the usage line names the subcommand it found (an unknown word leaves its parent's).
+// The subcommand is the leading words of lower-case letters and hyphens; the words after it
+// (FILE, access.log, [LOG ...]) are arguments.
 func checkGatewayCommand(t *testing.T, where string, args []string, run func([]string) (int, string, string)) {
 	t.Helper()
 	var sub []string
 	for _, a := range args {
-		if strings.HasPrefix(a, "-") {
+		if !subcommandWord.MatchString(a) {
 			break
 		}
 		sub = append(sub, a)
@@ -351,11 +353,20 @@ func checkGatewayCommand(t *testing.T, where string, args []string, run func([]s
 		t.Errorf("%s: ratelimit-proxy %s --help: exit %d\n%s%s", where, strings.Join(args, " "), code, out, errs)
 		return
 	}
-	usage := strings.Join(append([]string{"ratelimit-proxy"}, sub...), " ") + " [flags]"
-	if !strings.Contains(out, usage) {
-		t.Errorf("%s: ratelimit-proxy %s: no such command (help has no %q):\n%s", where, strings.Join(args, " "), usage, out)
+	usage := strings.Join(append([]string{"ratelimit-proxy"}, sub...), " ")
+	found := false
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if l == usage || strings.HasPrefix(l, usage+" ") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("%s: ratelimit-proxy %s: no such command (no usage line starts with %q):\n%s", where, strings.Join(args, " "), usage, out)
 	}
 }
+
+var subcommandWord = regexp.MustCompile(`^[a-z][a-z-]*$`)
 
 func trimOutput(lines []string) []string {
 	var out []string
