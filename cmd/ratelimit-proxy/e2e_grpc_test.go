@@ -275,3 +275,28 @@ policies:
 		t.Errorf("upstream silent: got %v, want DeadlineExceeded from the gateway", err)
 	}
 }
+
+// TestGRPCUserHeader: identity.user_header is read from gRPC metadata like any header.
+func TestGRPCUserHeader(t *testing.T) {
+	up := newGRPCUpstream(t)
+	g := startGateway(t, "http://"+up.addr, `upstream_protocol: h2c
+identity:
+  user_header: x-user-id
+policies:
+  - name: per-user
+    key: user
+    algorithm: fixed_window
+    limit: 1
+    window: 1h
+`)
+	c := grpcClient(t, g)
+	for i, tc := range []struct {
+		user string
+		want codes.Code
+	}{{"alice", codes.OK}, {"alice", codes.ResourceExhausted}, {"bob", codes.OK}} {
+		_, err := c.Check(callCtx(t, "x-user-id", tc.user), &healthpb.HealthCheckRequest{})
+		if got := status.Code(err); got != tc.want {
+			t.Errorf("call %d as %s: got %v, want %v", i, tc.user, got, tc.want)
+		}
+	}
+}

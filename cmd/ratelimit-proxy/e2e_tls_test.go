@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -143,6 +144,21 @@ func TestTLSTermination(t *testing.T) {
 		if resp.Header.Get("X-RateLimit-Limit") != "1000" {
 			t.Errorf("h2=%v: X-RateLimit-Limit got %q, want 1000", h2, resp.Header.Get("X-RateLimit-Limit"))
 		}
+	}
+	// curl, where present, negotiates h2 by ALPN.
+	if curl, err := exec.LookPath("curl"); err == nil {
+		caFile := filepath.Join(t.TempDir(), "ca.pem")
+		writeAtomic(t, caFile, ca.pem)
+		out, err := exec.Command(curl, "-sS", "--http2", "--cacert", caFile, "-o", os.DevNull,
+			"-w", "%{http_version} %{http_code}", httpsURL(g)+"/x").CombinedOutput()
+		if err != nil {
+			t.Fatalf("curl --http2: %v: %s", err, out)
+		}
+		if got, want := string(out), "2 200"; got != want {
+			t.Errorf("curl --http2 over TLS: got %q, want %q", got, want)
+		}
+	} else {
+		t.Log("curl not found: the curl h2 check did not run")
 	}
 	// TLS 1.1 is refused; plaintext HTTP on the TLS port gets no answer from the proxy.
 	old := &tls.Config{RootCAs: ca.pool, MaxVersion: tls.VersionTLS11}
