@@ -49,6 +49,15 @@ func TestWeightedRejectionSaysWhatDidNotFit(t *testing.T) {
 			t.Errorf("rejection %d: got body %s, want cost 5, remaining 2 and a detail saying so", i, body)
 		}
 	}
+	// A gRPC call of the same policy is refused as RESOURCE_EXHAUSTED with the same numbers in
+	// its metadata (rendered fresh, then from the policy's cache).
+	for i := range 2 {
+		res, body := grpcGet(hs)
+		wantGRPCStatus(t, res, body, "8")
+		if got := res.Header.Get("X-RateLimit-Remaining"); got != "2" {
+			t.Errorf("gRPC rejection %d: got X-RateLimit-Remaining %q, want 2", i, got)
+		}
+	}
 	if got := hs.up.hits.Load(); got != 2 {
 		t.Errorf("upstream got %d requests, want 2", got)
 	}

@@ -115,16 +115,17 @@ type grpcRejection struct {
 	typ              string
 	retry            time.Duration // the RetryInfo delay, in whole milliseconds
 	limit, reset     int64
+	remaining        int64 // 0 unless a weighted call was refused with less than its cost left
 	retryAfter       []string
-	vals             [3]string // X-RateLimit-Limit, -Remaining ("0"), -Reset
+	vals             [3]string // X-RateLimit-Limit, -Remaining, -Reset
 	message, details []string
 }
 
 // newGRPCRejection renders the answer to a call over policy name's limit that may be retried
 // after retry (RetryInfo) or retrySecs whole seconds (Retry-After, the message).
-func newGRPCRejection(typ, name string, retry time.Duration, retrySecs, limit, reset int64) *grpcRejection {
-	g := &grpcRejection{typ: typ, retry: retry, limit: limit, reset: reset, retryAfter: retryAfter(retrySecs)}
-	g.vals = [3]string{strconv.FormatInt(limit, 10), "0", strconv.FormatInt(reset, 10)}
+func newGRPCRejection(typ, name string, retry time.Duration, retrySecs, limit, reset, remaining int64) *grpcRejection {
+	g := &grpcRejection{typ: typ, retry: retry, limit: limit, reset: reset, remaining: remaining, retryAfter: retryAfter(retrySecs)}
+	g.vals = [3]string{strconv.FormatInt(limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(reset, 10)}
 	var b strings.Builder
 	if typ == problemConcurrency {
 		b.WriteString("Concurrency limit of policy \"")
@@ -270,15 +271,15 @@ func (h *Handler) rejectGRPC(w http.ResponseWriter, r *http.Request, st *reqStat
 	delay := grpcRetryDelay(res.RetryAfter)
 	if hc.IETF || ps == nil {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
-		g := newGRPCRejection(typ, name, delay, retrySecs, res.Limit, 0)
+		g := newGRPCRejection(typ, name, delay, retrySecs, res.Limit, 0, res.Remaining)
 		w.Header()[hdrRetryAfter] = g.retryAfter
 		writeGRPC(w, r, codes.ResourceExhausted, g.message, g.details)
 		return
 	}
 	reset := resetValue(hc.Reset, st.now, res.Reset)
 	g := ps.lastGRPC.Load()
-	if g == nil || g.typ != typ || g.retry != delay || g.limit != res.Limit || g.reset != reset {
-		g = newGRPCRejection(typ, name, delay, retrySecs, res.Limit, reset)
+	if g == nil || g.typ != typ || g.retry != delay || g.limit != res.Limit || g.reset != reset || g.remaining != res.Remaining {
+		g = newGRPCRejection(typ, name, delay, retrySecs, res.Limit, reset, res.Remaining)
 		ps.lastGRPC.Store(g)
 	}
 	hdr := w.Header()
