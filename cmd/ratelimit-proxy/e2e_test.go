@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 var binary string
@@ -436,15 +438,17 @@ func TestSIGTERMDrainsInFlight(t *testing.T) {
 
 func TestSecretsNeverLogged(t *testing.T) {
 	up := newUpstream(t, nil)
+	pseudonymSecret := strings.Repeat("q", 32)
 	g := startGateway(t, up.URL, `identity:
   api_key_header: X-Api-Key
+log: {access: true, pseudonym_secret_env: TEST_PSEUDONYM_SECRET}
 policies:
   - name: per-key
     key: api_key
     algorithm: fixed_window
     limit: 1
     window: 1h
-`)
+`, "TEST_PSEUDONYM_SECRET="+pseudonymSecret)
 	const secret = "sk-live-SECRET-4242"
 	for i := 0; i < 3; i++ {
 		get(t, g.proxy+"/", "X-Api-Key", secret)
@@ -452,6 +456,12 @@ policies:
 	eventually(t, "a rejection counted", func() bool {
 		return metric(t, g.admin, `ratelimit_requests_total{policy="per-key",result="limited"}`) >= 1
 	})
+	// log.access: a line per request, the key as the pseudonym under the configured secret.
+	want := `"keys":{"api_key":"` + policy.NewPseudonyms([]byte(pseudonymSecret)).Of("api_key", secret) + `"}`
+	eventually(t, "three access lines", func() bool { return strings.Count(g.logs.String(), want) == 3 })
+	if n := strings.Count(g.logs.String(), `"decision":"limited","protocol":"http1","policy":"per-key"`); n != 2 {
+		t.Errorf("got %d access lines of limited requests, want 2", n)
+	}
 	_, metrics := get(t, g.admin+"/metrics")
 	for where, text := range map[string]string{"logs": g.logs.String(), "metrics": metrics} {
 		if strings.Contains(text, secret) || strings.Contains(text, "SECRET-4242") {

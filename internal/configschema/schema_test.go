@@ -124,26 +124,27 @@ func TestSchemaAcceptsGoodConfigs(t *testing.T) {
 // list shrinks when the schema learns more). A new bad config that the schema cannot express
 // belongs here.
 var schemaCannotTell = []string{
-	"admin_same_as_listen",      // two fields compared
-	"dynamodb_endpoint_bad",     // URL parsing
-	"dynamodb_table_missing",    // the table may come from RATELIMIT_STORE_DYNAMODB_TABLE
-	"dynamodb_with_memory",      // two fields compared
-	"jwt_and_user_header",       // two fields compared
-	"jwt_key_missing_file",      // a file read
-	"jwt_key_not_rsa",           // a file read
-	"jwt_secret_unset",          // an environment variable read
-	"key_user_without_identity", // two fields compared
-	"listen_no_port",            // host:port parsing
-	"local_without_replicas",    // replicas may come from RATELIMIT_STORE_REPLICAS
-	"name_duplicate",            // across policies
-	"override_cidr_on_api_key",  // depends on the policy's key
-	"override_duplicate",        // across overrides
-	"override_on_global",        // depends on the policy's key
-	"refill_too_long",           // burst/rate computed
-	"window_too_small",          // a duration compared (below 1ms)
-	"trusted_proxy_bad",         // CIDR parsing
-	"upstream_credentials",      // URL parsing
-	"upstream_missing",          // upstream may come from RATELIMIT_UPSTREAM
+	"admin_same_as_listen",       // two fields compared
+	"dynamodb_endpoint_bad",      // URL parsing
+	"dynamodb_table_missing",     // the table may come from RATELIMIT_STORE_DYNAMODB_TABLE
+	"dynamodb_with_memory",       // two fields compared
+	"jwt_and_user_header",        // two fields compared
+	"jwt_key_missing_file",       // a file read
+	"jwt_key_not_rsa",            // a file read
+	"jwt_secret_unset",           // an environment variable read
+	"log_pseudonym_secret_unset", // an environment variable read
+	"key_user_without_identity",  // two fields compared
+	"listen_no_port",             // host:port parsing
+	"local_without_replicas",     // replicas may come from RATELIMIT_STORE_REPLICAS
+	"name_duplicate",             // across policies
+	"override_cidr_on_api_key",   // depends on the policy's key
+	"override_duplicate",         // across overrides
+	"override_on_global",         // depends on the policy's key
+	"refill_too_long",            // burst/rate computed
+	"window_too_small",           // a duration compared (below 1ms)
+	"trusted_proxy_bad",          // CIDR parsing
+	"upstream_credentials",       // URL parsing
+	"upstream_missing",           // upstream may come from RATELIMIT_UPSTREAM
 }
 
 // TestSchemaOnBadConfigs runs every bad config of internal/policy's tests through the schema.

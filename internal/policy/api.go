@@ -38,6 +38,9 @@ type Policy struct {
 	Name   string
 	Index  int  // position in the file; policies are evaluated in this order
 	Shadow bool // mode: shadow counts, logs and labels but never rejects
+	// KeyKind is where the key value comes from: ip, api_key, user, global or header:name
+	// (the header's name in lower case). Pseudonyms of key values are per kind.
+	KeyKind string
 	// Limit is the policy's default limit; a Charge may carry an override's limit instead.
 	Limit bucket.Limit
 	// ChargeOn, when not nil, is the set of answer statuses that consume the budget: the
@@ -59,12 +62,58 @@ type Policy struct {
 type Plan struct {
 	Charges  []bucket.Charge
 	Policies []*Policy
+	// Values[i] is the raw key value of Charges[i], for pseudonyms in log lines (never log it
+	// as is); "" for ip and global charges, whose value KeyValue gives. Set.Plan fills it;
+	// other planners may leave it short.
+	Values []string
+	// WantIdentity asks Set.Plan to fill Identity; Reset keeps it.
+	WantIdentity bool
+	// Identity is, with WantIdentity, the key value of every key kind that some policy of the
+	// set uses (ip, api_key, user, header:name; not global), whether or not that policy matched
+	// the request; kinds the request has no value for are left out. The access log carries
+	// their pseudonyms, so that a replay can charge policies that did not match when the line
+	// was written. The ip value is "" here: KeyValueOf("ip") gives it.
+	Identity []KindValue
+
+	ip    [64]byte // the ip key value (netip text form) when the set has ip policies
+	ipLen uint8
 }
 
-// Reset empties the plan, keeping its capacity.
+// Reset empties the plan, keeping its capacity and WantIdentity.
 func (p *Plan) Reset() {
 	p.Charges = p.Charges[:0]
 	p.Policies = p.Policies[:0]
+	p.Values = p.Values[:0]
+	p.Identity = p.Identity[:0]
+	p.ipLen = 0
+}
+
+// IdentityValue returns the value of p.Identity[i]; it allocates for the ip kind only.
+func (p *Plan) IdentityValue(i int) string {
+	if p.Identity[i].Kind == "ip" {
+		return string(p.ip[:p.ipLen])
+	}
+	return p.Identity[i].Value
+}
+
+// KeyValue returns the raw key value of charge i: what its pseudonym is made of. It allocates
+// for ip charges only. Never log it as is.
+func (p *Plan) KeyValue(i int) string {
+	if i < len(p.Policies) && p.Policies[i].KeyKind == "ip" {
+		return string(p.ip[:p.ipLen])
+	}
+	if i < len(p.Values) {
+		return p.Values[i]
+	}
+	return ""
+}
+
+// setIP records the ip key value of the plan's ip charges.
+func (p *Plan) setIP(v []byte) {
+	if len(v) > len(p.ip) {
+		v = v[:len(p.ip)] // cannot happen: netip text is at most 50 bytes with a prefix
+	}
+	p.ipLen = uint8(copy(p.ip[:], v))
 }
 
 // Now is how a Set reads the clock for JWT exp/nbf checks; tests replace it through

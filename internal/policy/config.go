@@ -152,6 +152,16 @@ type ServerConfig struct {
 type LogConfig struct {
 	// Level is debug, info, warn or error. (Optional) default info.
 	Level string `mapstructure:"level"`
+	// Access writes one JSON line per request (logger "access", message "request"): time,
+	// method, path, status, duration, decision, the rejecting policy and the client's key
+	// values as pseudonyms, never raw. `ratelimit-proxy replay` reads these lines. Unsampled:
+	// at high request rates it is a line per request. (Optional) default false.
+	Access bool `mapstructure:"access"`
+	// PseudonymSecretEnv names an environment variable holding the secret (at least 16 bytes)
+	// that keys the HMAC pseudonyms of client keys in log lines. With it, pseudonyms are stable
+	// across restarts and replicas, and `replay` shows the same ones. (Optional) default "": a
+	// random secret per process, so the same client has another pseudonym after a restart.
+	PseudonymSecretEnv string `mapstructure:"pseudonym_secret_env"`
 }
 
 // PolicyConfig is one policy as written in the file.

@@ -60,6 +60,8 @@ var defaults = []struct {
 	{"server.max_header_bytes", 65536},
 	{"server.max_concurrent_streams", 250},
 	{"log.level", "info"},
+	{"log.access", false},
+	{"log.pseudonym_secret_env", ""},
 }
 
 const (

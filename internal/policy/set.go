@@ -32,11 +32,20 @@ type Set struct {
 	headers  Headers
 	trusted  []netip.Prefix
 
-	userHeader string       // canonical name; "" when users come from JWT or nowhere
-	jwt        *verifier    // nil without identity.jwt
-	needIP     bool         // some policy is keyed by ip
-	ipv6Bits   int          // identity.ipv6_prefix: leading bits of an IPv6 client that key it
-	tls        *TLSMaterial // the tls block's files as loaded; nil without one
+	userHeader   string       // canonical name; "" when users come from JWT or nowhere
+	apiKeyHeader string       // canonical name of identity.api_key_header
+	jwt          *verifier    // nil without identity.jwt
+	needIP       bool         // some policy is keyed by ip
+	kinds        []kindSource // the distinct key kinds of the policies, global excepted
+	ipv6Bits     int          // identity.ipv6_prefix: leading bits of an IPv6 client that key it
+	tls          *TLSMaterial // the tls block's files as loaded; nil without one
+}
+
+// kindSource is one key kind that the set's policies use, for Plan.Identity.
+type kindSource struct {
+	name   string // Policy.KeyKind
+	kind   keyKind
+	header string // canonical header name of api_key and header kinds
 }
 
 // rule is the request-time side of one policy.
@@ -94,6 +103,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		s.userHeader = http.CanonicalHeaderKey(id.UserHeader)
 	}
 	apiKeyHeader := http.CanonicalHeaderKey(cfg.Identity.APIKeyHeader)
+	s.apiKeyHeader = apiKeyHeader
 
 	s.policies = make([]*Policy, len(cfg.Policies))
 	s.rules = make([]rule, len(cfg.Policies))
@@ -102,11 +112,12 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		alg := algorithms[pc.Algorithm]
 		kind, hdr, _ := parseKey(pc.Key)
 		pol := &Policy{
-			Name:   pc.Name,
-			Index:  i,
-			Shadow: pc.Mode == modeShadow,
-			Limit:  limitOf(alg, pc, pc.fields()),
-			Cost:   max(pc.Cost, 1),
+			Name:    pc.Name,
+			Index:   i,
+			Shadow:  pc.Mode == modeShadow,
+			KeyKind: kindName(kind, hdr),
+			Limit:   limitOf(alg, pc, pc.fields()),
+			Cost:    max(pc.Cost, 1),
 		}
 		if pc.ChargeOn != nil {
 			pol.ChargeOn, _ = ParseStatusSet(pc.ChargeOn) // validated
@@ -154,6 +165,9 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		slices.SortStableFunc(ru.cidrs, func(a, b cidrOverride) int { return cmp.Compare(b.prefix.Bits(), a.prefix.Bits()) })
 		s.policies[i] = pol
 		s.rules[i] = ru
+		if kind != keyGlobal && !slices.ContainsFunc(s.kinds, func(k kindSource) bool { return k.name == pol.KeyKind }) {
+			s.kinds = append(s.kinds, kindSource{name: pol.KeyKind, kind: kind, header: ru.header})
+		}
 	}
 	return s, nil
 }
@@ -392,39 +406,138 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 	if r.URL != nil {
 		reqPath = r.URL.Path
 	}
+	planRules(s, httpSource{r.Header}, r.Method, reqPath, ipText, client, user, authErr != nil, p)
+	if authErr != nil {
+		return fmt.Errorf("%w: %w", ErrUnauthorized, authErr)
+	}
+	return nil
+}
 
+// keySource gives the api_key and header:NAME key values of one request (canonical names).
+type keySource interface {
+	header(canonical string) string
+}
+
+// httpSource reads key values from request headers.
+type httpSource struct{ h http.Header }
+
+func (s httpSource) header(canonical string) string { return headerValue(s.h, canonical) }
+
+// planRules appends to p the charge of every rule that matches, in order. ipOnly keeps the ip
+// policies only (a bearer token failed verification). It is generic so that each source's
+// header method is a direct call.
+func planRules[S keySource](s *Set, src S, method, reqPath string, ipText []byte, client netip.Addr, user string, ipOnly bool, p *Plan) {
+	if s.needIP {
+		p.setIP(ipText)
+	}
 	for i := range s.rules {
 		ru := &s.rules[i]
-		if authErr != nil && ru.kind != keyIP {
+		if ipOnly && ru.kind != keyIP {
 			continue
 		}
-		if !ru.matches(r.Method, reqPath) {
+		if !ru.matches(method, reqPath) {
 			continue
 		}
 		var c bucket.Charge
 		var ok bool
+		var v string
 		switch ru.kind {
 		case keyIP:
 			c, ok = charge(ru, ipText, client)
 		case keyGlobal:
 			c, ok = charge(ru, "", client)
 		case keyUser:
-			c, ok = charge(ru, user, client)
+			v = user
+			c, ok = charge(ru, v, client)
 		default:
-			c, ok = charge(ru, headerValue(r.Header, ru.header), client)
+			v = src.header(ru.header)
+			c, ok = charge(ru, v, client)
 		}
 		if ok {
 			if ru.costs != nil {
-				c.Cost = ru.cost(r.Method, reqPath)
+				c.Cost = ru.cost(method, reqPath)
 			}
 			p.Charges = append(p.Charges, c)
 			p.Policies = append(p.Policies, ru.pol)
+			p.Values = append(p.Values, v)
 		}
 	}
-	if authErr != nil {
-		return fmt.Errorf("%w: %w", ErrUnauthorized, authErr)
+	if !p.WantIdentity {
+		return
 	}
-	return nil
+	for _, k := range s.kinds {
+		var v string
+		switch k.kind {
+		case keyIP:
+			p.Identity = append(p.Identity, KindValue{Kind: k.name})
+			continue
+		case keyUser:
+			v = user
+		default:
+			v = src.header(k.header)
+		}
+		if v != "" {
+			p.Identity = append(p.Identity, KindValue{Kind: k.name, Value: v})
+		}
+	}
+}
+
+// Fields is a request as an access log line describes it, for PlanFields: the values that Plan
+// would take from an *http.Request, already resolved (no forwarding headers, no token to
+// verify).
+type Fields struct {
+	Method, Path string
+	// Client is the client's address when the log has one: CIDR overrides match it and, when
+	// IP is empty, the ip key value is made from it as Plan makes it (identity.ipv6_prefix).
+	Client netip.Addr
+	// IP is the ip key value itself, when the log holds that instead of an address (the
+	// gateway's access log holds its pseudonym). It wins over Client.
+	IP string
+	// APIKey, User and Headers are the key values of api_key, user and header:name policies;
+	// Headers holds kind/value pairs, kind being a Policy.KeyKind such as "header:x-tenant".
+	// An empty value means the request had none: the policy does not charge it.
+	APIKey, User string
+	Headers      []KindValue
+}
+
+// KindValue is one key value of a Fields.
+type KindValue struct{ Kind, Value string }
+
+// fieldsSource reads key values from Fields.
+type fieldsSource struct {
+	f         *Fields
+	apiHeader string // the api_key policies' canonical header
+}
+
+func (s fieldsSource) header(canonical string) string {
+	if canonical == s.apiHeader {
+		return s.f.APIKey
+	}
+	for _, kv := range s.f.Headers {
+		if len(kv.Kind) == len("header:")+len(canonical) && strings.EqualFold(kv.Kind[len("header:"):], canonical) {
+			return kv.Value
+		}
+	}
+	return ""
+}
+
+// PlanFields is Plan for a request known from its log line: the same matching, overrides and
+// bucket keys, so that a replay decides exactly as the gateway would have. Key values of an
+// ip policy come from f.IP, or from f.Client; an ip policy of a line with neither is charged
+// with the empty value (one shared bucket), as Plan does for a peer that is no address. It does
+// not allocate when p has capacity.
+func (s *Set) PlanFields(f *Fields, p *Plan) {
+	p.Reset()
+	var ipBuf [64]byte
+	var ipText []byte
+	if s.needIP {
+		if f.IP != "" {
+			ipText = append(ipBuf[:0], f.IP...)
+		} else if f.Client.IsValid() {
+			ipText = s.appendIPKey(ipBuf[:0], f.Client.Unmap())
+		}
+	}
+	planRules(s, fieldsSource{f: f, apiHeader: s.apiKeyHeader}, f.Method, f.Path, ipText, f.Client.Unmap(), f.User, false, p)
 }
 
 // appendIPKey appends the ip key value of client: an IPv6 client is keyed by its prefix of

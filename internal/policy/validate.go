@@ -217,6 +217,15 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	default:
 		es.add("log.level", c.Log.Level, "must be debug, info, warn or error")
 	}
+	if name := c.Log.PseudonymSecretEnv; name != "" {
+		if _, err := PseudonymSecret(name, getenv); err != nil {
+			shown := name
+			if !isIdentifier(name) {
+				shown = "" // probably the secret itself, pasted into the wrong field
+			}
+			es.add("log.pseudonym_secret_env", shown, err.Error())
+		}
+	}
 
 	if len(c.Policies) == 0 {
 		es.add("policies", "", "at least one policy is required")

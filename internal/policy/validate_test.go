@@ -520,6 +520,7 @@ var badConfigs = map[string]string{
 	"limit_too_large":              `policies[0].limit: "2000000000": must be at most 1000000000`,
 	"listen_no_port":               `listen: "127.0.0.1": must be host:port`,
 	"log_level_bad":                `log.level: "verbose": must be debug, info, warn or error`,
+	"log_pseudonym_secret_unset":   `log.pseudonym_secret_env: "RATELIMIT_TEST_UNSET_SECRET": environment variable is not set`,
 	"method_lowercase":             `policies[0].match.methods[1]: "post": must be an upper-case HTTP method`,
 	"mode_bad":                     `policies[0].mode: "dry-run": must be enforce or shadow`,
 	"name_bad_chars":               `policies[0].name: "per ip": must be 1 to 64 of`,

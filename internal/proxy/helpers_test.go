@@ -32,6 +32,7 @@ import (
 type fakePolicies struct {
 	charges  []bucket.Charge
 	policies []*policy.Policy
+	values   []string // raw key values: fakeValue(key)
 	err      error
 	headers  policy.Headers
 	trust    bool
@@ -50,6 +51,7 @@ func (f *fakePolicies) Plan(_ *http.Request, p *policy.Plan) error {
 	}
 	p.Charges = append(p.Charges, f.charges...)
 	p.Policies = append(p.Policies, f.policies...)
+	p.Values = append(p.Values, f.values...)
 	return f.err
 }
 
@@ -66,10 +68,15 @@ func (f *fakePolicies) Trusted(peer netip.Addr) bool {
 // add appends one policy and its charge (with the policy's default limit).
 func (f *fakePolicies) add(name string, shadow bool, key byte) *fakePolicies {
 	l := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 20}
-	f.policies = append(f.policies, &policy.Policy{Name: name, Index: len(f.policies), Shadow: shadow, Limit: l})
+	f.policies = append(f.policies, &policy.Policy{Name: name, Index: len(f.policies), Shadow: shadow, Limit: l,
+		KeyKind: "header:x-client"})
 	f.charges = append(f.charges, bucket.Charge{Key: testKey(key), Limit: l, Shadow: shadow})
+	f.values = append(f.values, fakeValue(key))
 	return f
 }
+
+// fakeValue is the raw key value that fakePolicies gives the charge of key.
+func fakeValue(key byte) string { return fmt.Sprintf("client-%d", key) }
 
 func testKey(b byte) bucket.Key {
 	var k bucket.Key

@@ -10,10 +10,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -102,6 +98,12 @@ type Options struct {
 	StoreTimeout time.Duration
 	// Logger receives sampled JSON log lines. (Optional) default: no logs.
 	Logger *zap.Logger
+	// AccessLog writes one line per request to Logger, unsampled (see logAccess).
+	// (Optional) default false.
+	AccessLog bool
+	// Pseudonyms turn client key values into the "key" fields of log lines. (Optional)
+	// default: keyed by a random secret drawn in New.
+	Pseudonyms *policy.Pseudonyms
 	// Metrics are the collectors to update. (Optional) default: unregistered collectors.
 	Metrics *Metrics
 	// Now is the clock handed to the limiter. (Optional) default time.Now.
@@ -149,13 +151,14 @@ type Handler struct {
 	clockIsNow   bool // now is time.Now: the store timer's start doubles as the decision instant
 	wait         func(ctx context.Context, d time.Duration) error
 	log          *zap.Logger // sampled
+	access       *zap.Logger // unsampled, one line per request; nil without Options.AccessLog
+	pseudonyms   *policy.Pseudonyms
 	m            *Metrics
 	storeDur     prometheus.Observer
 	storeErr     [2]prometheus.Counter // reason timeout, error
 	rp           *httputil.ReverseProxy
 	states       sync.Pool // *reqState
 	byPolicy     sync.Map  // policy name -> *policyState
-	logSecret    [32]byte  // keys the pseudonyms of bucket keys in log lines (see logKey)
 }
 
 // policyState is what the handler keeps per policy name: its counters, resolved once instead of
@@ -210,6 +213,11 @@ type reqState struct {
 	// callExpired: the last Take ran out of time at the request's own deadline (a gRPC call's
 	// grpc-timeout), not at StoreTimeout.
 	callExpired bool
+
+	// For the access log.
+	decision int    // index into decisionLabels, or decNone while undecided
+	rejector string // the policy named in a 429
+	sw       statusWriter
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -245,6 +253,9 @@ func New(o Options) (*Handler, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
+	if o.Pseudonyms == nil {
+		o.Pseudonyms = policy.NewPseudonyms(nil)
+	}
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
@@ -267,6 +278,7 @@ func New(o Options) (*Handler, error) {
 		clockIsNow:   clockIsNow,
 		wait:         o.Wait,
 		log:          sampled(o.Logger),
+		pseudonyms:   o.Pseudonyms,
 		m:            o.Metrics,
 		storeDur:     o.Metrics.storeDuration.WithLabelValues(o.Backend),
 		storeErr: [2]prometheus.Counter{
@@ -277,7 +289,9 @@ func New(o Options) (*Handler, error) {
 	h.releaser, _ = o.Limiter.(Releaser)
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
-	rand.Read(h.logSecret[:]) // never fails (crypto/rand, Go 1.24+)
+	if o.AccessLog {
+		h.access = o.Logger.Named("access")
+	}
 	return h, nil
 }
 
@@ -305,40 +319,59 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r, cancel = grpcDeadline(w, r)
 		defer cancel()
 	}
+	st := h.states.Get().(*reqState)
+	defer h.states.Put(st)
+	st.plan.Reset()
+	st.grpc = grpc
+	st.proto = protocolOf(r, grpc)
+	st.decision, st.rejector = decNone, ""
+	st.plan.WantIdentity = h.access != nil
+	if h.access == nil {
+		h.serve(w, r, st)
+		return
+	}
+	start := time.Now()
+	st.sw = statusWriter{ResponseWriter: w}
+	h.serve(&st.sw, r, st)
+	h.logAccess(r, st, start, time.Now())
+	st.sw = statusWriter{} // do not keep the response alive in the pool
+}
+
+// decide counts the request's decision (by its protocol) and remembers it for the access log.
+func (h *Handler) decide(st *reqState, d int) {
+	h.m.decided(st.proto, d)
+	st.decision = d
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 	pols := h.policies()
 	if pols == nil {
 		// Options.Policies broke its contract; fail closed rather than forward unlimited traffic.
-		h.m.decided(protocolOf(r, grpc), decError)
+		h.decide(st, decError)
 		h.log.Error("no policy set in force")
 		writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "No rate-limit policy set is loaded.", RetryAfter: 1})
 		return
 	}
-	st := h.states.Get().(*reqState)
-	defer h.states.Put(st)
-
-	st.plan.Reset()
-	st.grpc = grpc
-	st.proto = protocolOf(r, grpc)
 	if err := pols.Plan(r, &st.plan); err != nil {
 		if errors.Is(err, policy.ErrUnauthorized) {
 			h.unauthorized(w, r, st, pols)
 			return
 		}
-		h.m.decided(st.proto, decError)
+		h.decide(st, decError)
 		h.log.Error("policy plan failed", zap.Error(err))
 		st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemInternal, Status: http.StatusInternalServerError,
 			Detail: "The request could not be matched against the rate-limit policies."})
 		return
 	}
 	if len(st.plan.Charges) == 0 {
-		h.m.decided(st.proto, decUnmatched)
+		h.decide(st, decUnmatched)
 		h.forward(w, r, pols)
 		return
 	}
 	admitted, timedOut, err := h.take(r, st)
 	if err != nil {
-		h.storeError(w, r, pols, err, timedOut, st.callExpired)
+		h.storeError(w, r, st, pols, err, timedOut, st.callExpired)
 		return
 	}
 	if !admitted {
@@ -465,7 +498,7 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 			return
 		}
 	}
-	h.m.decided(st.proto, decUnauthorized)
+	h.decide(st, decUnauthorized)
 	w.Header()["Www-Authenticate"] = wwwAuthenticate
 	st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
 		Detail: "The bearer token is not valid."})
@@ -477,13 +510,14 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 }
 
 // storeError applies OnError to a request the limiter could not decide.
-func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Policies, err error, timedOut, callExpired bool) {
+func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies, err error, timedOut, callExpired bool) {
 	if callExpired || errors.Is(r.Context().Err(), context.DeadlineExceeded) {
 		// The call's own deadline (grpc-timeout; only gRPC calls carry one) ran out first:
 		// nobody waits for a forward, and on_error cannot help. callExpired says so without
 		// asking the request's context, whose own timer may fire a moment after the store's.
 		h.countStoreError(err, true)
 		h.m.decided(protoGRPC, decStoreErrorDenied)
+		st.decision = decStoreErrorDenied
 		callDeadline(w, r, "The call's deadline passed while the rate limiter decided.")
 		return
 	}
@@ -500,10 +534,12 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, pols Polici
 	}
 	if h.onError == Allow {
 		h.m.decided(proto, decStoreErrorAllowed)
+		st.decision = decStoreErrorAllowed
 		h.forward(w, r, pols)
 		return
 	}
 	h.m.decided(proto, decStoreErrorDenied)
+	st.decision = decStoreErrorDenied
 	writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
 		Detail: "The rate limiter is unavailable; retry shortly.", RetryAfter: 1})
 }
@@ -554,15 +590,16 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 			pick = 0
 		}
 	}
-	h.m.decided(st.proto, decLimited)
+	h.decide(st, decLimited)
 	res := results[pick]
 	retry := ceilSeconds(res.RetryAfter)
 	if retry < 1 {
 		retry = 1
 	}
 	name := ps[pick].Name
+	st.rejector = name
 	if ce := h.log.Check(zap.InfoLevel, "rate limited"); ce != nil {
-		ce.Write(zap.String("policy", name), h.logKey(charges[pick].Key),
+		ce.Write(zap.String("policy", name), h.logKey(&st.plan, pick),
 			zap.Int64("retry_after_seconds", retry), zap.String("protocol", protocolNames[st.proto]))
 	}
 	// A request of cost 1 was rejected because nothing is left. One of a higher cost may have
@@ -612,7 +649,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 			// Only a shadow charge can fail in an admitted group.
 			c.shadowLimited.Inc()
 			if ce := h.log.Check(zap.InfoLevel, "shadow limit exceeded"); ce != nil {
-				ce.Write(zap.String("policy", ps[i].Name), h.logKey(charges[i].Key))
+				ce.Write(zap.String("policy", ps[i].Name), h.logKey(&st.plan, i))
 			}
 			continue
 		}
@@ -628,7 +665,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 			pick = i
 		}
 	}
-	h.m.decided(st.proto, decAllowed)
+	h.decide(st, decAllowed)
 	if pick >= 0 {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, results[pick])
 	}
@@ -688,15 +725,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies)
 	}
 }
 
-// logKey is the "key" field of a log line: an HMAC of the bucket key under a secret drawn when
-// the handler is built, cut to 16 bytes. Lines of one process about the same client share it,
-// so a hammering client can be followed; but a bucket key is an unkeyed digest of the policy
-// and the raw value, which for small key spaces (every IPv4 address, numeric user ids) can be
-// recovered by trying them all, and the logs must not offer that. Logged lines are sampled, so
-// the HMAC is not paid per request.
-func (h *Handler) logKey(k bucket.Key) zap.Field {
-	m := hmac.New(sha256.New, h.logSecret[:])
-	m.Write(k[:])
-	var sum [sha256.Size]byte
-	return zap.String("key", hex.EncodeToString(m.Sum(sum[:0])[:16]))
+// logKey is the "key" field of a log line about charge i of p: the pseudonym of its key value
+// (see policy.Pseudonyms), never the value, nor the bucket key, which is an unkeyed digest of the
+// policy and the value that small key spaces (every IPv4 address, numeric user ids) could be
+// searched for. Lines are sampled, so the HMAC is not paid per request.
+func (h *Handler) logKey(p *policy.Plan, i int) zap.Field {
+	kind := p.Policies[i].KeyKind
+	if kind == "global" {
+		return zap.String("key", "global")
+	}
+	return zap.String("key", h.pseudonyms.Of(kind, p.KeyValue(i)))
 }

@@ -95,6 +95,10 @@ func Run(ctx context.Context, o Options) error {
 	if cfg.Store.OnError == "deny" {
 		onError = proxy.Deny
 	}
+	pseudonyms, err := policy.LogPseudonyms(cfg, o.Getenv)
+	if err != nil {
+		return err // validated already; only an environment changed since then gets here
+	}
 	handler, err := proxy.New(proxy.Options{
 		Upstream:         upstream,
 		Policies:         rl.Current,
@@ -105,6 +109,8 @@ func Run(ctx context.Context, o Options) error {
 		UpstreamTimeout:  cfg.UpstreamTimeout,
 		UpstreamProtocol: upProto,
 		Logger:           log,
+		AccessLog:        cfg.Log.Access,
+		Pseudonyms:       pseudonyms,
 		Metrics:          proxy.NewMetrics(reg),
 	})
 	if err != nil {
