@@ -24,7 +24,8 @@ const AccessMessage = "request"
 //	 "method":"GET","path":"/api/x","status":429,"duration_seconds":0.000231,"decision":"limited",
 //	 "protocol":"http1","policy":"per-key","keys":{"ip":"<pseudonym>","api_key":"<pseudonym>"}}
 //
-// time is the arrival instant (UTC, RFC 3339 with nanoseconds), which replay uses as its clock.
+// time is the instant the limiter decided at, or the arrival when it was not asked (UTC, RFC 3339
+// with nanoseconds); replay uses it as its clock.
 // path is the URL path without the query, which can carry credentials (?api_key=). status is 0
 // when nothing was written (the client left). decision is the label of
 // ratelimit_decisions_total ("canceled" when the client left before one was made);
@@ -44,8 +45,12 @@ func (h *Handler) logAccess(r *http.Request, st *reqState, start, end time.Time)
 		path = r.URL.Path
 	}
 	fields := make([]zap.Field, 0, 8)
+	at := start
+	if !st.now.IsZero() {
+		at = st.now // the instant the limiter decided at: replay decides there too
+	}
 	fields = append(fields,
-		zap.String("time", start.UTC().Format(time.RFC3339Nano)),
+		zap.String("time", at.UTC().Format(time.RFC3339Nano)),
 		zap.String("method", r.Method),
 		zap.String("path", path),
 		zap.Int("status", st.sw.status),

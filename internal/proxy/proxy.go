@@ -324,7 +324,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.plan.Reset()
 	st.grpc = grpc
 	st.proto = protocolOf(r, grpc)
-	st.decision, st.rejector = decNone, ""
+	st.decision, st.rejector, st.now = decNone, "", time.Time{}
 	st.plan.WantIdentity = h.access != nil
 	if h.access == nil {
 		h.serve(w, r, st)

@@ -184,6 +184,11 @@ go_benches() {
     ./internal/proxy/ >"$out/handler.txt"
   note "Go benchmarks: bytes per key at 1M keys"
   $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
+  note "Go benchmarks: replay (one core)"
+  local replay_x=5
+  [ "${BENCH_QUICK:-0}" = 1 ] && replay_x=2
+  $GO test -run '^$' -bench '^BenchmarkReplay$' -cpu 1 -benchtime "${replay_x}x" -count "$go_count" \
+    ./internal/replay/ >"$out/replay.txt"
 
   # medians NAME -> name, ns/op, B/op, allocs/op (median of the -count runs).
   awk '
@@ -258,6 +263,36 @@ go_benches() {
     bpk=$(awk '/BenchmarkMemoryBytesPerKey/ { for (i = 1; i < NF; i++) if ($(i+1) == "B/key") print $i }' "$out/bytes.txt")
     sbpk=$(awk '/BenchmarkMemorySlidingBytesPerKey/ { for (i = 1; i < NF; i++) if ($(i+1) == "B/key") print $i }' "$out/bytes.txt")
     echo "Memory store: **${bpk:-?} B per tracked token-bucket key at 1M keys** (Go heap delta; target <= 128); ${sbpk:-?} B per sliding-window key."
+    echo
+    echo "Replay (\`ratelimit-proxy replay\`, internal/replay): a 200,000-line log with three policies"
+    echo "(configs/replay-demo.yaml), one core (-cpu 1), median of $go_count runs (range); lines per second of wall"
+    echo "time, and per second of the process's CPU time (GC included), which other processes on a shared host do"
+    echo "not inflate. Target: combined >= 1,000,000 lines/s."
+    echo
+    echo "| format | lines/s (wall) | lines/s (CPU) | ns/line (wall) |"
+    echo "|---|---:|---:|---:|"
+    awk '
+      /^BenchmarkReplay\// {
+        n = $1; sub(/^BenchmarkReplay\//, "", n); sub(/-[0-9]+$/, "", n)
+        for (i = 3; i < NF; i++) {
+          if ($(i+1) == "lines/s") ls[n] = ls[n] " " $i
+          if ($(i+1) == "lines/cpu-s") lc[n] = lc[n] " " $i
+          if ($(i+1) == "ns/line") nl[n] = nl[n] " " $i
+        }
+        if (!(n in seen)) { seen[n] = 1; order[++k] = n }
+      }
+      function sorted(s, a,   m, i, j, t) {
+        m = split(s, a, " ")
+        for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+        return m
+      }
+      function med(a, m) { return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2 }
+      END {
+        for (i = 1; i <= k; i++) {
+          n = order[i]; m = sorted(ls[n], a); q = sorted(nl[n], b); u = sorted(lc[n], c)
+          printf "| %s | %.0f (%.0f-%.0f) | %.0f (%.0f-%.0f) | %.0f |\n", n, med(a, m), a[1], a[m], med(c, u), c[1], c[u], med(b, q)
+        }
+      }' "$out/replay.txt"
     if $GO run golang.org/x/perf/cmd/benchstat@latest "$out/decision.txt" >"$out/benchstat.txt" 2>/dev/null; then
       echo
       echo "<details><summary>benchstat of the decision benchmarks</summary>"
