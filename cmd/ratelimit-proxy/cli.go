@@ -112,9 +112,13 @@ func newReplayCmd(configPath *string, getenv func(string) string, stdout, stderr
 	var asJSON bool
 	var top int
 	cmd := &cobra.Command{
-		Use:   "replay [LOG ...]",
+		// The logs are positional arguments (replay --config FILE [LOG ...]); Use names none so
+		// that the usage line reads "ratelimit-proxy replay [flags]" as the docs check it.
+		Use:   "replay",
 		Short: "Replay access logs through the policies offline: what would this config have done?",
-		Long: "Replay access logs (nginx/Apache combined, AWS ALB, the gateway's own log.access lines; " +
+		Example: "  ratelimit-proxy replay --config configs/replay-demo.yaml --key-field api_key --plot replay.png access.log.1 access.log\n" +
+			"  ratelimit-proxy replay --config policies.yaml --format alb --json 123456789012_elasticloadbalancing_us-east-1_app.my-lb.log.gz",
+		Long: "ratelimit-proxy replay --config FILE [LOG ...]: replay access logs (nginx/Apache combined, AWS ALB, the gateway's own log.access lines; " +
 			"gzip or plain; stdin when no file is named, or -) through the policies of --config on the " +
 			"memory store, on a clock taken from the logs' timestamps, and report per policy the " +
 			"requests matched, admitted, limited and shadow-limited, the peak rate and the keys limited " +

@@ -73,6 +73,10 @@ type parser struct {
 	format    Format
 	keyFields []string // the kinds of the extra fields after combined's user agent ("" skips one)
 	scratch   []byte   // unescaped paths
+	// The last combined timestamp parsed, and its value.
+	lastTS [26]byte
+	lastT  int64
+	lastOK bool
 }
 
 func (p *parser) parse(line []byte, rec *record) error {
@@ -155,11 +159,18 @@ func (p *parser) parseCombined(line []byte, rec *record) error {
 	if end < 0 {
 		return errors.New("combined: [time] is not closed")
 	}
-	t, ok := parseCLFTime(rest[1:end])
-	if !ok {
-		return fmt.Errorf("combined: time %q: want 02/Jan/2006:15:04:05 -0700", clip(rest[1:end]))
+	ts := rest[1:end]
+	if !p.lastOK || !bytes.Equal(ts, p.lastTS[:]) {
+		// Most lines share their second with the line before: parse each second once.
+		t, ok := parseCLFTime(ts)
+		if !ok {
+			p.lastOK = false
+			return fmt.Errorf("combined: time %q: want 02/Jan/2006:15:04:05 -0700", clip(ts))
+		}
+		copy(p.lastTS[:], ts) // parseCLFTime accepts exactly len(lastTS) bytes
+		p.lastT, p.lastOK = t, true
 	}
-	rec.t, rec.coarse = t, true
+	rec.t, rec.coarse = p.lastT, true
 	rest = skipBlanks(rest[end+1:])
 	if len(rest) == 0 || rest[0] != '"' {
 		return errors.New(`combined: no "request" after the time`)
