@@ -97,6 +97,9 @@ type Charge struct {
 	// Refundable charges may be given back by Releaser.Release (charge_on), so a store must not
 	// assume that their counts only grow: the DynamoDB store's deny cache skips them.
 	Refundable bool
+	// Lease asks a shared store to serve the charge from capacity leased in batches; stores
+	// that keep state in this process ignore it.
+	Lease Lease
 }
 
 // N returns the number of requests the charge spends: Cost, or 1 when Cost is 0 (or negative).
@@ -106,6 +109,17 @@ func (c *Charge) N() int64 {
 	}
 	return 1
 }
+
+// Lease is a policy's lease mode. The zero Lease is off.
+type Lease struct {
+	// Shards is how many items the bucket is split over (0: leases are off).
+	Shards int
+	// TTL is how long a leased unit may be held before it is spent (0: the store's default).
+	TTL time.Duration
+}
+
+// On reports whether leases are on.
+func (l Lease) On() bool { return l.Shards > 0 }
 
 // Result is one charge's verdict.
 type Result struct {

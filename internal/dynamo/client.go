@@ -49,6 +49,14 @@ func NewClient(ctx context.Context, o ClientOptions) (*dynamodb.Client, error) {
 			return retry.NewStandard(func(so *retry.StandardOptions) {
 				so.MaxAttempts = maxAttempts
 				so.MaxBackoff = maxBackoff
+				// The store retries throttled calls itself, counted and within the decision's
+				// deadline (see retryThrottled), also for writes the SDK must not retry.
+				so.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+					if IsThrottle(err) {
+						return aws.FalseTernary
+					}
+					return aws.UnknownTernary
+				})}, retry.DefaultRetryables...)
 			})
 		}),
 	}

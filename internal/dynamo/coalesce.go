@@ -307,8 +307,7 @@ func (s *Store) runBatch(b *batch) {
 			fail(fmt.Errorf("dynamo: update %s: %w", b.pk, ErrContention))
 			break
 		}
-		s.m.requests.WithLabelValues(opUpdate).Inc()
-		out, err := s.updateItem(b.ctx, b.pk, b.write(st, m), types.ReturnValueAllNew)
+		out, err := s.updateItem(b.ctx, opUpdate, b.pk, b.write(st, m), types.ReturnValueAllNew)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:

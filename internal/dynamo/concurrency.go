@@ -189,8 +189,7 @@ func (s *Store) takeSlots(ctx context.Context, ops []op, n int64) (admitted, dec
 // full, expired slots (of replicas that stopped renewing) are reaped and the take tried again.
 func (s *Store) applySlot(ctx context.Context, o *op, n int64) {
 	for round := 0; round < maxRounds; round++ {
-		s.m.requests.WithLabelValues(opUpdate).Inc()
-		out, err := s.updateItem(ctx, o.pk, s.slotWrite(o, n), types.ReturnValueUpdatedNew)
+		out, err := s.updateItem(ctx, opUpdate, o.pk, s.slotWrite(o, n), types.ReturnValueUpdatedNew)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
@@ -266,8 +265,7 @@ func (s *Store) reap(ctx context.Context, pk string, item map[string]types.Attri
 	}
 	u.expr = "ADD #count :minus REMOVE " + strings.Join(remove, ", ")
 	u.cond = strings.Join(cond, " AND ")
-	s.m.requests.WithLabelValues(opReap).Inc()
-	_, err := s.updateItem(ctx, pk, u, types.ReturnValueNone, noRetry)
+	_, err := s.updateItem(ctx, opReap, pk, u, types.ReturnValueNone, noRetry)
 	var ccf *types.ConditionalCheckFailedException
 	switch {
 	case err == nil:
@@ -345,8 +343,7 @@ func (s *Store) renew(ctx context.Context, pk string, ids []uint64, exp int64) e
 		cond = append(cond, "attribute_exists("+nk+")")
 	}
 	u.expr, u.cond = "SET "+strings.Join(set, ", "), strings.Join(cond, " AND ")
-	s.m.requests.WithLabelValues(opRenew).Inc()
-	_, err := s.updateItem(ctx, pk, u, types.ReturnValueNone)
+	_, err := s.updateItem(ctx, opRenew, pk, u, types.ReturnValueNone)
 	var ccf *types.ConditionalCheckFailedException
 	switch {
 	case err == nil:

@@ -117,6 +117,21 @@
 // slot ends (by this replica's clock) every request of this Store writes to the sealed slot, and
 // after that its RetryAfter comes from counts that are final.
 //
+// # Leases
+//
+// A charge whose Lease is on is served from units this Store reserved from the shared item in
+// one conditional write (lease.go): a token bucket's units are places of its schedule taken
+// within now + tau - ttl, each spent within ttl of its place (so the units spent in any interval
+// are no more than one exact bucket admits); a fixed window's are part of its count, spent in its
+// window. The bucket may be split over shards (rate/k and the burst's parts each, adding up to the
+// whole). Unspent units go back where that is exact (a window's count at any time; a token
+// bucket's only while no lease came after them). See docs/shared-pools.md.
+//
+// # Throttling
+//
+// A call DynamoDB throttles was not applied; it is retried with full-jitter backoff while the
+// decision's deadline allows (retryThrottled), counted, and then fails wrapping ErrThrottled.
+//
 // # Table
 //
 // One table, partition key pk (string), no sort key, on-demand billing, TTL on the numeric
@@ -128,6 +143,8 @@
 //	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
 //	pk = K#q<start>    count (N)                        ttl   calendar quota period starting at <start> Unix ns
 //	pk = K#c           count (N)          l<id> (N)     ttl   concurrency slots taken, one l<id> lease expiry per slot (see concurrency.go)
+//	pk = K#g#l<i>      tat (N)            since (N)     ttl   shard i of a leased token bucket
+//	pk = K#w<start>#l<i> count (N)                      ttl   shard i of a leased fixed window
 //
 // since is the instant of the last write that found the bucket idle; sealed marks a closed
 // slot whose count is final (its item exists, without count, when the slot had no request).
@@ -146,6 +163,6 @@
 // store.go routes a decision (deny cache, then the group's mode); writes.go holds each
 // algorithm's conditional write and what its outcome means; quota.go the quota's items; slots.go the sliding window's closed
 // slots; coalesce.go the per-item writers; refund.go and transaction.go the two group modes;
-// items.go the calls and attribute values they share; cache.go the bounded local caches; table.go
-// the table's creation.
+// lease.go lease mode; items.go the calls and attribute values they share, and throttling;
+// cache.go the bounded local caches; table.go the table's creation.
 package dynamo

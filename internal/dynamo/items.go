@@ -2,13 +2,16 @@ package dynamo
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 )
 
 // The DynamoDB calls and attribute values every algorithm's writes share.
@@ -26,12 +29,19 @@ func (s *Store) readItems(ctx context.Context, pks []string) (map[string]map[str
 			keys = append(keys, map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: pk}})
 		}
 		req := map[string]types.KeysAndAttributes{s.table: {Keys: keys, ConsistentRead: aws.Bool(true)}}
+		throttles := 0
 		for round := 0; len(req) > 0; round++ {
 			if round == maxRounds {
 				return nil, fmt.Errorf("dynamo: batch_get: unprocessed keys after %d rounds: %w", round, ErrContention)
 			}
 			s.m.requests.WithLabelValues(opBatchGet).Inc()
 			res, err := s.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
+			if err != nil && s.retryThrottled(ctx, opBatchGet, throttles, err) {
+				throttles++
+				round-- // a throttled read is not a round of unprocessed keys
+				continue
+			}
+			err = throttledErr(err)
 			if err != nil {
 				s.m.errors.WithLabelValues(opBatchGet).Inc()
 				return nil, fmt.Errorf("dynamo: batch_get %s: %w", pks[start], err)
@@ -84,8 +94,10 @@ type update struct {
 // noRetry makes one call a single attempt.
 func noRetry(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }
 
-// updateItem sends u to item pk; u.cond may be empty (an unconditional write).
-func (s *Store) updateItem(ctx context.Context, pk string, u update, rv types.ReturnValue, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+// updateItem sends u to item pk; u.cond may be empty (an unconditional write). op labels the
+// call in the metrics. A throttled write was not applied, so it is retried (see retryThrottled),
+// whatever optFns say about the SDK's own retries.
+func (s *Store) updateItem(ctx context.Context, op, pk string, u update, rv types.ReturnValue, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
 	in := &dynamodb.UpdateItemInput{
 		TableName:                 aws.String(s.table),
 		Key:                       map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: pk}},
@@ -98,5 +110,86 @@ func (s *Store) updateItem(ctx context.Context, pk string, u update, rv types.Re
 		in.ConditionExpression = aws.String(u.cond)
 		in.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	}
-	return s.api.UpdateItem(ctx, in, optFns...)
+	for attempt := 0; ; attempt++ {
+		s.m.requests.WithLabelValues(op).Inc()
+		out, err := s.api.UpdateItem(ctx, in, optFns...)
+		if err == nil || !s.retryThrottled(ctx, op, attempt, err) {
+			return out, throttledErr(err)
+		}
+	}
+}
+
+// ErrThrottled is wrapped by the errors of calls that DynamoDB kept throttling (the item's or
+// the table's throughput exceeded) until the decision's deadline left no time for a retry.
+var ErrThrottled = errors.New("dynamo: throttled")
+
+// throttleCodes are DynamoDB's error codes for a call refused for throughput: the call was not
+// applied, so retrying it is safe even for a write that is not idempotent.
+var throttleCodes = map[string]bool{
+	"ProvisionedThroughputExceededException": true,
+	"ThrottlingException":                    true,
+	"RequestLimitExceeded":                   true,
+	"Throttling":                             true,
+}
+
+// IsThrottle reports whether err is DynamoDB refusing a call for throughput.
+func IsThrottle(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return throttleCodes[ae.ErrorCode()]
+	}
+	var tr throttleReason
+	return errors.As(err, &tr)
+}
+
+// throttleReason stands for a transaction cancelled because one of its items was throttled.
+type throttleReason struct{}
+
+func (throttleReason) Error() string { return "transaction item throttled" }
+
+// throttledErr marks a throttling error with ErrThrottled.
+func throttledErr(err error) error {
+	if err != nil && IsThrottle(err) {
+		return fmt.Errorf("%w: %w", ErrThrottled, err)
+	}
+	return err
+}
+
+// Throttling backoff: full jitter (a uniform wait up to base*2^attempt, at most throttleCap), so
+// that replicas throttled together do not come back together.
+const (
+	// maxThrottleRetries bounds the retries of one call when its context has no deadline.
+	maxThrottleRetries = 10
+	throttleBase       = 2 * time.Millisecond
+	throttleMargin     = 10 * time.Millisecond
+	throttleCap        = 50 * time.Millisecond
+)
+
+// retryThrottled counts a throttled call and waits before its retry; false when err is not a
+// throttle or the wait would not end before ctx's deadline (the caller then fails, and the
+// decision follows on_error).
+func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err error) bool {
+	if !IsThrottle(err) {
+		return false
+	}
+	if attempt >= maxThrottleRetries {
+		s.m.throttled.WithLabelValues(op).Inc()
+		return false
+	}
+	s.m.throttled.WithLabelValues(op).Inc()
+	ceiling := min(throttleCap, throttleBase<<min(attempt, 8))
+	d := time.Duration(rand.Int64N(int64(ceiling)) + 1)
+	// Give up while there is still time to say why: a decision that ends on its deadline
+	// reads as a store timeout (an outage, to the circuit breaker) rather than as throttling.
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d+throttleMargin {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

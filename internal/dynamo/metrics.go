@@ -16,6 +16,24 @@ const (
 	opReap     = "reap"    // concurrency: expired slots removed
 	opRenew    = "renew"   // concurrency: leases extended
 	opRelease  = "release" // Release: slots given back, charge_on refunds
+	// opLease is a lease write, opLeaseRefund one giving a lease's unspent units back.
+	opLease       = "lease"
+	opLeaseRefund = "lease_refund"
+)
+
+// The result label's values of ratelimit_dynamodb_leases_total.
+const (
+	leaseGranted = "granted" // a lease write took units
+	leaseEmpty   = "empty"   // every shard was empty
+	leaseError   = "error"   // the write failed (the waiting requests follow on_error)
+)
+
+// The outcome label's values of ratelimit_dynamodb_lease_units_total.
+const (
+	unitsLeased   = "leased"   // taken from the table by lease writes
+	unitsSpent    = "spent"    // admitted requests
+	unitsRefunded = "refunded" // given back to the table unspent
+	unitsExpired  = "expired"  // unspent and not given back: capacity the pool lost
 )
 
 type metrics struct {
@@ -23,13 +41,16 @@ type metrics struct {
 	denyHits         prometheus.Counter
 	batchCharges     prometheus.Histogram
 	reaped           prometheus.Counter
+	leases           *prometheus.CounterVec
+	leaseUnits       *prometheus.CounterVec
+	throttled        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_store_requests_total",
-			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund, seal, reap, renew, release).",
+			Help: "DynamoDB calls made by the rate-limit store, by operation (update, batch_get, transact, refund, seal, reap, renew, release, lease, lease_refund).",
 		}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_dynamodb_errors_total",
@@ -45,14 +66,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			// 1 to 128 (maxBatch).
 			Buckets: prometheus.ExponentialBuckets(1, 2, 8),
 		}),
+		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_dynamodb_leases_total",
+			Help: "Lease renewals of leased policies, by result (granted, empty: every shard was empty, error).",
+		}, []string{"result"}),
+		leaseUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_dynamodb_lease_units_total",
+			Help: "Units of leased capacity, by outcome (leased from the table, spent by admitted requests, refunded unspent, expired unspent: capacity the pool lost).",
+		}, []string{"outcome"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_dynamodb_throttled_total",
+			Help: "DynamoDB calls throttled (ProvisionedThroughputExceeded, ThrottlingException, RequestLimitExceeded), by operation; each is retried with backoff within the decision's deadline.",
+		}, []string{"op"}),
 	}
 	m.reaped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ratelimit_dynamodb_slots_reaped_total",
 		Help: "Concurrency slots whose lease expired (their replica stopped renewing them) and that a take removed.",
 	})
-	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund, opSeal, opReap, opRenew, opRelease} {
+	for _, op := range []string{opUpdate, opBatchGet, opTransact, opRefund, opSeal, opReap, opRenew, opRelease, opLease, opLeaseRefund} {
 		m.requests.WithLabelValues(op)
 		m.errors.WithLabelValues(op)
+		m.throttled.WithLabelValues(op)
+	}
+	for _, r := range []string{leaseGranted, leaseEmpty, leaseError} {
+		m.leases.WithLabelValues(r)
+	}
+	for _, o := range []string{unitsLeased, unitsSpent, unitsRefunded, unitsExpired} {
+		m.leaseUnits.WithLabelValues(o)
 	}
 	if reg != nil {
 		m.requests = register(reg, m.requests)
@@ -60,6 +100,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.denyHits = register(reg, m.denyHits)
 		m.batchCharges = register(reg, m.batchCharges)
 		m.reaped = register(reg, m.reaped)
+		m.leases = register(reg, m.leases)
+		m.leaseUnits = register(reg, m.leaseUnits)
+		m.throttled = register(reg, m.throttled)
 	}
 	return m
 }

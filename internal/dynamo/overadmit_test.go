@@ -27,11 +27,34 @@ type memAPI struct {
 	fakeAPI
 	mu    sync.Mutex
 	items map[string]map[string]int64
+	calls int
+}
+
+// writes is how many UpdateItem calls reached the table.
+func (f *memAPI) writes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// has reports whether item pk exists.
+func (f *memAPI) has(pk string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.items[pk]
+	return ok
 }
 
 func newMemAPI() *memAPI { return &memAPI{items: map[string]map[string]int64{}} }
 
-func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _ ...func(*dynamodb.Options)) (_ *dynamodb.UpdateItemOutput, err error) {
+	var out map[string]types.AttributeValue
+	res := &dynamodb.UpdateItemOutput{}
+	defer func() {
+		if err == nil {
+			res.Attributes = out
+		}
+	}()
 	for range rand.IntN(4) {
 		runtime.Gosched()
 	}
@@ -53,6 +76,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	expr, cond := aws.ToString(in.UpdateExpression), aws.ToString(in.ConditionExpression)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.calls++
 	item := f.items[pk]
 	tat, hasTat := item["tat"]
 	cnt, hasCnt := item["count"]
@@ -81,6 +105,16 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		holds = hasTat && hasSince && since == val(":since")
 	case "attribute_exists(#count)":
 		holds = hasCnt
+	case "#tat >= :now AND #tat <= :most AND #tat >= :fewest": // a lease draining a bucket
+		holds = hasTat && tat >= val(":now") && tat <= val(":most") && tat >= val(":fewest")
+	case "#count <= :most AND #count >= :fewest": // a lease draining a window
+		holds = hasCnt && cnt <= val(":most") && cnt >= val(":fewest")
+	case "#tat = :end AND attribute_not_exists(#since)": // a lease's units given back
+		_, hasSince := item["since"]
+		holds = hasTat && tat == val(":end") && !hasSince
+	case "#tat = :end AND #since = :since":
+		since, hasSince := item["since"]
+		holds = hasTat && tat == val(":end") && hasSince && since == val(":since")
 	default:
 		panic("unknown condition " + cond)
 	}
@@ -99,7 +133,14 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		item = map[string]int64{}
 		f.items[pk] = item
 	}
-	out := map[string]types.AttributeValue{}
+	if in.ReturnValues == types.ReturnValueAllOld {
+		old := map[string]types.AttributeValue{}
+		for k, v := range item {
+			old[k] = memNum(v)
+		}
+		defer func() { out = old }()
+	}
+	out = map[string]types.AttributeValue{}
 	switch expr {
 	case "SET #tat = :next, #ttl = :ttl, #since = :now":
 		item["tat"] = val(":next")
@@ -116,6 +157,14 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		out["count"] = memNum(item["count"])
 	case "SET #tat = #tat - :t":
 		item["tat"] -= val(":t")
+	case "SET #tat = :to":
+		item["tat"] = val(":to")
+	case "SET #tat = :target, #ttl = :ttl":
+		item["tat"] = val(":target")
+		out["tat"] = memNum(item["tat"])
+	case "SET #count = :target, #ttl = :ttl":
+		item["count"] = val(":target")
+		out["count"] = memNum(item["count"])
 	case "ADD #count :minus":
 		item["count"] += val(":minus")
 	case "SET #sealed = :true, #ttl = if_not_exists(#ttl, :ttl)":
@@ -127,7 +176,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	default:
 		panic("unknown update " + expr)
 	}
-	return &dynamodb.UpdateItemOutput{Attributes: out}, nil
+	return res, nil
 }
 
 // BatchGetItem answers that no closed sliding-window slot holds anything.

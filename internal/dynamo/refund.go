@@ -104,8 +104,7 @@ func (s *Store) refund(ctx context.Context, ops []op) {
 		if !ok {
 			return
 		}
-		s.m.requests.WithLabelValues(opRefund).Inc()
-		if _, err := s.updateItem(ctx, o.pk, u, types.ReturnValueNone, noRetry); err != nil {
+		if _, err := s.updateItem(ctx, opRefund, o.pk, u, types.ReturnValueNone, noRetry); err != nil {
 			s.m.errors.WithLabelValues(opRefund).Inc()
 		}
 	})

@@ -56,8 +56,7 @@ func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken
 			if !retry {
 				opts = append(opts, noRetry)
 			}
-			s.m.requests.WithLabelValues(opRelease).Inc()
-			_, err := s.updateItem(ctx, pk, u, types.ReturnValueNone, opts...)
+			_, err := s.updateItem(ctx, opRelease, pk, u, types.ReturnValueNone, opts...)
 			var ccf *types.ConditionalCheckFailedException
 			if err != nil && !errors.As(err, &ccf) {
 				// A failed condition is a charge already given back (its slot reaped, its

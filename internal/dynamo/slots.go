@@ -111,8 +111,7 @@ func (s *Store) sealSlots(ctx context.Context, seals []seal) {
 		return
 	}
 	one := func(sl *seal) {
-		s.m.requests.WithLabelValues(opSeal).Inc()
-		out, err := s.updateItem(ctx, sl.pk, update{
+		out, err := s.updateItem(ctx, opSeal, sl.pk, update{
 			expr:   "SET #sealed = :true, #ttl = if_not_exists(#ttl, :ttl)",
 			names:  map[string]string{"#sealed": attrSealed, "#ttl": attrTTL},
 			values: map[string]types.AttributeValue{":true": &types.AttributeValueMemberBOOL{Value: true}, ":ttl": sl.ttl},

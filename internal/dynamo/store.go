@@ -101,6 +101,9 @@ type Options struct {
 	// its slots every SlotLease/3, so a replica that crashes while holding slots loses them at
 	// most SlotLease after its last renewal (Optional; default 30s). See concurrency.go.
 	SlotLease time.Duration
+	// Now is the clock of the lease sweeper, which gives back the leases of pools that stopped
+	// seeing demand (Optional; default time.Now). Decisions take their instant from Take.
+	Now func() time.Time
 }
 
 // Store is a bucket.Store backed by a DynamoDB table. It is safe for concurrent use; the zero
@@ -113,6 +116,7 @@ type Store struct {
 	hints *boundedCache[bucket.Key, int64]  // GCRA keys whose tat is in the future: try form (b) first
 	slots *boundedCache[slotKey, int64]     // closed sliding-window slot counts
 	co    coalescer                         // Refund mode: one write in flight per item
+	ls    *leasePools                       // leased charges' pools
 	m     *metrics
 	// lateWrites is Options.LateWrites in ns.
 	lateWrites int64
@@ -159,7 +163,18 @@ func New(api API, o Options) *Store {
 	if o.DenyCache {
 		s.deny = newBoundedCache[bucket.Key, denial](size)
 	}
+	s.ls = newLeasePools(s, o.Now)
 	return s
+}
+
+// CloseLeases gives the unspent units of every capacity lease back to the table and stops the
+// lease sweeper, within ctx. Leased charges fail after it; others are unaffected. A Store that
+// never leased has nothing to give back. (Close, for concurrency slots, is another matter.)
+func (s *Store) CloseLeases(ctx context.Context) error { return s.ls.close(ctx) }
+
+// leased reports whether c is served from leases.
+func leased(c bucket.Charge) bool {
+	return c.Lease.On() && bucket.LeaseSupported(c.Limit.Algorithm)
 }
 
 // op is one charge on its way through a decision.
@@ -183,6 +198,12 @@ type op struct {
 	slot      uint64 // Concurrency: the slot's id
 	result    bucket.Result
 	err       error
+
+	// Lease mode: the pool that decided the charge and, when it spent a unit, the unit's grant
+	// and instant (to give it back if the group is rejected).
+	pool    *pool
+	spent   []taken
+	spentAt int64
 }
 
 // epoch is the since attribute an applied GCRA write left: known says whether it is known,
@@ -213,7 +234,22 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 			denied = denied || !o.c.Shadow
 		}
 	}
+	// Leased charges are decided here from this Store's leases: no write unless a lease must
+	// be renewed. A rejection among them rejects the group before anything is written.
+	for i := range ops {
+		o := &ops[i]
+		if denied || o.done || !leased(o.c) {
+			continue
+		}
+		s.ls.take(ctx, o, n)
+		if o.err != nil {
+			giveBack(ops)
+			return false, o.err
+		}
+		denied = !o.result.Allowed && !o.c.Shadow
+	}
 	if denied {
+		giveBack(ops)
 		for i := range ops {
 			if !ops[i].done {
 				ops[i].result = bucket.Result{Allowed: true, Limit: limitValue(ops[i].c.Limit)}
@@ -235,6 +271,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	}
 	if err := s.loadClosedSlots(ctx, ops, n); err != nil {
 		s.refund(ctx, ops) // the slots taken, if any
+		giveBack(ops)
 		return false, err
 	}
 	var admitted bool
@@ -243,6 +280,11 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 		admitted, err = s.takeTransaction(ctx, ops, n)
 	} else {
 		admitted, err = s.takeRefund(ctx, ops, n)
+	}
+	if err != nil || !admitted {
+		giveBack(ops)
+	} else {
+		spent(ops)
 	}
 	if err != nil {
 		return false, err
@@ -259,6 +301,26 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 		s.holdSlots(ops)
 	}
 	return admitted, nil
+}
+
+// giveBack returns the units that the group's leased charges spent: the group was rejected.
+func giveBack(ops []op) {
+	for i := range ops {
+		if o := &ops[i]; o.spent != nil {
+			o.pool.giveBack(o.spent, o.spentAt)
+			o.spent = nil
+			o.result = bucket.Result{Allowed: true, Limit: o.result.Limit}
+		}
+	}
+}
+
+// spent counts the units of an admitted group's leased charges.
+func spent(ops []op) {
+	for i := range ops {
+		if o := &ops[i]; o.spent != nil {
+			o.pool.ls.s.m.leaseUnits.WithLabelValues(unitsSpent).Add(float64(o.c.N()))
+		}
+	}
 }
 
 func limitValue(l bucket.Limit) int64 {
@@ -286,7 +348,7 @@ func (s *Store) cachedDenial(c bucket.Charge, n int64) (bucket.Result, bool) {
 
 // remember feeds the local caches with what a decision learned.
 func (s *Store) remember(o *op, n int64) {
-	if o.cached || !o.done {
+	if o.cached || !o.done || o.pool != nil {
 		return
 	}
 	r := o.result

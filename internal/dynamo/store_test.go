@@ -163,14 +163,17 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 		{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 2, Window: time.Minute}},
 		{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 2, Window: time.Minute}},
 		{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.Concurrency, Count: 5}},
+		{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 4}, Lease: bucket.Lease{Shards: 2, TTL: time.Second}},
+		{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 4, Window: time.Minute}, Lease: bucket.Lease{Shards: 2}},
 	}
+	defer s.CloseLeases(context.Background())
 	r := make([]bucket.Result, len(charges))
 	for i := range 3 {
 		if _, err := s.Take(context.Background(), t0.Add(time.Duration(i)*time.Second), charges, r); err != nil {
 			t.Fatalf("Take: %v", err)
 		}
 	}
-	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+|q-?[0-9]+|c)$`)
+	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+|q-?[0-9]+|c)(#l[0-9]+)?$`)
 	slotRE := regexp.MustCompile(`^l[0-9a-f]{1,16}$`) // a concurrency slot's lease: a random id
 	allowed := map[string]bool{"pk": true, "tat": true, "count": true, "ttl": true, "since": true, "sealed": true}
 	ours := map[string]bool{}

@@ -63,6 +63,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			group = append(group, o)
 		}
 	}
+	throttles := 0
 	for round := 0; round < maxRounds; round++ {
 		items := make([]types.TransactWriteItem, len(group))
 		for i, o := range group {
@@ -79,6 +80,12 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 		}
 		s.m.requests.WithLabelValues(opTransact).Inc()
 		_, err := s.api.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+		if err != nil && s.retryThrottled(ctx, opTransact, throttles, err) {
+			throttles++
+			round-- // nothing was written: not a round of conflicts
+			continue
+		}
+		err = throttledErr(err)
 		if err == nil {
 			for _, o := range group {
 				o.applied = true
@@ -105,6 +112,13 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 				again = again || retry
 				rejected = rejected || !retry
 			case "TransactionConflict":
+				again = true
+			case "ThrottlingError", "ProvisionedThroughputExceeded":
+				// Nothing was written; wait as for a throttled call, within the deadline.
+				if !s.retryThrottled(ctx, opTransact, throttles, throttleReason{}) {
+					return fmt.Errorf("dynamo: transact %s: %s: %w: %w", group[i].pk, code, ErrThrottled, err)
+				}
+				throttles++
 				again = true
 			default:
 				s.m.errors.WithLabelValues(opTransact).Inc()

@@ -72,8 +72,7 @@ func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update 
 // apply makes o's conditional write until it is applied or the charge is known not to conform.
 func (s *Store) apply(ctx context.Context, o *op, n int64) {
 	for round := 0; round < maxRounds; round++ {
-		s.m.requests.WithLabelValues(opUpdate).Inc()
-		out, err := s.updateItem(ctx, o.pk, o.write(n), types.ReturnValueAllNew)
+		out, err := s.updateItem(ctx, opUpdate, o.pk, o.write(n), types.ReturnValueAllNew)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:

@@ -50,6 +50,8 @@ type Policy struct {
 	// Cost is what one matching request spends (at least 1), unless an entry of the policy's
 	// costs matches it; whatever override applies, a charge carries its request's cost.
 	Cost int64
+	// Lease is the policy's lease mode (off unless the file turns it on).
+	Lease bucket.Lease
 	// Summary is a one-line human description, printed by `validate`.
 	Summary string
 	// IETFPolicy is the precomputed RateLimit-Policy item for the default limit, e.g.

@@ -122,6 +122,11 @@ type DynamoDBConfig struct {
 	// renews the slots it holds every SlotLease/3, so the slots of a replica that crashed come
 	// back at most SlotLease after its last renewal. (Optional) default 30s, from 3s to 10m.
 	SlotLease time.Duration `mapstructure:"slot_lease"`
+	// Namespace scopes this gateway's bucket keys in the table, so that two services sharing a
+	// table do not share a policy's buckets because both named it alike. Policies with a pool
+	// ignore it: a pool is shared on purpose. (Optional) default "": keys as without it.
+	// Letters, digits, '-', '_', '.', at most 64.
+	Namespace string `mapstructure:"namespace"`
 }
 
 // ServerConfig holds the proxy listener's timeouts.
@@ -213,6 +218,29 @@ type PolicyConfig struct {
 	// Mode is enforce or shadow. (Optional) default enforce.
 	Mode      string           `mapstructure:"mode"`
 	Overrides []OverrideConfig `mapstructure:"overrides"`
+	// Pool names the policy's buckets in the store instead of the policy's name: gateways that
+	// name the same pool on the same table share its buckets (an account-wide budget drawn by
+	// several services). They must give it the same algorithm, key and limits. (Optional)
+	// letters, digits, '-', '_', '.', at most 64.
+	Pool string `mapstructure:"pool"`
+	// Lease serves the policy's buckets from capacity leased in batches (DynamoDB store; see
+	// docs/shared-pools.md). (Optional) default off.
+	Lease *LeaseConfig `mapstructure:"lease"`
+}
+
+// LeaseConfig is a policy's lease mode: each replica reserves a batch of capacity from the
+// shared item in one conditional write and admits from it locally.
+type LeaseConfig struct {
+	// Enabled turns lease mode on. (Required to use leases) default false.
+	Enabled bool `mapstructure:"enabled"`
+	// Shards is how many items the bucket is split over, each with rate/shards and its share of
+	// the burst (or limit), which add up to the whole exactly. (Optional) default 1, at most 64
+	// and at most the burst (limit).
+	Shards int `mapstructure:"shards"`
+	// TTL is how long a leased unit may be held before it is spent. (Optional) default: 250ms,
+	// or for a token bucket half of burst/rate if that is shorter. A token bucket's TTL must
+	// be shorter than burst/rate: leases take their units from the burst less rate*ttl.
+	TTL time.Duration `mapstructure:"ttl"`
 }
 
 // CostConfig is one entry of a policy's costs.

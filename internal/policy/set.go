@@ -122,6 +122,9 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		if pc.ChargeOn != nil {
 			pol.ChargeOn, _ = ParseStatusSet(pc.ChargeOn) // validated
 		}
+		if l := pc.Lease; l != nil && l.Enabled {
+			pol.Lease = bucket.Lease{Shards: max(l.Shards, 1), TTL: l.TTL}
+		}
 		pol.Summary = summary(pc)
 		pol.IETFPolicy = ietfPolicy(pol)
 		ru := rule{
@@ -130,7 +133,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 			methods:   matchMethods(pc.Match.Methods),
 			costs:     costRules(pc.Costs),
 			prefix:    pc.Match.PathPrefix,
-			keyPrefix: keyPrefix(pc, alg, kind, hdr),
+			keyPrefix: keyPrefix(cfg, pc, alg, kind, hdr),
 		}
 		if kind == keyGlobal {
 			sum := digest(ru.keyPrefix, "")
@@ -239,12 +242,26 @@ func kindName(kind keyKind, header string) string {
 	return "header:" + strings.ToLower(header)
 }
 
+// storeName is the name a policy's bucket keys are derived from: its pool, or its name within
+// the store's namespace. The prefixes keep the three apart (a policy name never starts with a
+// control byte) and leave the keys of a policy without namespace or pool as they always were.
+func storeName(cfg *Config, pc *PolicyConfig) string {
+	if pc.Pool != "" {
+		return "\x02pool\x00" + pc.Pool
+	}
+	if d := cfg.Store.DynamoDB; d != nil && d.Namespace != "" {
+		return "\x01ns\x00" + d.Namespace + "\x00" + pc.Name
+	}
+	return pc.Name
+}
+
 // keyPrefix is what a policy's bucket keys hash before the key value. A quota's also holds its
 // calendar (period, zone, offset): periods of another calendar are other periods, and state
 // counted in one (its End is a period end) must not be read as the other's.
-func keyPrefix(pc *PolicyConfig, alg bucket.Algorithm, kind keyKind, header string) []byte {
-	b := make([]byte, 0, len(pc.Name)+len(header)+32)
-	b = append(b, pc.Name...)
+func keyPrefix(cfg *Config, pc *PolicyConfig, alg bucket.Algorithm, kind keyKind, header string) []byte {
+	name := storeName(cfg, pc)
+	b := make([]byte, 0, len(name)+len(header)+32)
+	b = append(b, name...)
 	b = append(b, 0)
 	b = append(b, algorithmName[alg]...)
 	b = append(b, 0)
@@ -306,6 +323,16 @@ func summary(pc *PolicyConfig) string {
 	}
 	if n := len(pc.Overrides); n > 0 {
 		fmt.Fprintf(&b, " overrides=%d", n)
+	}
+	if pc.Pool != "" {
+		b.WriteString(" pool=" + pc.Pool)
+	}
+	if l := pc.Lease; l != nil && l.Enabled {
+		fmt.Fprintf(&b, " lease(shards=%d", max(l.Shards, 1))
+		if l.TTL > 0 {
+			b.WriteString(" ttl=" + shortDuration(l.TTL))
+		}
+		b.WriteString(")")
 	}
 	return b.String()
 }
@@ -571,7 +598,7 @@ func charge[V string | []byte](ru *rule, v V, client netip.Addr) (bucket.Charge,
 		sum := digest(ru.keyPrefix, v)
 		copy(key[:], sum[:])
 	}
-	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost, Refundable: ru.pol.ChargeOn != nil}, true
+	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost, Refundable: ru.pol.ChargeOn != nil, Lease: ru.pol.Lease}, true
 }
 
 // findOverride finds the override for a key value: a CIDR containing the client (ip policies,

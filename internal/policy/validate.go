@@ -298,6 +298,9 @@ func checkStore(es *Errors, st *StoreConfig) {
 		// DynamoDB call lose a slot; much longer would keep a crashed replica's slots away.
 		es.add("store.dynamodb.slot_lease", shortDuration(l), "must be from 3s to 10m")
 	}
+	if ns := d.Namespace; ns != "" && (len(ns) > maxNameLen || !validName(ns)) {
+		es.add("store.dynamodb.namespace", ns, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
+	}
 }
 
 // validTableName follows DynamoDB's naming rules for tables.
@@ -570,6 +573,81 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	}
 	checkChargeOn(es, at, p.ChargeOn, alg, algOK)
 	checkOverrides(es, at, p, kind, ok, alg, algOK)
+	if p.Pool != "" && (len(p.Pool) > maxNameLen || !validName(p.Pool)) {
+		es.add(at+".pool", p.Pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
+	}
+	if algOK {
+		checkLease(es, at, p, alg)
+	}
+}
+
+// checkLease checks a policy's lease block against its limit and every override's.
+func checkLease(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
+	l := p.Lease
+	if l == nil {
+		return
+	}
+	at += ".lease"
+	if !l.Enabled {
+		if l.Shards != 0 || l.TTL != 0 {
+			es.add(at+".enabled", "false", "lease fields are set, but enabled is false: set enabled: true, or remove the block")
+		}
+		return
+	}
+	if !bucket.LeaseSupported(alg) {
+		es.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+algorithmName[alg]+" (see docs/shared-pools.md)")
+		return
+	}
+	if len(p.ChargeOn) > 0 {
+		// A leased unit is spent when the request is admitted; giving it back after the
+		// answer would need the lease still live, which a slow upstream outlasts.
+		es.add(at+".enabled", "true", "cannot be combined with charge_on: a leased unit is spent when the request is admitted")
+		return
+	}
+	if l.Shards < 0 || l.Shards > bucket.MaxLeaseShards {
+		es.add(at+".shards", strconv.Itoa(l.Shards), fmt.Sprintf("must be from 1 to %d", bucket.MaxLeaseShards))
+		return
+	}
+	if l.TTL < 0 {
+		es.add(at+".ttl", shortDuration(l.TTL), "must be positive")
+		return
+	}
+	limits := []limitFields{p.fields()}
+	for i := range p.Overrides {
+		if !p.Overrides[i].Unlimited {
+			limits = append(limits, effective(p, &p.Overrides[i]))
+		}
+	}
+	shards := max(l.Shards, 1)
+	for _, f := range limits {
+		lim := limitOf(alg, p, f)
+		capacity, what := lim.Burst, "burst"
+		if alg == bucket.FixedWindow {
+			capacity, what = lim.Count, "limit"
+		}
+		if capacity <= 0 || (alg == bucket.TokenBucket && lim.Rate <= 0) {
+			return // reported with the limit's own fields
+		}
+		if int64(shards) > capacity {
+			es.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("must be at most the %s (%d): every shard holds at least one request of it", what, capacity))
+			return
+		}
+		if ttl := bucket.LeaseTTL(lim, bucket.Lease{Shards: shards, TTL: l.TTL}); ttl > 0 {
+			if most := bucket.LeaseCapacity(lim, shards, ttl); p.Cost > most {
+				es.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("leaves room for %d per lease, less than the cost %d of one request", most, p.Cost))
+				return
+			}
+			continue
+		}
+		if l.TTL == 0 || capacity/int64(shards) < 2 {
+			es.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("leaves %d of the burst (%d) to a shard: a leased token bucket needs at least 2 per shard", capacity/int64(shards), capacity))
+			return
+		}
+		t, tau := bucket.ShardGCRA(lim, shards, shards-1)
+		es.add(at+".ttl", shortDuration(l.TTL), "must be at most "+shortDuration(time.Duration(tau-t))+
+			" (the smallest shard's burst time less one interval): leased units come out of the burst less rate×ttl")
+		return
+	}
 }
 
 func validName(s string) bool {

@@ -74,7 +74,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	st, err := newStore(ctx, cfg, reg, log)
+	st, closeStore, err := newStore(ctx, cfg, reg, log)
 	if err != nil {
 		if stopped(ctx, err) {
 			log.Info("shut down before serving")
@@ -239,10 +239,20 @@ func Run(ctx context.Context, o Options) error {
 		log.Warn("drain timeout reached; closing remaining connections", zap.Error(err))
 		_ = proxySrv.Close()
 	}
+	// Leased capacity this replica did not spend goes back to the shared pool, so the other
+	// replicas can use it at once rather than after the leases' TTL.
+	closeCtx, cancelClose := context.WithTimeout(context.Background(), closeStoreTimeout)
+	if err := closeStore(closeCtx); err != nil {
+		log.Warn("giving leased capacity back", zap.Error(err))
+	}
+	cancelClose()
 	_ = adminSrv.Shutdown(drainCtx)
 	log.Info("stopped")
 	return runErr
 }
+
+// closeStoreTimeout bounds giving the store's leases back at shutdown.
+const closeStoreTimeout = 5 * time.Second
 
 // defaultGCPercent is the garbage collector target the gateway runs with unless GOGC is set.
 // A proxy's live heap is small (a few MiB plus the memory store), so the default of 100 makes it

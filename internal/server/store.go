@@ -22,12 +22,14 @@ const StartupTimeout = 30 * time.Second
 
 // newStore builds the configured backend and wraps it in the circuit breaker and on_error
 // policy of package fallback (every backend, so that readiness and metrics have one shape).
-// Its Ready method is the /readyz probe.
-func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger) (*fallback.Store, error) {
+// Its Ready method is the /readyz probe. closeStore gives back what the backend holds for this
+// replica (the DynamoDB store's unspent leases) at shutdown.
+func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger) (_ *fallback.Store, closeStore func(context.Context) error, _ error) {
 	var (
 		primary bucket.Store
 		healthy func(error) bool
 	)
+	closeStore = func(context.Context) error { return nil }
 	switch cfg.Store.Backend {
 	case "memory":
 		m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
@@ -42,7 +44,7 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			}, func() float64 { return float64(m.Evicted()) })),
 		)
 		if err != nil {
-			return nil, fmt.Errorf("register store metrics: %w", err)
+			return nil, nil, fmt.Errorf("register store metrics: %w", err)
 		}
 		primary = m
 		// The memory store fails only for a request whose client has gone (it decides even past
@@ -55,11 +57,11 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		defer cancel()
 		client, err := NewDynamoClient(sctx, d)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if d.CreateTable {
 			if err := dynamo.CreateTable(sctx, client, d.Table); err != nil {
-				return nil, fmt.Errorf("store.dynamodb.create_table: %w", err)
+				return nil, nil, fmt.Errorf("store.dynamodb.create_table: %w", err)
 			}
 			log.Info("dynamodb table ready", zap.String("table", d.Table))
 		}
@@ -67,16 +69,25 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		if d.Mode == "transaction" {
 			mode = dynamo.Transaction
 		}
-		primary = dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg,
+		ds := dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg,
 			SlotLease: d.SlotLease,
 			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 			// batch whose deadline is another waiter's: a write can land up to about twice the
 			// timeout after its decision.
 			LateWrites: max(5*time.Second, 2*cfg.Store.Timeout)})
-		// Contention on one hot key is the store working as designed, not an outage.
-		healthy = func(err error) bool { return errors.Is(err, dynamo.ErrContention) }
+		primary = ds
+		closeStore = func(ctx context.Context) error {
+			err := ds.CloseLeases(ctx)
+			_ = ds.Close() // stop renewing concurrency slots: the drain released them
+			return err
+		}
+		// Contention on one hot key, or DynamoDB throttling one, is the store working as
+		// designed, not an outage: the decision follows on_error, the breaker stays closed.
+		healthy = func(err error) bool {
+			return errors.Is(err, dynamo.ErrContention) || errors.Is(err, dynamo.ErrThrottled)
+		}
 	default:
-		return nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
+		return nil, nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
 	}
 
 	onError := fallback.Allow
@@ -107,9 +118,9 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		Registerer: reg,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return fb, nil
+	return fb, closeStore, nil
 }
 
 // NewDynamoClient builds the DynamoDB client for the store.dynamodb block from the standard AWS
