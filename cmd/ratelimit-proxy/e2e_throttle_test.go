@@ -28,7 +28,7 @@ func TestThrottledDynamoFollowsOnError(t *testing.T) {
 	for _, onError := range []string{"deny", "allow"} {
 		t.Run(onError, func(t *testing.T) {
 			up := newUpstream(t, nil)
-			cfg := dynamoStore(table, rs.URL, true, "150ms", "  on_error: "+onError+"\n") + `policies:
+			cfg := dynamoStore(table, rs.URL, true, "300ms", "  on_error: "+onError+"\n") + `policies:
   - name: hot
     key: global
     algorithm: token_bucket
@@ -36,7 +36,7 @@ func TestThrottledDynamoFollowsOnError(t *testing.T) {
     burst: 1000
 `
 			g := startGateway(t, up.URL, cfg, awsEnv()...)
-			const requests = 12
+			const requests = 8
 			status := map[int]int{}
 			headers := map[int]int{} // answers with X-RateLimit-Limit, by status
 			for range requests {

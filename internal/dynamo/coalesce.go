@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -40,6 +41,9 @@ type coalescer struct {
 type itemQueue struct {
 	queue []*waiter
 	left  int // waiters in queue that left before being taken
+	// throttled counts this item's throttled writes, so that a waiter whose deadline passes
+	// while they were retried fails as throttled, not as a store timeout.
+	throttled atomic.Int64
 }
 
 // waiter is one charge waiting for its item's write. The writer reads its request fields and
@@ -56,6 +60,8 @@ type waiter struct {
 	counts slotCounts
 
 	done chan struct{} // closed when the outcome is set
+	// throttledBefore is its item's throttled count when it was queued.
+	throttledBefore int64
 
 	// Guarded by coalescer.mu.
 	q    *itemQueue
@@ -124,7 +130,7 @@ func (s *Store) applyCoalesced(ctx context.Context, ops []op, n int64) {
 			s.co.items[o.pk] = q
 			start = append(start, o.pk)
 		}
-		w.q = q
+		w.q, w.throttledBefore = q, q.throttled.Load()
 		q.queue = append(q.queue, w)
 		qs = append(qs, queued{o, w})
 	}
@@ -147,6 +153,9 @@ func (s *Store) applyCoalesced(ctx context.Context, ops []op, n int64) {
 			default:
 				s.co.leave(q.w)
 				q.o.err = fmt.Errorf("dynamo: update %s: %w", q.o.pk, ctx.Err())
+				if q.w.q.throttled.Load() > q.w.throttledBefore {
+					q.o.err = fmt.Errorf("dynamo: update %s: %w: waited for writes DynamoDB throttled: %w", q.o.pk, ErrThrottled, ctx.Err())
+				}
 			}
 		}
 		return
@@ -223,6 +232,7 @@ func (s *Store) writeLoop(pk string) {
 			return
 		}
 		b := newBatch(pk, ws)
+		b.ctx = context.WithValue(b.ctx, throttleCounter{}, &q.throttled)
 		for _, w := range ws {
 			w.b = b
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -35,8 +36,9 @@ func (s *Store) readItems(ctx context.Context, pks []string) (map[string]map[str
 				return nil, fmt.Errorf("dynamo: batch_get: unprocessed keys after %d rounds: %w", round, ErrContention)
 			}
 			s.m.requests.WithLabelValues(opBatchGet).Inc()
+			sent := time.Now()
 			res, err := s.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
-			if err != nil && s.retryThrottled(ctx, opBatchGet, throttles, err) {
+			if err != nil && s.retryThrottled(ctx, opBatchGet, throttles, err, time.Since(sent)) {
 				throttles++
 				round-- // a throttled read is not a round of unprocessed keys
 				continue
@@ -112,8 +114,14 @@ func (s *Store) updateItem(ctx context.Context, op, pk string, u update, rv type
 	}
 	for attempt := 0; ; attempt++ {
 		s.m.requests.WithLabelValues(op).Inc()
+		start := time.Now()
 		out, err := s.api.UpdateItem(ctx, in, optFns...)
-		if err == nil || !s.retryThrottled(ctx, op, attempt, err) {
+		if err == nil || !s.retryThrottled(ctx, op, attempt, err, time.Since(start)) {
+			if attempt > 0 && err != nil && ctx.Err() != nil {
+				// The retries of a throttled write ran into the deadline: throttling, not an
+				// outage, is why the decision failed.
+				return out, fmt.Errorf("%w: retried until the deadline: %w", ErrThrottled, err)
+			}
 			return out, throttledErr(err)
 		}
 	}
@@ -155,6 +163,10 @@ func throttledErr(err error) error {
 	return err
 }
 
+// throttleCounter is the context key of a counter of throttled calls (an item's, for the
+// requests queued on it).
+type throttleCounter struct{}
+
 // Throttling backoff: full jitter (a uniform wait up to base*2^attempt, at most throttleCap), so
 // that replicas throttled together do not come back together.
 const (
@@ -165,12 +177,15 @@ const (
 	throttleCap        = 50 * time.Millisecond
 )
 
-// retryThrottled counts a throttled call and waits before its retry; false when err is not a
-// throttle or the wait would not end before ctx's deadline (the caller then fails, and the
-// decision follows on_error).
-func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err error) bool {
+// retryThrottled counts a throttled call (that took took) and waits before its retry; false when
+// err is not a throttle or the wait and another call as long would not end well before ctx's
+// deadline (the caller then fails, and the decision follows on_error).
+func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err error, took time.Duration) bool {
 	if !IsThrottle(err) {
 		return false
+	}
+	if c, ok := ctx.Value(throttleCounter{}).(*atomic.Int64); ok {
+		c.Add(1)
 	}
 	if attempt >= maxThrottleRetries {
 		s.m.throttled.WithLabelValues(op).Inc()
@@ -181,7 +196,7 @@ func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err 
 	d := time.Duration(rand.Int64N(int64(ceiling)) + 1)
 	// Give up while there is still time to say why: a decision that ends on its deadline
 	// reads as a store timeout (an outage, to the circuit breaker) rather than as throttling.
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d+throttleMargin {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d+max(throttleMargin, 2*took) {
 		return false
 	}
 	t := time.NewTimer(d)

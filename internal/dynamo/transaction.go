@@ -79,8 +79,10 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			}
 		}
 		s.m.requests.WithLabelValues(opTransact).Inc()
+		start := time.Now()
 		_, err := s.api.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
-		if err != nil && s.retryThrottled(ctx, opTransact, throttles, err) {
+		took := time.Since(start)
+		if err != nil && s.retryThrottled(ctx, opTransact, throttles, err, took) {
 			throttles++
 			round-- // nothing was written: not a round of conflicts
 			continue
@@ -115,7 +117,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 				again = true
 			case "ThrottlingError", "ProvisionedThroughputExceeded":
 				// Nothing was written; wait as for a throttled call, within the deadline.
-				if !s.retryThrottled(ctx, opTransact, throttles, throttleReason{}) {
+				if !s.retryThrottled(ctx, opTransact, throttles, throttleReason{}, took) {
 					return fmt.Errorf("dynamo: transact %s: %s: %w: %w", group[i].pk, code, ErrThrottled, err)
 				}
 				throttles++
