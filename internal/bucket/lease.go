@@ -10,7 +10,7 @@ import "time"
 const MaxLeaseShards = 64
 
 // DefaultLeaseTTL is the longest default lease TTL.
-const DefaultLeaseTTL = 250 * time.Millisecond
+const DefaultLeaseTTL = 150 * time.Millisecond
 
 // LeaseSupported reports whether leases can serve the algorithm: a token bucket (a lease is
 // units of its slack) and a fixed window (units of its count). A sliding window's exact bound

@@ -96,6 +96,7 @@ type shard struct {
 	emptyUntil   int64 // no unit before this instant
 	tat          int64 // GCRA: the last tat learnt (0: unknown)
 	used, usedIn int64 // fixed window: the count last learnt, and the end of its window
+	empty        bool  // the last try found it empty: poll it with a read first
 }
 
 // grant is one lease: units reserved by one write, spendable until expires.
@@ -360,7 +361,11 @@ func (p *pool) estimate(n int64) {
 // waiting, at least one, and no more than a shard can ever hold.
 func (p *pool) want(n int64) int64 {
 	p.estimate(n)
-	w := int64(math.Ceil(p.rate*float64(p.lifetime(n)/2))) + p.waiting
+	// A lease should last half its lifetime, and at least two round trips of a slow store
+	// (while the next one is on its way), never past its lifetime.
+	life := p.lifetime(n)
+	horizon := min(max(life/2, 2*p.rtt), life)
+	w := int64(math.Ceil(p.rate*float64(horizon))) + p.waiting
 	return max(1, min(w, p.capacity()))
 }
 
@@ -394,12 +399,14 @@ func (p *pool) startRenewal(ctx context.Context, n int64) {
 	p.done = make(chan struct{})
 	want := p.want(n)
 	// Not derived from ctx: the renewal outlives the Take that started it, and a caller may
-	// recycle its context once Take returns (the proxy's does). Only the deadline carries over.
-	d, ok := ctx.Deadline()
-	if !ok {
-		d = time.Now().Add(renewTimeout)
+	// recycle its context once Take returns (the proxy's does). Its deadline is longer than the
+	// decision's: a store slower than store.timeout fails the requests waiting for the renewal
+	// (they follow on_error), but the lease it brings back still serves the next ones.
+	budget := renewTimeout
+	if d, ok := ctx.Deadline(); ok {
+		budget = max(renewSlack*time.Until(d), renewFloor)
 	}
-	rctx, cancel := context.WithDeadline(context.Background(), d)
+	rctx, cancel := context.WithTimeout(context.Background(), budget)
 	if !p.ls.goTracked(func() {
 		defer cancel()
 		p.renew(rctx, n, want)
@@ -549,6 +556,23 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want int64) (*grant, er
 	// What the shard holds as far as we know picks the first form; a failed condition tells
 	// what it holds, and the next form fits that.
 	avail := sh.known(p, n)
+	if sh.empty {
+		// The shard was empty when last tried, and other replicas poll it too: a read, which
+		// neither takes the item's write capacity nor costs a write, tells whether a write
+		// would find least units, before one is sent.
+		item, err := p.ls.s.readItems(ctx, []string{pk})
+		if err != nil {
+			return nil, err
+		}
+		a, err := p.learn(&sh, item[pk], n)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", pk, err)
+		}
+		if avail = a; avail < least {
+			p.emptied(i, &sh, n, least)
+			return nil, nil
+		}
+	}
 	for round := 0; round < 3; round++ {
 		f := p.leaseForm(&sh, n, want, least, avail)
 		out, err := p.ls.s.updateItem(ctx, opLease, pk, f.u, f.rv)
@@ -564,22 +588,7 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want int64) (*grant, er
 			if avail = a; avail >= least {
 				continue
 			}
-			// Replicas polling the same shard would come back when the same units have
-			// refilled, and all but one find it empty again. So each waits a random extra time
-			// that doubles with every renewal that found the pool empty in a row (full jitter,
-			// at most four horizons): with more replicas contending, each polls less often.
-			// While demand exceeds the rate that capacity is not lost (another replica leases
-			// it), and the bound keeps a shard from filling up unseen for long.
-			at := sh.refilled(p, n, least)
-			spread := min(max(at-n, p.horizon/16)<<min(p.fails, 10), 4*p.horizon)
-			until := at + rand.Int64N(max(spread, 1))
-			if !p.gcra {
-				until = min(until, fixedEnd(p.key.limit, n))
-			}
-			p.mu.Lock()
-			p.shards[i].tat, p.shards[i].used, p.shards[i].usedIn = sh.tat, sh.used, sh.usedIn
-			p.shards[i].emptyUntil = until
-			p.mu.Unlock()
+			p.emptied(i, &sh, n, least)
 			return nil, nil
 		default:
 			p.ls.s.m.errors.WithLabelValues(opLease).Inc()
@@ -587,6 +596,27 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want int64) (*grant, er
 		}
 	}
 	return nil, nil // raced three times: the next renewal tries again
+}
+
+// emptied records that shard i (as learnt into sh) held fewer than least units at n, and when
+// to try it again. Replicas polling the same shard would come back when the same units have
+// refilled, and all but one find it empty again. So each waits a random extra time that doubles
+// with every renewal that found the pool empty in a row (full jitter, at most four horizons):
+// with more replicas contending, each polls less often. While demand exceeds the rate that
+// capacity is not lost (another replica leases it), and the bound keeps a shard from filling up
+// unseen for long.
+func (p *pool) emptied(i int, sh *shard, n, least int64) {
+	at := sh.refilled(p, n, least)
+	spread := min(max(at-n, p.horizon/16)<<min(p.fails, 10), 4*p.horizon)
+	until := at + rand.Int64N(max(spread, 1))
+	if !p.gcra {
+		until = min(until, fixedEnd(p.key.limit, n))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := &p.shards[i]
+	s.tat, s.used, s.usedIn = sh.tat, sh.used, sh.usedIn
+	s.emptyUntil, s.empty = until, true
 }
 
 // itemKey is shard i's item at n: leased items are apart from the unleased ones, so that
@@ -739,7 +769,7 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 		g.expires = min(end-1, n+p.ttl)
 		p.resetAt = max(p.resetAt, end)
 	}
-	sh.emptyUntil = 0
+	sh.emptyUntil, sh.empty = 0, false
 	return g, nil
 }
 
@@ -755,8 +785,13 @@ func (p *pool) refundLater(g grant) {
 	}
 }
 
-// renewTimeout bounds a renewal started by a Take whose context has no deadline.
-const renewTimeout = 2 * time.Second
+// A renewal runs for renewSlack times what the decision that started it had left, at least
+// renewFloor; renewTimeout when the decision had no deadline.
+const (
+	renewSlack   = 4
+	renewFloor   = time.Second
+	renewTimeout = 2 * time.Second
+)
 
 // refundTimeout bounds a background refund of a lease.
 const refundTimeout = 2 * time.Second

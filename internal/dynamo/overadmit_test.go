@@ -179,9 +179,26 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	return res, nil
 }
 
-// BatchGetItem answers that no closed sliding-window slot holds anything.
+// BatchGetItem reads the items asked for, consistently.
 func (f *memAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
-	return &dynamodb.BatchGetItemOutput{Responses: map[string][]map[string]types.AttributeValue{}}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][]map[string]types.AttributeValue{}
+	for table, ka := range in.RequestItems {
+		for _, k := range ka.Keys {
+			pk := k["pk"].(*types.AttributeValueMemberS).Value
+			item, ok := f.items[pk]
+			if !ok {
+				continue
+			}
+			av := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}}
+			for name, v := range item {
+				av[name] = memNum(v)
+			}
+			out[table] = append(out[table], av)
+		}
+	}
+	return &dynamodb.BatchGetItemOutput{Responses: out}, nil
 }
 
 func memNum(v int64) types.AttributeValue {

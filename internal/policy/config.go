@@ -237,7 +237,7 @@ type LeaseConfig struct {
 	// the burst (or limit), which add up to the whole exactly. (Optional) default 1, at most 64
 	// and at most the burst (limit).
 	Shards int `mapstructure:"shards"`
-	// TTL is how long a leased unit may be held before it is spent. (Optional) default: 250ms,
+	// TTL is how long a leased unit may be held before it is spent. (Optional) default: 150ms,
 	// or for a token bucket half of burst/rate if that is shorter. A token bucket's TTL must
 	// be shorter than burst/rate: leases take their units from the burst less rate*ttl.
 	TTL time.Duration `mapstructure:"ttl"`
