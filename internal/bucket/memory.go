@@ -70,7 +70,7 @@ type shard struct {
 	fixed   table[FixedState]     // fixed-window states
 	sliding table[compactSliding] // sliding-window keys whose state fits the compact form
 	wide    map[Key]SlidingState  // the other sliding-window keys; a key is in one of the two at most
-	conc    table[int64]          // concurrency keys: requests in flight
+	conc    table[int64]          // concurrency keys: requests in flight + 1 (see concStored)
 	maxKeys int                   // hard cap on this shard's keys
 	sweepAt int                   // sweep before inserting a new key when the shard holds this many
 	peak    int                   // most keys seen by a sweep since the tables were last rebuilt
@@ -255,10 +255,11 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		i, existed := sh.conc.find(&c.Key)
 		var n int64
 		if existed {
-			n = sh.conc.slots[i].st
+			n = sh.conc.slots[i].st - concStored
 		}
 		n, *r = Concurrent(n, c.Limit)
 		if r.Allowed {
+			n += concStored
 			evicted = storeAt(&sh.shard, &sh.conc, i, existed, &c.Key, &n, now)
 		}
 	default: // SlidingWindow; Take has checked the algorithm
@@ -393,6 +394,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		p.sliding.take(now, &c.Limit, c.N(), &r)
 	case Concurrency:
 		n, ok := sh.conc.get(&c.Key)
+		n -= concStored * int64(b2i(ok))
 		if prev != nil {
 			n, ok = prev.tat, true
 		}
@@ -422,7 +424,8 @@ func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
 	case SlidingWindow:
 		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count)
 	case Concurrency:
-		sh.conc.put(&c.Key, &p.tat)
+		st := p.tat + concStored
+		sh.conc.put(&c.Key, &st)
 	}
 	return evicted
 }
@@ -472,7 +475,7 @@ func (sh *shard) sweep(now int64) (evicted uint64) {
 			delete(sh.wide, k)
 		}
 	}
-	sh.conc.deleteWhile(func(n *int64) bool { return *n <= 0 }, never)
+	sh.conc.deleteWhile(func(n *int64) bool { return *n <= concStored }, never)
 	n := sh.len()
 	// Evicting to a low-water mark rather than to just below the cap keeps a shard full of live
 	// keys from sweeping on every insert.
@@ -560,14 +563,9 @@ func (sh *shard) release(tk *Taken, now int64) {
 	switch c.Limit.Algorithm {
 	case Concurrency:
 		if i, ok := sh.conc.find(&c.Key); ok {
-			n := ConcurrentRelease(sh.conc.slots[i].st)
-			if n == 0 {
-				// A key with nothing in flight is a fresh key: forget it now rather than at
-				// the next sweep.
-				sh.conc.deleteAt(i)
-				return
-			}
-			sh.conc.slots[i].st = n
+			// A key with nothing in flight stays until the next sweep (it is idle then): a
+			// busy key is not deleted and inserted again on every request.
+			sh.conc.slots[i].st = ConcurrentRelease(sh.conc.slots[i].st-concStored) + concStored
 		}
 	case TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
@@ -587,4 +585,16 @@ func (sh *shard) release(tk *Taken, now int64) {
 			sh.storeSliding(c.Key, &st, c.Limit.Count)
 		}
 	}
+}
+
+// concStored is added to a concurrency key's in-flight count in its table: the table marks an
+// empty slot with the zero state, and a key with nothing in flight stays stored (until a
+// sweep finds it idle) so that a busy key is not deleted and inserted again per request.
+const concStored = 1
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
