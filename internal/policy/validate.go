@@ -234,6 +234,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	hasUser := id.UserHeader != "" || id.JWT != nil
 	for i := range c.Policies {
 		checkPolicy(&es, fmt.Sprintf("policies[%d]", i), &c.Policies[i], hasUser)
+		if c.Store.Backend == "dynamodb" {
+			checkSlotsFit(&es, fmt.Sprintf("policies[%d]", i), &c.Policies[i])
+		}
 		name := c.Policies[i].Name
 		if first, dup := seen[name]; dup && name != "" {
 			es.add(fmt.Sprintf("policies[%d].name", i), name, fmt.Sprintf("duplicate of policies[%d]", first))
@@ -1066,6 +1069,27 @@ func checkChargeOn(es *Errors, at string, list []string, alg bucket.Algorithm, a
 	for i, v := range list {
 		if _, err := ParseStatusSet([]string{v}); err != nil {
 			es.add(fmt.Sprintf("%s.charge_on[%d]", at, i), v, err.Error())
+		}
+	}
+}
+
+// maxDynamoSlots bounds a concurrency limit on DynamoDB: the key's item holds one lease
+// attribute (about 30 bytes) per slot in flight, and an item holds at most 400 KB.
+const maxDynamoSlots = 10_000
+
+// checkSlotsFit refuses concurrency limits (the policy's and its overrides') whose slots would
+// not fit one DynamoDB item.
+func checkSlotsFit(es *Errors, at string, p *PolicyConfig) {
+	if p.Algorithm != "concurrency" {
+		return
+	}
+	const why = "with store.backend dynamodb a concurrency limit must be at most 10000 (one lease attribute per slot in one item)"
+	if p.Limit > maxDynamoSlots {
+		es.add(at+".limit", strconv.FormatInt(p.Limit, 10), why)
+	}
+	for j, o := range p.Overrides {
+		if o.Limit > maxDynamoSlots {
+			es.add(fmt.Sprintf("%s.overrides[%d].limit", at, j), strconv.FormatInt(o.Limit, 10), why)
 		}
 	}
 }
