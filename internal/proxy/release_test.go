@@ -2,12 +2,16 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/net/websocket"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
@@ -209,5 +213,60 @@ func TestRelease_ErrorCounted(t *testing.T) {
 	// The slot was not given back: the next request is rejected.
 	if res, _ := hs.get("/"); res.StatusCode != http.StatusTooManyRequests {
 		t.Errorf("after a failed release: status %d, want 429", res.StatusCode)
+	}
+}
+
+// A WebSocket holds its slot for its whole life, and its answer is the 101 (which the reverse
+// proxy writes to the hijacked connection itself): charge_on [101] charges it.
+func TestWebSocket_SlotHeldAndChargedOn101(t *testing.T) {
+	up := newUpstream(t, websocket.Handler(func(c *websocket.Conn) {
+		_, _ = io.Copy(c, c) // echo
+	}).ServeHTTP)
+	for _, tc := range []struct {
+		name     string
+		l        bucket.Limit
+		chargeOn []string
+	}{
+		{"concurrency", oneSlot, nil},
+		{"charge_on 101", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}, []string{"101"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs := releaseHarness(t, up, tc.l, tc.chargeOn...)
+			wsURL := "ws" + strings.TrimPrefix(hs.srv.URL, "http") + "/ws"
+			cfg, err := websocket.NewConfig(wsURL, hs.srv.URL)
+			if err != nil {
+				t.Fatalf("config: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), failAfter)
+			defer cancel()
+			conn, err := cfg.DialContext(ctx)
+			if err != nil {
+				t.Fatalf("dial through proxy: %v", err)
+			}
+			_ = conn.SetDeadline(time.Now().Add(failAfter))
+			if err := websocket.Message.Send(conn, "hello"); err != nil {
+				t.Fatalf("send: %v", err)
+			}
+			var got string
+			if err := websocket.Message.Receive(conn, &got); err != nil || got != "hello" {
+				t.Fatalf("echo = %q, %v; want hello", got, err)
+			}
+			// While the socket is open (concurrency), or for good (charge_on 101), the budget
+			// of one is spent.
+			if res, _ := hs.get("/plain"); res.StatusCode != http.StatusTooManyRequests {
+				t.Errorf("request beside the open socket: status %d, want 429", res.StatusCode)
+			}
+			hs.waitServed(1)
+			conn.Close()
+			hs.waitServed(1) // the socket's handler returns once both directions closed
+			// The upstream answers plain requests 400 (it only speaks WebSocket): forwarded.
+			res := hs.served("/plain")
+			switch {
+			case tc.chargeOn != nil && res.StatusCode != http.StatusTooManyRequests:
+				t.Errorf("after the socket closed: status %d, want 429 (the 101 was charged)", res.StatusCode)
+			case tc.chargeOn == nil && res.StatusCode != http.StatusBadRequest:
+				t.Errorf("after the socket closed: status %d, want the upstream's 400 (the slot is back)", res.StatusCode)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -289,6 +290,17 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands the connection over for a protocol switch (WebSocket): the reverse proxy then
+// writes the upstream's 101 to the connection itself, past WriteHeader, so the switch is
+// recorded here. http.ResponseController finds this method before Unwrap.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}
 
 // classifyUpstream maps a transport error onto the fixed reason set of the metric.
 func classifyUpstream(err error) int {
