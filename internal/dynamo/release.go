@@ -76,6 +76,11 @@ func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken
 // ok is false when nothing is to be written (see Release).
 func (s *Store) releaseWrite(tk *bucket.Taken, n int64) (pk string, u update, retry, ok bool) {
 	c, at := tk.Charge, tk.At.UnixNano()
+	if leased(c) {
+		// Spent from this replica's lease, not written to an item (validate refuses charge_on
+		// with leases; this keeps a refund from ever reaching the wrong item).
+		return "", update{}, false, false
+	}
 	key := c.Key.String()
 	l := c.Limit
 	switch l.Algorithm {
