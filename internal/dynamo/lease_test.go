@@ -620,3 +620,60 @@ func TestLeasesOnDynamoDBLocal(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkLeasesSimulated: eight replicas lease from one pool of 2,000/s with a burst of 1,000,
+// offered twice its rate (Poisson arrivals spread evenly over the replicas) for 20 simulated
+// seconds, on a table that applies writes at once: the lease arithmetic alone, without the
+// network. It reports the share of one exact bucket admitted and DynamoDB calls per admitted
+// request. One iteration is one run: use -benchtime 1x.
+func BenchmarkLeasesSimulated(b *testing.B) {
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 2000, Burst: 1000}
+	for _, shards := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("shards=%d", shards), func(b *testing.B) {
+			for range b.N {
+				api := newMemAPI()
+				stores := make([]*dynamo.Store, 8)
+				reads := &countingReads{memAPI: api}
+				for i := range stores {
+					stores[i] = dynamo.New(reads, dynamo.Options{Table: "t", Now: frozen})
+				}
+				key := bucket.Key{42, byte(shards)}
+				rng := rand.New(rand.NewPCG(1, 2))
+				at, end := t0.UnixNano(), t0.Add(20*time.Second).UnixNano()
+				var admitted int
+				for at < end {
+					r := make([]bucket.Result, 1)
+					c := []bucket.Charge{{Key: key, Limit: limit, Lease: bucket.Lease{Shards: shards}}}
+					ok, err := stores[rng.IntN(len(stores))].Take(context.Background(), time.Unix(0, at), c, r)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if ok {
+						admitted++
+					}
+					at += int64(rng.ExpFloat64() / (2 * limit.Rate) * 1e9)
+				}
+				for _, s := range stores {
+					_ = s.CloseLeases(context.Background())
+				}
+				exact := float64(limit.Burst) + 20*limit.Rate
+				b.ReportMetric(float64(admitted)/exact, "of-exact")
+				b.ReportMetric(float64(api.writes())/float64(admitted), "writes/admitted")
+				b.ReportMetric(float64(reads.reads.Load())/float64(admitted), "reads/admitted")
+			}
+		})
+	}
+}
+
+// countingReads counts the items memAPI reads.
+type countingReads struct {
+	*memAPI
+	reads atomic.Int64
+}
+
+func (c *countingReads) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	for _, ka := range in.RequestItems {
+		c.reads.Add(int64(len(ka.Keys)))
+	}
+	return c.memAPI.BatchGetItem(ctx, in, o...)
+}
