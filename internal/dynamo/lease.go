@@ -87,6 +87,7 @@ type pool struct {
 	rtt        int64  // smoothed round trip of a lease write
 	nextID     uint64 // of the next grant
 	fails      uint   // renewals in a row that found every shard empty
+	lastEmpty  int64  // instant of the last renewal that found every shard empty
 }
 
 // shard is one item of a pool.
@@ -192,6 +193,18 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			return
 		}
 		if p.emptyUntil > n || waits == leaseMaxWaits {
+			o.result, o.done = p.rejected(n), true
+			p.mu.Unlock()
+			return
+		}
+		if p.fails > 0 && n-p.lastEmpty < p.horizon {
+			// The last renewal found the pool empty, lately: this one polls it in the background, and
+			// the requests meanwhile are rejected at once rather than held for a round trip
+			// (two, with the read) that a slow store could stretch past their deadline. While
+			// the pool is empty, so would one exact bucket have rejected them.
+			if !p.renewing {
+				p.startRenewal(ctx, n)
+			}
 			o.result, o.done = p.rejected(n), true
 			p.mu.Unlock()
 			return
@@ -449,6 +462,7 @@ func (p *pool) renew(ctx context.Context, n, want int64) {
 		p.ls.s.m.leases.WithLabelValues(leaseError).Inc()
 	case g == nil:
 		p.fails++
+		p.lastEmpty = max(p.lastEmpty, n)
 		p.ls.s.m.leases.WithLabelValues(leaseEmpty).Inc()
 	default:
 		p.grants = append(p.grants, *g)
