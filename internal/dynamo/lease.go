@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -19,6 +20,9 @@ import (
 // from units this Store reserved from the shared item(s) in one conditional write, without a
 // round trip. A pool is one (key, limit, lease) on this Store: its grants, the demand it sees,
 // and its shards.
+
+// leaseWaitMargin is how long before its deadline a request stops waiting for a renewal.
+const leaseWaitMargin = 5 * time.Millisecond
 
 // leaseMaxWaits bounds the renewals one charge waits for: renewals that other replicas keep
 // racing to the units mean the pool is empty, and the charge is rejected.
@@ -84,10 +88,11 @@ type pool struct {
 	arrivals   int64   // requests since estAt
 	estAt      int64
 	lastUse    int64
-	rtt        int64  // smoothed round trip of a lease write
-	nextID     uint64 // of the next grant
-	fails      uint   // renewals in a row that found every shard empty
-	lastEmpty  int64  // instant of the last renewal that found every shard empty
+	rtt        int64        // smoothed round trip of a lease write
+	nextID     uint64       // of the next grant
+	fails      uint         // renewals in a row that found every shard empty
+	lastEmpty  int64        // instant of the last renewal that found every shard empty
+	throttled  atomic.Int64 // throttled calls of this pool's renewals
 }
 
 // shard is one item of a pool.
@@ -215,8 +220,30 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		}
 		done := p.done
 		p.mu.Unlock()
+		// A renewal still on its way when this decision's time is almost up is not an outage:
+		// the store answers, slowly, and the lease will serve the requests after this one. So
+		// the request is rejected (the pool had nothing for it in time) rather than failed,
+		// which would open the circuit breaker for every request. A renewal that fails is an
+		// error, and follows on_error.
+		var late <-chan time.Time
+		if d, ok := ctx.Deadline(); ok {
+			t := time.NewTimer(time.Until(d) - leaseWaitMargin)
+			defer t.Stop()
+			late = t.C
+		}
+		throttledBefore := p.throttled.Load()
 		select {
 		case <-done:
+		case <-late:
+			p.mu.Lock()
+			p.waiting -= cost
+			if p.throttled.Load() > throttledBefore {
+				o.err = fmt.Errorf("dynamo: lease %s: %w: the renewal was throttled", p.base, ErrThrottled)
+			} else {
+				o.result, o.done = p.rejected(n), true
+			}
+			p.mu.Unlock()
+			return
 		case <-ctx.Done():
 			p.mu.Lock()
 			p.waiting -= cost
@@ -420,6 +447,7 @@ func (p *pool) startRenewal(ctx context.Context, n int64) {
 		budget = max(renewSlack*time.Until(d), renewFloor)
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), budget)
+	rctx = context.WithValue(rctx, throttleCounter{}, &p.throttled)
 	if !p.ls.goTracked(func() {
 		defer cancel()
 		p.renew(rctx, n, want)
