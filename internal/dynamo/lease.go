@@ -169,6 +169,15 @@ func (p *pool) usable() bool { return p.ttl > 0 }
 // take decides a leased charge: from a grant when one has a unit, else by waiting for a
 // renewal, else rejected until a shard has units again.
 func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
+	// Decisions made here without a round trip (from a grant, or rejected while the pool is
+	// empty) are timed on their own: the store's decision histogram mixes them with the ones
+	// that waited for a renewal.
+	start, waited := time.Now(), false
+	defer func() {
+		if !waited && o.err == nil {
+			ls.s.m.leaseLocal.Observe(time.Since(start).Seconds())
+		}
+	}()
 	p, err := ls.pool(o.c, n)
 	if err == nil && !p.usable() {
 		err = fmt.Errorf("lease: %s has no room for a lease TTL", o.c.Key)
@@ -225,6 +234,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		// the request is rejected (the pool had nothing for it in time) rather than failed,
 		// which would open the circuit breaker for every request. A renewal that fails is an
 		// error, and follows on_error.
+		waited = true
 		var late <-chan time.Time
 		if d, ok := ctx.Deadline(); ok {
 			t := time.NewTimer(time.Until(d) - leaseWaitMargin)

@@ -42,6 +42,7 @@ type metrics struct {
 	batchCharges     prometheus.Histogram
 	reaped           prometheus.Counter
 	leases           *prometheus.CounterVec
+	leaseLocal       prometheus.Histogram
 	leaseUnits       *prometheus.CounterVec
 	throttled        *prometheus.CounterVec
 }
@@ -70,6 +71,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ratelimit_dynamodb_leases_total",
 			Help: "Lease renewals of leased policies, by result (granted, empty: every shard was empty, error).",
 		}, []string{"result"}),
+		leaseLocal: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "ratelimit_dynamodb_lease_local_decision_seconds",
+			Help: "Time to decide a leased charge without a DynamoDB round trip: spent from this replica's lease, or rejected while the pool is empty.",
+			// 1µs to 100ms, ×√10 apart.
+			Buckets: prometheus.ExponentialBucketsRange(1e-6, 0.1, 11),
+		}),
 		leaseUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_dynamodb_lease_units_total",
 			Help: "Units of leased capacity, by outcome (leased from the table, spent by admitted requests, refunded unspent, expired unspent: capacity the pool lost).",
@@ -101,6 +108,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.batchCharges = register(reg, m.batchCharges)
 		m.reaped = register(reg, m.reaped)
 		m.leases = register(reg, m.leases)
+		m.leaseLocal = register(reg, m.leaseLocal)
 		m.leaseUnits = register(reg, m.leaseUnits)
 		m.throttled = register(reg, m.throttled)
 	}
