@@ -677,3 +677,20 @@ func (c *countingReads) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetI
 	}
 	return c.memAPI.BatchGetItem(ctx, in, o...)
 }
+
+// TestLeaseOnHungStoreIsAnError: a leased charge whose renewal gets no answer at all (a store
+// that is down or hung) fails when its deadline comes, so that on_error decides, rather than
+// being rejected as if the pool were empty.
+func TestLeaseOnHungStoreIsAnError(t *testing.T) {
+	leakCheck(t)
+	s := newLeaseStores(t, &fakeAPI{block: true}, 1, nil)[0]
+	c := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 10}, Lease: bucket.Lease{Shards: 1}}
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+		ok, err := s.Take(ctx, t0, []bucket.Charge{c}, make([]bucket.Result, 1))
+		cancel()
+		if ok || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("decision %d on a hung store: got admitted=%v err=%v, want context.DeadlineExceeded", i, ok, err)
+		}
+	}
+}
