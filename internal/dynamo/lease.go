@@ -937,13 +937,7 @@ const sweepEvery = 25 * time.Millisecond
 
 // sweep is one pass of the sweeper at instant n.
 func (ls *leasePools) sweep(n int64) {
-	ls.mu.Lock()
-	pools := make([]*pool, 0, len(ls.pools))
-	for _, p := range ls.pools {
-		pools = append(pools, p)
-	}
-	ls.mu.Unlock()
-	for _, p := range pools {
+	for _, p := range ls.list() {
 		p.mu.Lock()
 		p.expire(n)
 		// Requests waiting for a slow renewal are demand, not idleness: their grant must not
@@ -962,6 +956,17 @@ func (ls *leasePools) sweep(n int64) {
 			ls.mu.Unlock()
 		}
 	}
+}
+
+// list returns the pools as they are now.
+func (ls *leasePools) list() []*pool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	pools := make([]*pool, 0, len(ls.pools))
+	for _, p := range ls.pools {
+		pools = append(pools, p)
+	}
+	return pools
 }
 
 // releaseAll takes every grant out of the pool and gives its units back (the caller holds p.mu).
@@ -986,11 +991,8 @@ func (ls *leasePools) close(ctx context.Context) error {
 	}
 	ls.closed = true
 	close(ls.stop)
-	pools := make([]*pool, 0, len(ls.pools))
-	for _, p := range ls.pools {
-		pools = append(pools, p)
-	}
 	ls.mu.Unlock()
+	pools := ls.list() // complete: no pool is created once closed
 	for _, p := range pools {
 		p.mu.Lock()
 		p.releaseAll()
