@@ -363,6 +363,19 @@ func (r *Relay) Stats() Stats {
 	return s
 }
 
+// ResetStats starts the counts over, for a measurement that follows a warm-up. The budget
+// windows go with them: a write in the second of the reset may find a whole budget again, as
+// if the relay had just started.
+func (r *Relay) ResetStats() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.total, r.unattributed, r.reads = Count{}, 0, 0
+	clear(r.ops)
+	clear(r.windows)
+	r.windows = r.windows[:0]
+	r.hottest, r.hottestFwd = Peak{}, Peak{}
+}
+
 // writeError answers as DynamoDB answers a client error.
 func writeError(w http.ResponseWriter, typ, msg string) {
 	body, _ := json.Marshal(struct {

@@ -326,6 +326,28 @@ func TestWindowHistoryIsBounded(t *testing.T) {
 	}
 }
 
+func TestResetStatsStartsTheCountsOver(t *testing.T) {
+	f := newFakeServer(t)
+	c := &clock{t: t0}
+	r, err := ddbrelay.New(f.URL, ddbrelay.Options{WritesPerItemPerSecond: 1, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	post(t, srv.URL, "UpdateItem", update)
+	post(t, srv.URL, "UpdateItem", update) // over the budget: throttled
+	r.ResetStats()
+	if st := r.Stats(); st.Writes != (ddbrelay.Count{}) || len(st.Ops) != 0 || len(st.Windows) != 0 || st.Hottest != (ddbrelay.Peak{}) {
+		t.Fatalf("after ResetStats got %+v, want nothing counted", st)
+	}
+	c.Set(t0.Add(time.Second))
+	post(t, srv.URL, "UpdateItem", update)
+	if st := r.Stats(); st.Writes.Forwarded != 1 || st.Ops["UpdateItem"].Requests != 1 || st.Hottest.Forwarded != 1 {
+		t.Errorf("after a write got %+v, want exactly that write", st)
+	}
+}
+
 func TestServerDownIs502(t *testing.T) {
 	f := newFakeServer(t)
 	url := f.URL

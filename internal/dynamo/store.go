@@ -172,6 +172,33 @@ func New(api API, o Options) *Store {
 // never leased has nothing to give back. (Close, for concurrency slots, is another matter.)
 func (s *Store) CloseLeases(ctx context.Context) error { return s.ls.close(ctx) }
 
+// warmKey is the item Warm reads: no decision ever writes it.
+const warmKey = "ratelimit-proxy#warm"
+
+// Warm makes conns concurrent consistent reads of an item that is never written, and returns
+// the first error. A gateway that has just started otherwise pays, in its first decisions, for
+// opening connections (TLS), fetching credentials (IMDS, STS for a web identity) and resolving
+// the endpoint, which together can take longer than store.timeout: those decisions would fail,
+// open the circuit breaker and follow on_error for its backoff. It also shows a wrong table,
+// endpoint or credentials at startup. It needs no permission beyond the decisions'
+// BatchGetItem.
+func (s *Store) Warm(ctx context.Context, conns int) error {
+	errs := make(chan error, max(conns, 1))
+	for range max(conns, 1) {
+		go func() {
+			_, err := s.readItems(ctx, []string{warmKey})
+			errs <- err
+		}()
+	}
+	var first error
+	for range max(conns, 1) {
+		if err := <-errs; err != nil && first == nil {
+			first = fmt.Errorf("dynamo: warm: %w", err)
+		}
+	}
+	return first
+}
+
 // leased reports whether c is served from leases.
 func leased(c bucket.Charge) bool {
 	return c.Lease.On() && bucket.LeaseSupported(c.Limit.Algorithm)

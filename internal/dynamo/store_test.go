@@ -2,6 +2,7 @@ package dynamo_test
 
 import (
 	"context"
+	"errors"
 	"regexp"
 	"strings"
 	"sync"
@@ -411,5 +412,34 @@ func TestDenyCacheFollowsReloadedLimit(t *testing.T) {
 				t.Errorf("request under the raised limit: got rejected (%+v), want admitted", r[0])
 			}
 		})
+	}
+}
+
+// TestWarmReadsAndReportsTheStore: Warm answers nil from a working table and writes nothing to
+// it; a failing store's error and a hung store's deadline come back from it, within the deadline.
+func TestWarmReadsAndReportsTheStore(t *testing.T) {
+	client, table := localTable(t)
+	s := dynamo.New(client, dynamo.Options{Table: table})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Warm(ctx, 4); err != nil {
+		t.Fatalf("Warm on DynamoDB Local: %v", err)
+	}
+	out, err := client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
+		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "ratelimit-proxy#warm"}}})
+	if err != nil || len(out.Item) != 0 {
+		t.Errorf("after Warm the table holds %v (err %v), want no item", out.Item, err)
+	}
+
+	boom := errors.New("no route to host")
+	if err := dynamo.New(&fakeAPI{err: boom}, dynamo.Options{Table: "t"}).Warm(ctx, 4); !errors.Is(err, boom) {
+		t.Errorf("Warm on a failing store: got %v, want %v", err, boom)
+	}
+	hctx, hcancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer hcancel()
+	start := time.Now()
+	err = dynamo.New(&fakeAPI{block: true}, dynamo.Options{Table: "t"}).Warm(hctx, 4)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second {
+		t.Errorf("Warm on a hung store: got %v after %v, want the 30ms deadline", err, time.Since(start))
 	}
 }

@@ -20,6 +20,10 @@ import (
 // configuration and, with create_table, creating the table and waiting until it is ACTIVE.
 const StartupTimeout = 30 * time.Second
 
+// warmConns is how many connections to DynamoDB a starting gateway opens before it serves:
+// enough for the first decisions of a busy pod not to queue behind new connections.
+const warmConns = 4
+
 // newStore builds the configured backend and wraps it in the circuit breaker and on_error
 // policy of package fallback (every backend, so that readiness and metrics have one shape).
 // Its Ready method is the /readyz probe. closeStore gives back what the backend holds for this
@@ -76,6 +80,14 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			// timeout after its decision.
 			LateWrites: max(5*time.Second, 2*cfg.Store.Timeout)})
 		primary = ds
+		// Connections and credentials before the first decision, not during it (see Warm);
+		// a store that does not answer is no reason not to start: on_error decides meanwhile.
+		wctx, wcancel := context.WithTimeout(ctx, min(StartupTimeout, max(time.Second, 5*cfg.Store.Timeout)))
+		if err := ds.Warm(wctx, warmConns); err != nil {
+			log.Warn("dynamodb did not answer at startup; decisions follow store.on_error until it does",
+				zap.String("table", d.Table), zap.Error(err))
+		}
+		wcancel()
 		closeStore = func(ctx context.Context) error {
 			err := ds.CloseLeases(ctx)
 			_ = ds.Close() // stop renewing concurrency slots: the drain released them

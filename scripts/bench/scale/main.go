@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -57,6 +58,8 @@ type options struct {
 	shards       int
 	lease        bool
 	load         float64 // offered rate as a multiple of the pool's rate
+	warmup       time.Duration
+	pause        time.Duration
 	steady       time.Duration
 	shift        time.Duration
 	conns        int // keep-alive connections per replica
@@ -84,6 +87,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.shards, "shards", atoi(envOr("BENCH_SCALE_SHARDS", "4")), "items the pool is split over, with leases (BENCH_SCALE_SHARDS)")
 	fs.StringVar(&lease, "lease", envOr("BENCH_SCALE_LEASE", "1"), "1: lease mode on a named pool; 0: the baseline without (BENCH_SCALE_LEASE)")
 	fs.Float64Var(&o.load, "load", atof(envOr("BENCH_SCALE_LOAD", "2")), "offered rate as a multiple of the pool's rate (BENCH_SCALE_LOAD)")
+	fs.DurationVar(&o.warmup, "warmup", dur(envOr("BENCH_SCALE_WARMUP", "3s")), "load before the measurement, not counted: warms the replicas' connections and DynamoDB Local's paths (BENCH_SCALE_WARMUP)")
+	fs.DurationVar(&o.pause, "pause", dur(envOr("BENCH_SCALE_PAUSE", "2s")), "no load between the warm-up and the measurement, so that the pool is full again and every lease has gone back (BENCH_SCALE_PAUSE)")
 	fs.DurationVar(&o.steady, "steady", dur(envOr("BENCH_SCALE_STEADY", "20s")), "steady phase (BENCH_SCALE_STEADY)")
 	fs.DurationVar(&o.shift, "shift", dur(envOr("BENCH_SCALE_SHIFT", "10s")), "load-shift phase (BENCH_SCALE_SHIFT)")
 	fs.IntVar(&o.conns, "conns", atoi(envOr("BENCH_SCALE_CONNS", "128")), "keep-alive connections per replica (BENCH_SCALE_CONNS)")
@@ -108,8 +113,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-rate %v, -burst %v, -load %v: want positive numbers", o.rate, o.burst, o.load)
 	case o.itemCap < 1 || o.shards < 1 || o.conns < 1:
 		return o, fmt.Errorf("-item-cap %d, -shards %d, -conns %d: want at least 1", o.itemCap, o.shards, o.conns)
-	case o.steady <= 0 || o.shift < 0:
-		return o, fmt.Errorf("-steady %v, -shift %v: want a positive steady phase", o.steady, o.shift)
+	case o.steady <= 0 || o.shift < 0 || o.warmup < 0 || o.pause < 0:
+		return o, fmt.Errorf("-steady %v, -shift %v, -warmup %v, -pause %v: want a positive steady phase and no negative one", o.steady, o.shift, o.warmup, o.pause)
 	}
 	return o, nil
 }
@@ -267,17 +272,27 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	if !o.lease {
 		mode = "no lease (baseline)"
 	}
-	fmt.Fprintf(stdout, "%d replicas ready; pool %.0f/s burst %.0f, item cap %d writes/s, %s; offering %.0f/s for %v steady + %v shift\n",
-		o.replicas, o.rate, o.burst, o.itemCap, mode, o.load*o.rate, o.steady, o.shift)
+	fmt.Fprintf(stdout, "%d replicas ready; pool %.0f/s burst %.0f, item cap %d writes/s, %s; offering %.0f/s for %v warm-up (not counted), %v pause, %v steady + %v shift\n",
+		o.replicas, o.rate, o.burst, o.itemCap, mode, o.load*o.rate, o.warmup, o.pause, o.steady, o.shift)
 
 	cpuBefore := cpuSeconds(reps, ddb)
 	loadBefore := loadAvg()
+	// What the replicas counted before the measurement (the warm-up's decisions) is taken off
+	// what they count at its end.
+	var before scraped
+	measure := func() error {
+		relay.ResetStats()
+		cpuBefore, loadBefore = cpuSeconds(reps, ddb), loadAvg()
+		var err error
+		before, err = scrapeAll(ctx, reps)
+		return err
+	}
 	// A probe beside the load: serial UpdateItems straight to DynamoDB Local (not through the
 	// relay, not counted), to tell a slow DynamoDB Local from slow replicas.
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	probeDone := make(chan []time.Duration, 1)
 	go func() { probeDone <- probe(probeCtx, client, table, 50*time.Millisecond) }()
-	counts, loadErr := offer(ctx, o, reps, stdout)
+	counts, loadErr := offer(ctx, o, reps, stdout, measure)
 	stopProbe()
 	probeLat := <-probeDone
 	cpuAfter := cpuSeconds(reps, ddb)
@@ -295,19 +310,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	}
 	// The decision-time histograms, before the replicas stop: every decision's, and (lease
 	// mode) those answered from a lease without a round trip, which the target is about.
-	var hs, leaseHs []histogram
-	for _, r := range reps {
-		h, err := r.histogram(ctx, "ratelimit_store_duration_seconds")
-		if err != nil {
-			return err
-		}
-		hs = append(hs, h)
-		lh, err := r.histogram(ctx, "ratelimit_dynamodb_lease_local_decision_seconds")
-		if err != nil {
-			return err
-		}
-		leaseHs = append(leaseHs, lh)
+	after, err := scrapeAll(ctx, reps)
+	if err != nil {
+		return err
 	}
+	hs, leaseHs, counters := after.minus(before)
 	// Stop the replicas before reading the relay: the writes of a clean shutdown (lease
 	// refunds) are part of the cost.
 	stopAll()
@@ -334,6 +341,15 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	}
 	printReport(stdout, o, res, ph, st, cpuBefore, cpuAfter)
 	fmt.Fprintf(stdout, "load average (1 min) before the load %s, after %s\n", loadBefore, loadAvg())
+	fmt.Fprintf(stdout, "replicas' counters, summed:\n")
+	names := make([]string, 0, len(counters))
+	for k := range counters {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Fprintf(stdout, "  %-70s %12.0f\n", k, counters[k])
+	}
 	fmt.Fprintf(stdout, "p99 of every decision (ratelimit_store_duration_seconds, waits for a renewal included): %.3f ms\n", p99All*1000)
 	if lat := timed.latencies(); len(lat) > 0 {
 		n := len(lat)
@@ -695,8 +711,56 @@ func (r *replica) stop() {
 	r.log.Close()
 }
 
-// histogram scrapes the replica's histogram name (nil when it exports none).
-func (r *replica) histogram(ctx context.Context, name string) (histogram, error) {
+// scraped is what the report reads from every replica's metrics: the decision-time histograms,
+// one per replica (every decision's, and those answered from a lease), and the diagnosed
+// counters summed.
+type scraped struct {
+	all, lease []histogram
+	counters   map[string]float64
+}
+
+// scrapeAll reads every replica's metrics.
+func scrapeAll(ctx context.Context, reps []*replica) (scraped, error) {
+	sc := scraped{counters: map[string]float64{}}
+	for _, r := range reps {
+		page, err := r.metrics(ctx)
+		if err != nil {
+			return sc, err
+		}
+		h, err := parseHistogram(bytes.NewReader(page), "ratelimit_store_duration_seconds")
+		if err != nil {
+			return sc, fmt.Errorf("replica %d: %w", r.i, err)
+		}
+		lh, err := parseHistogram(bytes.NewReader(page), "ratelimit_dynamodb_lease_local_decision_seconds")
+		if err != nil {
+			return sc, fmt.Errorf("replica %d: %w", r.i, err)
+		}
+		if err := addCounters(bytes.NewReader(page), sc.counters); err != nil {
+			return sc, fmt.Errorf("replica %d: %w", r.i, err)
+		}
+		sc.all, sc.lease = append(sc.all, h), append(sc.lease, lh)
+	}
+	return sc, nil
+}
+
+// minus is what was counted since before (a zero before: everything).
+func (sc scraped) minus(before scraped) (all, lease []histogram, counters map[string]float64) {
+	counters = maps.Clone(sc.counters)
+	for k, v := range before.counters {
+		counters[k] -= v
+	}
+	for i := range sc.all {
+		var b, lb histogram
+		if i < len(before.all) {
+			b, lb = before.all[i], before.lease[i]
+		}
+		all, lease = append(all, sub(sc.all[i], b)), append(lease, sub(sc.lease[i], lb))
+	}
+	return all, lease, counters
+}
+
+// metrics scrapes the replica's /metrics page.
+func (r *replica) metrics(ctx context.Context) ([]byte, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.admin+"/metrics", nil)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -706,18 +770,22 @@ func (r *replica) histogram(ctx context.Context, name string) (histogram, error)
 	if res.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("replica %d metrics: status %d", r.i, res.StatusCode)
 	}
-	h, err := parseHistogram(res.Body, name)
+	b, err := io.ReadAll(res.Body)
 	if err != nil {
-		return nil, fmt.Errorf("replica %d: %w", r.i, err)
+		return nil, fmt.Errorf("replica %d metrics: %w", r.i, err)
 	}
-	return h, nil
+	return b, nil
 }
 
 // phaseCounters is what the generator counts in one phase, from many goroutines.
 type phaseCounters struct {
 	offered, ok, limited, other, unsent atomic.Int64
-	mu                                  sync.Mutex
-	statuses                            map[string]int64 // the "other" answers by status or error
+	// start and okPerSecond: the admitted requests by the second of the phase they were sent
+	// in, to tell a loss at the start (cold connections, the first leases) from a steady one.
+	start       time.Time
+	okPerSecond [120]atomic.Int64
+	mu          sync.Mutex
+	statuses    map[string]int64 // the "other" answers by status or error
 }
 
 func (c *phaseCounters) otherAnswer(what string) {
@@ -732,7 +800,13 @@ func (c *phaseCounters) otherAnswer(what string) {
 // stays the same). Each replica's share is sent open loop: the request due at t is sent at t
 // whether or not earlier ones were answered, on one of the replica's keep-alive connections; a
 // request due when every connection is busy is counted unsent.
-func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer) ([]phaseCounts, error) {
+//
+// A warm-up phase at the steady rates comes first, and a pause without load; neither is counted,
+// and measure is called at the end of the pause (the relay's counts start over). A fleet that
+// just started pays for cold connections, a cold DynamoDB Local and pools that have not seen
+// their demand yet; the targets are about a fleet at work. The pause lets the pool fill up to its
+// burst again (as the exact bound assumes) and every lease expire or go back.
+func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer, measure func() error) ([]phaseCounts, error) {
 	total := o.load * o.rate
 	n := len(reps)
 	type phaseSpec struct {
@@ -748,7 +822,11 @@ func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer) ([
 			shifted[i] = total / float64(n-n/2)
 		}
 	}
-	specs := []phaseSpec{{"steady", o.steady, steady}}
+	var specs []phaseSpec
+	if o.warmup > 0 {
+		specs = append(specs, phaseSpec{"warm-up", o.warmup, steady})
+	}
+	specs = append(specs, phaseSpec{"steady", o.steady, steady})
 	if o.shift > 0 {
 		specs = append(specs, phaseSpec{"shift", o.shift, shifted})
 	}
@@ -756,8 +834,18 @@ func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer) ([
 	var inflight sync.WaitGroup
 	var out []phaseCounts
 	for _, sp := range specs {
-		c := &phaseCounters{statuses: map[string]int64{}}
+		if sp.name == "steady" {
+			if o.warmup > 0 {
+				if err := sleepCtx(ctx, o.pause); err != nil {
+					return nil, err
+				}
+			}
+			if err := measure(); err != nil {
+				return nil, err
+			}
+		}
 		start := time.Now()
+		c := &phaseCounters{statuses: map[string]int64{}, start: start}
 		end := start.Add(sp.d)
 		var gens sync.WaitGroup
 		for i, r := range reps {
@@ -784,6 +872,11 @@ func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer) ([
 			offered: c.offered.Load(), ok: c.ok.Load(), limited: c.limited.Load(),
 			other: c.other.Load(), unsent: c.unsent.Load(),
 		}
+		fmt.Fprintf(stdout, "  %s phase, admitted by second:", sp.name)
+		for i := 0; i < len(c.okPerSecond) && time.Duration(i)*time.Second < elapsed; i++ {
+			fmt.Fprintf(stdout, " %d", c.okPerSecond[i].Load())
+		}
+		fmt.Fprintln(stdout)
 		if len(c.statuses) > 0 {
 			keys := make([]string, 0, len(c.statuses))
 			for k := range c.statuses {
@@ -796,9 +889,23 @@ func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer) ([
 			}
 			fmt.Fprintln(stdout)
 		}
-		out = append(out, pc)
+		if sp.name != "warm-up" {
+			out = append(out, pc)
+		}
 	}
 	return out, nil
+}
+
+// sleepCtx waits d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // generate sends rate requests per second to r from start until end, catching up after a late
@@ -840,6 +947,7 @@ func generate(ctx context.Context, r *replica, rate float64, start, end time.Tim
 }
 
 func send(ctx context.Context, r *replica, c *phaseCounters) {
+	sec := int(time.Since(c.start) / time.Second)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.proxy+"/", nil)
 	res, err := r.client.Do(req)
 	if err != nil {
@@ -857,6 +965,9 @@ func send(ctx context.Context, r *replica, c *phaseCounters) {
 	switch res.StatusCode {
 	case http.StatusOK:
 		c.ok.Add(1)
+		if sec >= 0 && sec < len(c.okPerSecond) {
+			c.okPerSecond[sec].Add(1)
+		}
 	case http.StatusTooManyRequests:
 		c.limited.Add(1)
 	default:

@@ -159,6 +159,19 @@ func parseHistogram(r io.Reader, name string) (histogram, error) {
 	return merge(hs...), nil
 }
 
+// sub is cumulative histogram a less b, an earlier scrape of the same histogram (same bounds;
+// a nil b takes nothing off).
+func sub(a, b histogram) histogram {
+	if len(b) != len(a) {
+		return a
+	}
+	out := make(histogram, len(a))
+	for i := range a {
+		out[i] = bucket{a[i].UpperBound, a[i].Count - b[i].Count}
+	}
+	return out
+}
+
 // merge sums cumulative histograms bucket by bucket. Histograms with different bounds are
 // merged on the union of the bounds: a histogram's cumulative count at a bound it does not have
 // is its count at its next lower bound (no observation is moved to a smaller bound).
@@ -219,4 +232,40 @@ func quantile(q float64, h histogram) float64 {
 		lower, below = b.UpperBound, b.Count
 	}
 	return lower
+}
+
+// diagnosed are the replicas' counters the report sums, to tell where capacity went: leases
+// granted or found empty, units leased, refunded or expired, errors and the circuit breaker.
+var diagnosed = []string{
+	"ratelimit_dynamodb_leases_total",
+	"ratelimit_dynamodb_lease_units_total",
+	"ratelimit_dynamodb_errors_total",
+	"ratelimit_dynamodb_throttled_total",
+	"ratelimit_store_errors_total",
+	"ratelimit_store_circuit_open_total",
+	"ratelimit_store_fallback_decisions_total",
+}
+
+// addCounters adds the diagnosed counters in r (the text format) to sums, keyed by the name
+// and the label pairs.
+func addCounters(r io.Reader, sums map[string]float64) error {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return fmt.Errorf("parse metrics: %w", err)
+	}
+	for _, name := range diagnosed {
+		f, ok := fams[name]
+		if !ok || f.GetType() != dto.MetricType_COUNTER {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			k := name
+			for _, l := range m.GetLabel() {
+				k += " " + l.GetName() + "=" + l.GetValue()
+			}
+			sums[k] += m.GetCounter().GetValue()
+		}
+	}
+	return nil
 }
