@@ -253,13 +253,12 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		}
 	case Concurrency:
 		i, existed := sh.conc.find(&c.Key)
-		var n int64
+		n := int64(concStored)
 		if existed {
-			n = sh.conc.slots[i].st - concStored
+			n = sh.conc.slots[i].st
 		}
-		n, *r = Concurrent(n, c.Limit)
-		if r.Allowed {
-			n += concStored
+		if concurrentTo(n-concStored, c.Limit.Count, r) {
+			n++
 			evicted = storeAt(&sh.shard, &sh.conc, i, existed, &c.Key, &n, now)
 		}
 	default: // SlidingWindow; Take has checked the algorithm
@@ -559,7 +558,6 @@ func (m *Memory) Release(_ context.Context, now time.Time, taken []Taken) error 
 // release gives one charge back. The caller holds sh.mu.
 func (sh *shard) release(tk *Taken, now int64) {
 	c := &tk.Charge
-	at := tk.At.UnixNano()
 	switch c.Limit.Algorithm {
 	case Concurrency:
 		if i, ok := sh.conc.find(&c.Key); ok {
@@ -569,19 +567,19 @@ func (sh *shard) release(tk *Taken, now int64) {
 		}
 	case TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
-			sh.gcra.slots[i].st, _ = GCRARefundN(sh.gcra.slots[i].st, at, now, c.Limit, c.N())
+			sh.gcra.slots[i].st, _ = GCRARefundN(sh.gcra.slots[i].st, tk.At.UnixNano(), now, c.Limit, c.N())
 		}
 	case FixedWindow:
 		if i, ok := sh.fixed.find(&c.Key); ok {
-			sh.fixed.slots[i].st, _ = FixedRefundN(sh.fixed.slots[i].st, at, c.Limit, c.N())
+			sh.fixed.slots[i].st, _ = FixedRefundN(sh.fixed.slots[i].st, tk.At.UnixNano(), c.Limit, c.N())
 		}
 	case Quota:
 		if i, ok := sh.fixed.find(&c.Key); ok {
-			sh.fixed.slots[i].st, _ = QuotaRefundN(sh.fixed.slots[i].st, at, c.Limit, c.N())
+			sh.fixed.slots[i].st, _ = QuotaRefundN(sh.fixed.slots[i].st, tk.At.UnixNano(), c.Limit, c.N())
 		}
 	case SlidingWindow:
 		st, ok := sh.slidingState(c.Key)
-		if ok && st.refund(at, &c.Limit, c.N()) {
+		if ok && st.refund(tk.At.UnixNano(), &c.Limit, c.N()) {
 			sh.storeSliding(c.Key, &st, c.Limit.Count)
 		}
 	}

@@ -13,15 +13,27 @@ const ConcurrencyRetry = time.Second
 // Remaining the slots still free after this request, Reset and a rejection's RetryAfter are
 // ConcurrencyRetry. It reads no clock: the state changes only when requests start and end.
 func Concurrent(inflight int64, l Limit) (int64, Result) {
-	r := Result{Limit: l.Count, Reset: ConcurrencyRetry}
-	if inflight >= l.Count {
-		r.RetryAfter = ConcurrencyRetry
-		return inflight, r
+	var r Result
+	if concurrentTo(inflight, l.Count, &r) {
+		inflight++
 	}
-	inflight++
-	r.Allowed = true
-	r.Remaining = l.Count - inflight
 	return inflight, r
+}
+
+// concurrentTo is Concurrent writing the verdict to *r and reporting whether the slot is
+// taken (the new state is then inflight+1). The memory store calls it with r pointing at the
+// caller's result: returning a Result by value made the compiler build it on the stack and
+// copy it, a measurable part of a take-and-release that is otherwise two short critical
+// sections.
+func concurrentTo(inflight, count int64, r *Result) bool {
+	*r = Result{Limit: count, Reset: ConcurrencyRetry}
+	if inflight >= count {
+		r.RetryAfter = ConcurrencyRetry
+		return false
+	}
+	r.Allowed = true
+	r.Remaining = count - inflight - 1
+	return true
 }
 
 // ConcurrentRelease frees one slot: the new in-flight count, never below zero (a key that the
