@@ -1,10 +1,14 @@
 package main
 
-// deploy/kubernetes: every manifest decodes strictly into the fields this test knows (a typo in
-// a field name fails), the configuration in the ConfigMap passes the gateway's own `validate`,
-// and the pieces fit together: the sidecar reads the mounted file, probes and Prometheus reach
-// the admin port, the Service reaches the proxy port, the grace period outlasts
-// shutdown_delay + drain_timeout.
+// deploy/kubernetes holds one complete example per directory: the HTTP sidecar at its top, the
+// gRPC one (TLS from a Secret, h2c to the service) in grpc/. For each: every manifest decodes
+// strictly into the fields this test knows (a typo in a field name fails), the configuration in
+// the ConfigMap passes the gateway's own `validate` with the files the pod's volumes would hold,
+// and the pieces fit together: the sidecar reads the mounted file, the TLS files are in the
+// mounted Secret, probes and Prometheus reach the admin port, the Service reaches the proxy port
+// with an appProtocol that says what it speaks, the grace period outlasts
+// shutdown_delay + drain_timeout. Across examples: no two objects share a name and no selector of
+// one picks the other's pods or Services, so applying both is safe.
 //
 // The manifests are decoded into small structs of the fields they use rather than k8s.io/api's
 // types: those would add about half a minute of compilation to every fresh CI run.
@@ -13,11 +17,14 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,6 +112,16 @@ type k8sContainer struct {
 	} `yaml:"volumeMounts"`
 }
 
+type k8sVolume struct {
+	Name      string `yaml:"name"`
+	ConfigMap *struct {
+		Name string `yaml:"name"`
+	} `yaml:"configMap"`
+	Secret *struct {
+		SecretName string `yaml:"secretName"`
+	} `yaml:"secret"`
+}
+
 type k8sDeployment struct {
 	k8sHead `yaml:",inline"`
 	Spec    struct {
@@ -117,12 +134,7 @@ type k8sDeployment struct {
 			Spec     struct {
 				TerminationGracePeriodSeconds *int           `yaml:"terminationGracePeriodSeconds"`
 				Containers                    []k8sContainer `yaml:"containers"`
-				Volumes                       []struct {
-					Name      string `yaml:"name"`
-					ConfigMap *struct {
-						Name string `yaml:"name"`
-					} `yaml:"configMap"`
-				} `yaml:"volumes"`
+				Volumes                       []k8sVolume    `yaml:"volumes"`
 			} `yaml:"spec"`
 		} `yaml:"template"`
 	} `yaml:"spec"`
@@ -135,10 +147,11 @@ type k8sService struct {
 		Type      string            `yaml:"type"`
 		Selector  map[string]string `yaml:"selector"`
 		Ports     []struct {
-			Name       string `yaml:"name"`
-			Port       int    `yaml:"port"`
-			TargetPort any    `yaml:"targetPort"`
-			Protocol   string `yaml:"protocol"`
+			Name        string `yaml:"name"`
+			Port        int    `yaml:"port"`
+			TargetPort  any    `yaml:"targetPort"`
+			Protocol    string `yaml:"protocol"`
+			AppProtocol string `yaml:"appProtocol"`
 		} `yaml:"ports"`
 	} `yaml:"spec"`
 }
@@ -181,13 +194,38 @@ type k8sNetworkPolicy struct {
 	} `yaml:"spec"`
 }
 
-// manifests holds every object of deploy/kubernetes by kind.
+// k8sCertificate is cert-manager's: it keeps a kubernetes.io/tls Secret (tls.crt, tls.key,
+// ca.crt) issued and renewed.
+type k8sCertificate struct {
+	k8sHead `yaml:",inline"`
+	Spec    struct {
+		SecretName string `yaml:"secretName"`
+		IssuerRef  struct {
+			Kind  string `yaml:"kind"`
+			Name  string `yaml:"name"`
+			Group string `yaml:"group"`
+		} `yaml:"issuerRef"`
+		CommonName  string   `yaml:"commonName"`
+		DNSNames    []string `yaml:"dnsNames"`
+		Duration    string   `yaml:"duration"`
+		RenewBefore string   `yaml:"renewBefore"`
+		PrivateKey  struct {
+			Algorithm      string `yaml:"algorithm"`
+			Size           int    `yaml:"size"`
+			RotationPolicy string `yaml:"rotationPolicy"`
+		} `yaml:"privateKey"`
+	} `yaml:"spec"`
+}
+
+// manifests holds every object of one example by kind.
 type manifests struct {
 	configMaps      []k8sConfigMap
 	deployments     []k8sDeployment
 	services        []k8sService
 	serviceMonitors []k8sServiceMonitor
 	networkPolicies []k8sNetworkPolicy
+	certificates    []k8sCertificate
+	names           []string // kind/name of every object, in file order
 }
 
 // kinds maps apiVersion/kind to the decoder of that object.
@@ -197,6 +235,7 @@ var kinds = map[string]func(m *manifests, d *yaml.Decoder) error{
 	"v1/Service":                              func(m *manifests, d *yaml.Decoder) error { return decodeInto(d, &m.services) },
 	"networking.k8s.io/v1/NetworkPolicy":      func(m *manifests, d *yaml.Decoder) error { return decodeInto(d, &m.networkPolicies) },
 	"monitoring.coreos.com/v1/ServiceMonitor": func(m *manifests, d *yaml.Decoder) error { return decodeInto(d, &m.serviceMonitors) },
+	"cert-manager.io/v1/Certificate":          func(m *manifests, d *yaml.Decoder) error { return decodeInto(d, &m.certificates) },
 }
 
 func decodeInto[T any](d *yaml.Decoder, list *[]T) error {
@@ -208,14 +247,14 @@ func decodeInto[T any](d *yaml.Decoder, list *[]T) error {
 	return nil
 }
 
-func loadManifests(t *testing.T) manifests {
+func loadManifests(t *testing.T, dir string) manifests {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(kubernetesDir, "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(files) == 0 {
-		t.Fatalf("no manifests in %s", kubernetesDir)
+		t.Fatalf("no manifests in %s", dir)
 	}
 	var m manifests
 	for _, f := range files {
@@ -249,6 +288,7 @@ func loadManifests(t *testing.T) manifests {
 			if head.Metadata.Name == "" {
 				t.Errorf("%s: document %d: %s without metadata.name", f, i, head.Kind)
 			}
+			m.names = append(m.names, head.Kind+"/"+head.Metadata.Name)
 			strict := yaml.NewDecoder(bytes.NewReader(raw))
 			strict.KnownFields(true)
 			if err := decode(&m, strict); err != nil {
@@ -299,79 +339,178 @@ func selects(selector, labels map[string]string) bool {
 	return true
 }
 
-// TestKubernetesManifests decodes every manifest and checks that they fit the gateway.
-func TestKubernetesManifests(t *testing.T) {
-	m := loadManifests(t)
+// kubernetesExamples are the directories of deploy/kubernetes that hold one complete example
+// each, applied with `kubectl apply -f DIR` (which does not descend into subdirectories).
+var kubernetesExamples = []struct{ name, dir string }{
+	{"http", kubernetesDir},
+	{"grpc", kubernetesDir + "/grpc"},
+}
+
+// k8sExample is one example, decoded, with its gateway container found and the files of that
+// container's volumes laid out on disk.
+type k8sExample struct {
+	m          manifests
+	d          k8sDeployment
+	gw         k8sContainer
+	configPath string         // the file the gateway reads, inside the container
+	cfg        *policy.Config // that file, parsed with the container's environment
+	// root is a directory laid out like the container's mounts: root+mountPath holds the
+	// volume's files (a ConfigMap's data; a Secret's tls.crt, tls.key and ca.crt, issued by the
+	// test's CA for 127.0.0.1). rootConfig is the config file there and env the container's
+	// environment (K=V), both with every mount path moved under root.
+	root       string
+	rootConfig string
+	env        []string
+}
+
+// volume returns the pod's volume of that name, or nil.
+func (ex *k8sExample) volume(name string) *k8sVolume {
+	for i, v := range ex.d.Spec.Template.Spec.Volumes {
+		if v.Name == name {
+			return &ex.d.Spec.Template.Spec.Volumes[i]
+		}
+	}
+	return nil
+}
+
+// volumeHolding returns the volume the gateway mounts at file's directory, or nil.
+func (ex *k8sExample) volumeHolding(file string) *k8sVolume {
+	for _, vm := range ex.gw.VolumeMounts {
+		if vm.SubPath == "" && path.Clean(vm.MountPath) == path.Dir(file) {
+			return ex.volume(vm.Name)
+		}
+	}
+	return nil
+}
+
+// loadExample decodes the example in dir, finds the container that runs `serve --config FILE`
+// and lays out its volumes under a temporary root; ca signs the certificates of its Secrets.
+func loadExample(t *testing.T, dir string, ca *testCA) *k8sExample {
+	t.Helper()
+	ex := &k8sExample{m: loadManifests(t, dir), root: t.TempDir()}
+	m := ex.m
 	if len(m.deployments) != 1 || len(m.configMaps) == 0 || len(m.services) == 0 || len(m.serviceMonitors) == 0 {
 		t.Fatalf("want one Deployment, a ConfigMap, a Service and a ServiceMonitor; got %d, %d, %d, %d",
 			len(m.deployments), len(m.configMaps), len(m.services), len(m.serviceMonitors))
 	}
-	d := m.deployments[0]
-	pod := d.Spec.Template
-	if !selects(d.Spec.Selector.MatchLabels, pod.Metadata.Labels) {
-		t.Errorf("Deployment %s: selector %v does not select its pods' labels %v", d.Metadata.Name, d.Spec.Selector.MatchLabels, pod.Metadata.Labels)
-	}
-
-	// The sidecar: `serve --config FILE`, FILE from a mounted ConfigMap.
-	var gw *k8sContainer
-	var configPath string
-	for i, c := range pod.Spec.Containers {
+	ex.d = m.deployments[0]
+	var found bool
+	for _, c := range ex.d.Spec.Template.Spec.Containers {
 		for j, a := range c.Args {
-			if (a == "--config" || a == "-c") && j+1 < len(c.Args) && len(c.Args) > 0 && c.Args[0] == "serve" {
-				gw, configPath = &pod.Spec.Containers[i], c.Args[j+1]
+			if (a == "--config" || a == "-c") && j+1 < len(c.Args) && c.Args[0] == "serve" {
+				ex.gw, ex.configPath, found = c, c.Args[j+1], true
 			}
 		}
 	}
-	if gw == nil {
+	if !found {
 		t.Fatalf("no container runs `serve --config FILE`")
 	}
-	var configText string
-	for _, vm := range gw.VolumeMounts {
-		if path.Dir(configPath) != path.Clean(vm.MountPath) {
+
+	// The volumes, as the kubelet would mount them.
+	var from []string
+	var tlsCert, tlsKey []byte
+	for _, vm := range ex.gw.VolumeMounts {
+		if vm.SubPath != "" {
+			t.Errorf("%s: %s is mounted with subPath, which Kubernetes never updates: neither a reload nor a certificate rotation would reach the gateway", ex.gw.Name, vm.MountPath)
 			continue
 		}
-		if vm.SubPath != "" {
-			t.Errorf("%s: the config is mounted with subPath, which Kubernetes never updates: hot reload would not work", gw.Name)
+		v := ex.volume(vm.Name)
+		if v == nil {
+			t.Errorf("%s mounts the volume %s, which the pod does not have", ex.gw.Name, vm.Name)
+			continue
 		}
-		for _, v := range pod.Spec.Volumes {
-			if v.Name != vm.Name || v.ConfigMap == nil {
-				continue
-			}
-			for _, cm := range m.configMaps {
-				if cm.Metadata.Name == v.ConfigMap.Name {
-					configText = cm.Data[path.Base(configPath)]
+		files := map[string][]byte{}
+		switch {
+		case v.ConfigMap != nil:
+			var cm *k8sConfigMap
+			for i := range m.configMaps {
+				if m.configMaps[i].Metadata.Name == v.ConfigMap.Name {
+					cm = &m.configMaps[i]
 				}
 			}
+			if cm == nil {
+				t.Errorf("volume %s: the ConfigMap %s is not in %s", v.Name, v.ConfigMap.Name, dir)
+				continue
+			}
+			for k, data := range cm.Data {
+				files[k] = []byte(data)
+			}
+		case v.Secret != nil:
+			if tlsCert == nil {
+				tlsCert, tlsKey = ca.issue(t, 1, false)
+			}
+			files = map[string][]byte{"tls.crt": tlsCert, "tls.key": tlsKey, "ca.crt": ca.pem}
 		}
+		d := filepath.Join(ex.root, filepath.FromSlash(path.Clean(vm.MountPath)))
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for name, data := range files {
+			if err := os.WriteFile(filepath.Join(d, name), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		from = append(from, path.Clean(vm.MountPath))
 	}
-	if configText == "" {
-		t.Fatalf("%s reads %s, but no mounted ConfigMap holds %s", gw.Name, configPath, path.Base(configPath))
+	// Longest first, so that a mount path that begins another is not taken for it.
+	slices.SortFunc(from, func(a, b string) int { return len(b) - len(a) })
+	var pairs []string
+	for _, p := range from {
+		pairs = append(pairs, p, filepath.Join(ex.root, filepath.FromSlash(p)))
 	}
+	rooted := strings.NewReplacer(pairs...)
 
-	// The gateway's own validator, through the binary, with the container's environment.
-	f := filepath.Join(t.TempDir(), path.Base(configPath))
-	if err := os.WriteFile(f, []byte(configText), 0o600); err != nil {
+	ex.rootConfig = filepath.Join(ex.root, filepath.FromSlash(ex.configPath))
+	raw, err := os.ReadFile(ex.rootConfig)
+	if err != nil || ex.volumeHolding(ex.configPath) == nil || ex.volumeHolding(ex.configPath).ConfigMap == nil {
+		t.Fatalf("%s reads %s, but no ConfigMap mounted at %s holds %s", ex.gw.Name, ex.configPath, path.Dir(ex.configPath), path.Base(ex.configPath))
+	}
+	if err := os.WriteFile(ex.rootConfig, []byte(rooted.Replace(string(raw))), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := os.Environ()
-	for _, e := range gw.Env {
-		env = append(env, e.Name+"="+e.Value)
-	}
-	cmd := execValidate(f, env)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("the ConfigMap's configuration does not validate: %v\n%s", err, out)
+	for _, e := range ex.gw.Env {
+		ex.env = append(ex.env, e.Name+"="+rooted.Replace(e.Value))
 	}
 	getenv := func(k string) string {
-		for _, e := range gw.Env {
+		for _, e := range ex.gw.Env {
 			if e.Name == k {
 				return e.Value
 			}
 		}
 		return ""
 	}
-	cfg, err := policy.Parse([]byte(configText), policy.LoadOptions{Getenv: getenv})
+	ex.cfg, err = policy.Parse(raw, policy.LoadOptions{Getenv: getenv})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the ConfigMap's configuration: %v", err)
+	}
+	return ex
+}
+
+// TestKubernetesManifests decodes every example's manifests and checks that they fit the gateway.
+func TestKubernetesManifests(t *testing.T) {
+	ca := newTestCA(t, "test CA")
+	for _, e := range kubernetesExamples {
+		t.Run(e.name, func(t *testing.T) {
+			checkExample(t, loadExample(t, e.dir, ca))
+		})
+	}
+}
+
+// ianaSvcName is what Kubernetes accepts as a container port's name (at most 15 characters,
+// at least one letter, no "--").
+var ianaSvcName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+
+func checkExample(t *testing.T, ex *k8sExample) {
+	m, d, gw, cfg := ex.m, ex.d, ex.gw, ex.cfg
+	pod := d.Spec.Template
+	if !selects(d.Spec.Selector.MatchLabels, pod.Metadata.Labels) {
+		t.Errorf("Deployment %s: selector %v does not select its pods' labels %v", d.Metadata.Name, d.Spec.Selector.MatchLabels, pod.Metadata.Labels)
+	}
+
+	// The gateway's own validator, through the binary, with the container's environment and
+	// the files its volumes hold.
+	if out, err := execValidate(ex.rootConfig, append(os.Environ(), ex.env...)).CombinedOutput(); err != nil {
+		t.Errorf("the ConfigMap's configuration does not validate with the files the pod mounts: %v\n%s", err, out)
 	}
 	proxyPort, adminPort := listenPort(t, "listen", cfg.Listen), listenPort(t, "admin_listen", cfg.AdminListen)
 	if host, _, _ := net.SplitHostPort(cfg.AdminListen); host == "127.0.0.1" || host == "localhost" {
@@ -388,13 +527,57 @@ func TestKubernetesManifests(t *testing.T) {
 	if !hasPort(proxyPort) || !hasPort(adminPort) {
 		t.Errorf("%s declares ports %v, want the proxy's %d and the admin's %d", gw.Name, gw.Ports, proxyPort, adminPort)
 	}
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.Name != "" && (len(p.Name) > 15 || !ianaSvcName.MatchString(p.Name) || strings.Contains(p.Name, "--") || !strings.ContainsAny(p.Name, "abcdefghijklmnopqrstuvwxyz")) {
+				t.Errorf("container %s: port name %q is no IANA service name (lower-case letters, digits and single dashes, at most 15): the API server refuses it", c.Name, p.Name)
+			}
+		}
+	}
+
+	// TLS: the files the config names are in a mounted Secret (validate above proved that they
+	// are the keys such a Secret holds); a cert-manager Certificate in the example fills it.
+	tlsOn := cfg.TLS != nil && cfg.TLS.CertFile != ""
+	var tlsSecrets []string
+	if tlsOn {
+		for _, f := range [][2]string{{"tls.cert_file", cfg.TLS.CertFile}, {"tls.key_file", cfg.TLS.KeyFile}, {"tls.client_ca_file", cfg.TLS.ClientCAFile}} {
+			if f[1] == "" {
+				continue
+			}
+			v := ex.volumeHolding(f[1])
+			if v == nil || v.Secret == nil {
+				t.Errorf("%s %s is not in a Secret that %s mounts", f[0], f[1], gw.Name)
+				continue
+			}
+			if !slices.Contains(tlsSecrets, v.Secret.SecretName) {
+				tlsSecrets = append(tlsSecrets, v.Secret.SecretName)
+			}
+		}
+	}
+	for _, s := range tlsSecrets {
+		issued := len(m.certificates) == 0 // no cert-manager here: the Secret is made by hand
+		for _, c := range m.certificates {
+			issued = issued || c.Spec.SecretName == s
+		}
+		if !issued {
+			t.Errorf("the Secret %s that the gateway's TLS files come from is issued by none of the Certificates", s)
+		}
+	}
+	for _, c := range m.certificates {
+		if !slices.Contains(tlsSecrets, c.Spec.SecretName) {
+			t.Errorf("Certificate %s fills the Secret %s, from which the gateway reads no TLS file", c.Metadata.Name, c.Spec.SecretName)
+		}
+		if c.Spec.IssuerRef.Name == "" {
+			t.Errorf("Certificate %s has no issuerRef.name", c.Metadata.Name)
+		}
+	}
 
 	// Probes on the admin port.
 	for _, p := range []struct {
 		name  string
 		probe *k8sProbe
 		path  string
-	}{{"readinessProbe", gw.ReadinessProbe, "/readyz"}, {"livenessProbe", gw.LivenessProbe, "/healthz"}} {
+	}{{"readinessProbe", gw.ReadinessProbe, "/readyz"}, {"livenessProbe", gw.LivenessProbe, "/healthz"}, {"startupProbe", gw.StartupProbe, "/healthz"}} {
 		if p.probe == nil || p.probe.HTTPGet == nil {
 			t.Errorf("%s: no HTTP %s", gw.Name, p.name)
 			continue
@@ -402,7 +585,7 @@ func TestKubernetesManifests(t *testing.T) {
 		if p.probe.HTTPGet.Path != p.path {
 			t.Errorf("%s.path = %s, want %s", p.name, p.probe.HTTPGet.Path, p.path)
 		}
-		if n, ok := portNumber(*gw, p.probe.HTTPGet.Port); !ok || n != adminPort {
+		if n, ok := portNumber(gw, p.probe.HTTPGet.Port); !ok || n != adminPort {
 			t.Errorf("%s.port = %v, want the admin port %d", p.name, p.probe.HTTPGet.Port, adminPort)
 		}
 	}
@@ -428,7 +611,7 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 
-	// Resources.
+	// Resources and a locked-down container.
 	for _, r := range []string{"cpu", "memory"} {
 		if gw.Resources.Requests[r] == "" {
 			t.Errorf("%s: no resources.requests.%s", gw.Name, r)
@@ -437,31 +620,49 @@ func TestKubernetesManifests(t *testing.T) {
 	if gw.Resources.Limits["memory"] == "" {
 		t.Errorf("%s: no resources.limits.memory (the gateway sizes its Go memory limit from it)", gw.Name)
 	}
+	if sc := gw.SecurityContext; sc == nil || !sc.RunAsNonRoot || !sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Errorf("%s: want securityContext runAsNonRoot, readOnlyRootFilesystem, allowPrivilegeEscalation: false and capabilities.drop [ALL]", gw.Name)
+	}
 
-	// Services: the application's reaches the proxy port, never the admin port; the
+	// Services: the application's reaches the proxy port, never the admin port, and says in
+	// appProtocol what the port speaks (meshes and load balancers read it); the
 	// ServiceMonitor's reaches the admin port.
-	var appService bool
-	byName := map[string]k8sService{}
+	var appServices []string
 	for _, s := range m.services {
-		byName[s.Metadata.Name] = s
 		if !selects(s.Spec.Selector, pod.Metadata.Labels) {
 			t.Errorf("Service %s selects %v, not the Deployment's pods %v", s.Metadata.Name, s.Spec.Selector, pod.Metadata.Labels)
 		}
 		for _, p := range s.Spec.Ports {
-			n, ok := portNumber(*gw, p.TargetPort)
+			n, ok := portNumber(gw, p.TargetPort)
 			if !ok {
 				t.Errorf("Service %s port %s: targetPort %v is no port of %s", s.Metadata.Name, p.Name, p.TargetPort, gw.Name)
 			}
 			if n == adminPort && s.Spec.ClusterIP != "None" {
 				t.Errorf("Service %s exposes the admin port %d behind a cluster IP: /metrics, /healthz and /readyz are unauthenticated", s.Metadata.Name, n)
 			}
-			if n == proxyPort {
-				appService = true
+			if n != proxyPort {
+				continue
+			}
+			appServices = append(appServices, s.Metadata.Name)
+			switch {
+			case tlsOn && p.AppProtocol != "https":
+				t.Errorf("Service %s port %s: appProtocol %q, want https: the gateway terminates TLS on it", s.Metadata.Name, p.Name, p.AppProtocol)
+			case !tlsOn && (p.AppProtocol == "https" || p.AppProtocol == "tls"):
+				t.Errorf("Service %s port %s: appProtocol %q, but the gateway's port speaks cleartext (no tls block)", s.Metadata.Name, p.Name, p.AppProtocol)
+			case !tlsOn && p.AppProtocol == "" && cfg.UpstreamProtocol == "h2c":
+				t.Errorf("Service %s port %s: no appProtocol, but its clients speak HTTP/2 (upstream_protocol: h2c): say kubernetes.io/h2c", s.Metadata.Name, p.Name)
 			}
 		}
 	}
-	if !appService {
+	if len(appServices) == 0 {
 		t.Errorf("no Service reaches the proxy port %d", proxyPort)
+	}
+	for _, c := range m.certificates {
+		for _, s := range appServices {
+			if !slices.Contains(c.Spec.DNSNames, s) {
+				t.Errorf("Certificate %s: dnsNames %v lack the Service name %s that clients dial", c.Metadata.Name, c.Spec.DNSNames, s)
+			}
+		}
 	}
 	for _, sm := range m.serviceMonitors {
 		var matched int
@@ -477,7 +678,7 @@ func TestKubernetesManifests(t *testing.T) {
 						target = p.TargetPort
 					}
 				}
-				if n, ok := portNumber(*gw, target); !ok || n != adminPort {
+				if n, ok := portNumber(gw, target); !ok || n != adminPort {
 					t.Errorf("ServiceMonitor %s endpoint %q on Service %s does not reach the admin port %d", sm.Metadata.Name, e.Port, s.Metadata.Name, adminPort)
 				}
 				if e.Path != "" && e.Path != "/metrics" {
@@ -493,12 +694,88 @@ func TestKubernetesManifests(t *testing.T) {
 		if !selects(np.Spec.PodSelector.MatchLabels, pod.Metadata.Labels) {
 			t.Errorf("NetworkPolicy %s does not select the Deployment's pods", np.Metadata.Name)
 		}
+		var open bool
+		for _, in := range np.Spec.Ingress {
+			for _, p := range in.Ports {
+				if n, ok := portNumber(gw, p.Port); ok && n == proxyPort {
+					open = true
+				}
+			}
+		}
+		if !open {
+			t.Errorf("NetworkPolicy %s lets nothing reach the proxy port %d", np.Metadata.Name, proxyPort)
+		}
 	}
 	if t.Failed() {
 		return
 	}
-	t.Logf("%d ConfigMaps, %d Deployments, %d Services, %d ServiceMonitors, %d NetworkPolicies; config %s validates",
-		len(m.configMaps), len(m.deployments), len(m.services), len(m.serviceMonitors), len(m.networkPolicies), configPath)
+	t.Logf("%d ConfigMaps, %d Deployments, %d Services, %d ServiceMonitors, %d NetworkPolicies, %d Certificates; config %s validates",
+		len(m.configMaps), len(m.deployments), len(m.services), len(m.serviceMonitors), len(m.networkPolicies), len(m.certificates), ex.configPath)
+}
+
+// TestKubernetesExamplesApart: every directory of deploy/kubernetes with manifests is an
+// example checked above, and the examples can live in one namespace: no object of one has the
+// kind and name of another's (applying one would overwrite the other), and no selector of one
+// picks the other's pods or Services.
+func TestKubernetesExamplesApart(t *testing.T) {
+	var dirs []string
+	err := filepath.WalkDir(kubernetesDir, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() && strings.HasSuffix(p, ".yaml") && !slices.Contains(dirs, filepath.Dir(p)) {
+			dirs = append(dirs, filepath.Dir(p))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if !slices.ContainsFunc(kubernetesExamples, func(e struct{ name, dir string }) bool { return filepath.Clean(e.dir) == d }) {
+			t.Errorf("%s holds manifests but is not in kubernetesExamples: it would go unchecked", d)
+		}
+	}
+
+	all := make([]manifests, len(kubernetesExamples))
+	owner := map[string]string{}
+	for i, e := range kubernetesExamples {
+		all[i] = loadManifests(t, e.dir)
+		for _, n := range all[i].names {
+			if o, dup := owner[n]; dup {
+				t.Errorf("%s is in both the %s and the %s example: applying one would overwrite the other's", n, o, e.name)
+			}
+			owner[n] = e.name
+		}
+	}
+	for i, a := range all {
+		var selectors []map[string]string
+		for _, d := range a.deployments {
+			selectors = append(selectors, d.Spec.Selector.MatchLabels)
+		}
+		for _, s := range a.services {
+			selectors = append(selectors, s.Spec.Selector)
+		}
+		for _, np := range a.networkPolicies {
+			selectors = append(selectors, np.Spec.PodSelector.MatchLabels)
+		}
+		for j, b := range all {
+			if i == j {
+				continue
+			}
+			for _, d := range b.deployments {
+				for _, sel := range selectors {
+					if selects(sel, d.Spec.Template.Metadata.Labels) {
+						t.Errorf("the %s example's selector %v picks the %s example's pods", kubernetesExamples[i].name, sel, kubernetesExamples[j].name)
+					}
+				}
+			}
+			for _, sm := range a.serviceMonitors {
+				for _, s := range b.services {
+					if selects(sm.Spec.Selector.MatchLabels, s.Metadata.Labels) {
+						t.Errorf("the %s example's ServiceMonitor %s picks the %s example's Service %s: its pods would be scraped twice", kubernetesExamples[i].name, sm.Metadata.Name, kubernetesExamples[j].name, s.Metadata.Name)
+					}
+				}
+			}
+		}
+	}
 }
 
 // execValidate is `ratelimit-proxy validate --config f` with the given environment.
