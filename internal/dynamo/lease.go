@@ -250,21 +250,16 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		select {
 		case <-done:
 		case <-late:
-			p.mu.Lock()
-			p.waiting -= cost
-			switch {
-			case p.throttled.Load() > throttledBefore:
-				o.err = fmt.Errorf("dynamo: lease %s: %w: the renewal was throttled", p.base, ErrThrottled)
-			case time.Since(p.answered) > leaseAnswerGrace:
-				// No renewal of this pool has been answered lately: the store may be down or
-				// hung, which is on_error's to decide, not a rejection's.
-				o.err = fmt.Errorf("dynamo: lease %s: no answer: %w", p.base, context.DeadlineExceeded)
-			default:
-				o.result, o.done = p.rejected(n), true
-			}
-			p.mu.Unlock()
+			p.late(o, n, cost, throttledBefore)
 			return
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The deadline, not the client: late, whichever of the two timers the
+				// scheduler ran first (a waiter whose earlier renewals went to other
+				// requests may come back with less than the margin left).
+				p.late(o, n, cost, throttledBefore)
+				return
+			}
 			p.mu.Lock()
 			p.waiting -= cost
 			p.mu.Unlock()
@@ -279,6 +274,25 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			return
 		}
 		// The renewal's write happened after n: a unit it granted is spent no earlier.
+	}
+}
+
+// late decides a charge whose deadline came while it waited for a renewal: rejected (the pool
+// had nothing for it in time) while the store answers, an error (on_error decides) when the
+// renewal was throttled or no renewal of this pool has been answered lately.
+func (p *pool) late(o *op, n, cost, throttledBefore int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.waiting -= cost
+	switch {
+	case p.throttled.Load() > throttledBefore:
+		o.err = fmt.Errorf("dynamo: lease %s: %w: the renewal was throttled", p.base, ErrThrottled)
+	case time.Since(p.answered) > leaseAnswerGrace:
+		// No renewal of this pool has been answered lately: the store may be down or hung,
+		// which is on_error's to decide, not a rejection's.
+		o.err = fmt.Errorf("dynamo: lease %s: no answer: %w", p.base, context.DeadlineExceeded)
+	default:
+		o.result, o.done = p.rejected(n), true
 	}
 }
 

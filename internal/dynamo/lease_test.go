@@ -694,3 +694,78 @@ func TestLeaseOnHungStoreIsAnError(t *testing.T) {
 		}
 	}
 }
+
+// gatedAPI answers from a memAPI, but once shut is set its calls wait for open to close (a
+// store that answers, slowly).
+type gatedAPI struct {
+	*memAPI
+	shut atomic.Bool
+	open chan struct{}
+}
+
+func (g *gatedAPI) wait(ctx context.Context) error {
+	if !g.shut.Load() {
+		return nil
+	}
+	select {
+	case <-g.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gatedAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if err := g.wait(ctx); err != nil {
+		return nil, err
+	}
+	return g.memAPI.UpdateItem(ctx, in, o...)
+}
+
+func (g *gatedAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	if err := g.wait(ctx); err != nil {
+		return nil, err
+	}
+	return g.memAPI.BatchGetItem(ctx, in, o...)
+}
+
+// noDeadline hides its context's deadline: only Done says when it ends, as when the scheduler
+// runs a waiter after its deadline has passed rather than its margin before.
+type noDeadline struct{ context.Context }
+
+func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// TestLateWaiterOnSlowStoreIsRejected: a leased charge whose deadline comes while it waits for
+// the renewal of a pool whose store has just answered is rejected (the pool had nothing for it in
+// time), not failed: an error would open the circuit breaker for every request of a replica
+// whose store is merely slow. Also when the deadline, not the margin before it, is what the
+// waiter sees first.
+func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
+	leakCheck(t)
+	api := &gatedAPI{memAPI: newMemAPI(), open: make(chan struct{})}
+	s := newLeaseStores(t, api, 1, nil)[0]
+	defer close(api.open) // before the stores' cleanup: the renewal in flight ends
+	c := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 10}, Lease: bucket.Lease{Shards: 1}}
+	take := func(ctx context.Context) (bool, error) {
+		return s.Take(ctx, time.Now(), []bucket.Charge{c}, make([]bucket.Result, 1))
+	}
+	// A first lease answered at once: the store answers. It holds one unit (no demand seen
+	// yet), which the first request spends.
+	if ok, err := take(context.Background()); !ok || err != nil {
+		t.Fatalf("first request: got admitted=%v err=%v, want admitted", ok, err)
+	}
+	api.shut.Store(true)
+	for i := range 6 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		var wctx context.Context = ctx
+		if i%2 == 1 {
+			wctx = noDeadline{ctx}
+		}
+		ok, err := take(wctx)
+		cancel()
+		if ok || err != nil {
+			t.Errorf("request %d waiting for a slow renewal (deadline hidden: %v): got admitted=%v err=%v, want rejected without an error",
+				i, i%2 == 1, ok, err)
+		}
+	}
+}
