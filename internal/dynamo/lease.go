@@ -24,10 +24,6 @@ import (
 // leaseWaitMargin is how long before its deadline a request stops waiting for a renewal.
 const leaseWaitMargin = 5 * time.Millisecond
 
-// leaseAnswerGrace is how recently a renewal must have been answered for a request that waited
-// in vain to be rejected (the store is slow) rather than failed (it may be down).
-const leaseAnswerGrace = time.Second
-
 // leaseMaxWaits bounds the renewals one charge waits for: renewals that other replicas keep
 // racing to the units mean the pool is empty, and the charge is rejected.
 const leaseMaxWaits = 3
@@ -97,7 +93,6 @@ type pool struct {
 	fails      uint         // renewals in a row that found every shard empty
 	lastEmpty  int64        // instant of the last renewal that found every shard empty
 	throttled  atomic.Int64 // throttled calls of this pool's renewals
-	answered   time.Time    // when a renewal was last answered (granted or empty)
 }
 
 // shard is one item of a pool.
@@ -279,7 +274,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 
 // late decides a charge whose deadline came while it waited for a renewal: rejected (the pool
 // had nothing for it in time) while the store answers, an error (on_error decides) when the
-// renewal was throttled or no renewal of this pool has been answered lately.
+// renewal was throttled or the store has left a call without an answer for over a second.
 func (p *pool) late(o *op, n, cost, throttledBefore int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -287,9 +282,8 @@ func (p *pool) late(o *op, n, cost, throttledBefore int64) {
 	switch {
 	case p.throttled.Load() > throttledBefore:
 		o.err = fmt.Errorf("dynamo: lease %s: %w: the renewal was throttled", p.base, ErrThrottled)
-	case time.Since(p.answered) > leaseAnswerGrace:
-		// No renewal of this pool has been answered lately: the store may be down or hung,
-		// which is on_error's to decide, not a rejection's.
+	case p.ls.s.live.silent():
+		// The store may be down or hung, which is on_error's to decide, not a rejection's.
 		o.err = fmt.Errorf("dynamo: lease %s: no answer: %w", p.base, context.DeadlineExceeded)
 	default:
 		o.result, o.done = p.rejected(n), true
@@ -517,9 +511,6 @@ func (p *pool) renew(ctx context.Context, n, want int64) {
 		} else {
 			p.rtt += (rtt - p.rtt) / 4
 		}
-	}
-	if err == nil {
-		p.answered = time.Now()
 	}
 	switch {
 	case err != nil:

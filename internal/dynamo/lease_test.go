@@ -684,6 +684,8 @@ func (c *countingReads) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetI
 func TestLeaseOnHungStoreIsAnError(t *testing.T) {
 	leakCheck(t)
 	s := newLeaseStores(t, &fakeAPI{block: true}, 1, nil)[0]
+	// Silent for longer than this is down, not slow (the default is a second).
+	dynamo.SetLiveness(s, 10*time.Millisecond, time.Now)
 	c := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 10}, Lease: bucket.Lease{Shards: 1}}
 	for i := range 2 {
 		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
@@ -735,16 +737,26 @@ type noDeadline struct{ context.Context }
 
 func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
 
+// wallClock is a settable clock, safe for concurrent use.
+type wallClock struct{ ns atomic.Int64 }
+
+func (c *wallClock) Now() time.Time        { return time.Unix(0, c.ns.Load()) }
+func (c *wallClock) Add(d time.Duration)   { c.ns.Add(int64(d)) }
+func newWallClock(at time.Time) *wallClock { c := &wallClock{}; c.ns.Store(at.UnixNano()); return c }
+
 // TestLateWaiterOnSlowStoreIsRejected: a leased charge whose deadline comes while it waits for
-// the renewal of a pool whose store has just answered is rejected (the pool had nothing for it in
+// the renewal of a store that answers, slowly, is rejected (the pool had nothing for it in
 // time), not failed: an error would open the circuit breaker for every request of a replica
 // whose store is merely slow. Also when the deadline, not the margin before it, is what the
-// waiter sees first.
+// waiter sees first, and after a long idle spell (no answers because nothing was asked). Once
+// the store has left a call unanswered for longer than the grace, waiters fail: on_error decides.
 func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
 	leakCheck(t)
 	api := &gatedAPI{memAPI: newMemAPI(), open: make(chan struct{})}
 	s := newLeaseStores(t, api, 1, nil)[0]
 	defer close(api.open) // before the stores' cleanup: the renewal in flight ends
+	clock := newWallClock(t0)
+	dynamo.SetLiveness(s, 100*time.Millisecond, clock.Now)
 	c := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 10}, Lease: bucket.Lease{Shards: 1}}
 	take := func(ctx context.Context) (bool, error) {
 		return s.Take(ctx, time.Now(), []bucket.Charge{c}, make([]bucket.Result, 1))
@@ -754,6 +766,7 @@ func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
 	if ok, err := take(context.Background()); !ok || err != nil {
 		t.Fatalf("first request: got admitted=%v err=%v, want admitted", ok, err)
 	}
+	clock.Add(10 * time.Second) // idle: no call, so none unanswered
 	api.shut.Store(true)
 	for i := range 6 {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -767,5 +780,11 @@ func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
 			t.Errorf("request %d waiting for a slow renewal (deadline hidden: %v): got admitted=%v err=%v, want rejected without an error",
 				i, i%2 == 1, ok, err)
 		}
+	}
+	clock.Add(200 * time.Millisecond) // the renewal has waited past the grace: the store is silent
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if ok, err := take(ctx); ok || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("waiting on a store silent past the grace: got admitted=%v err=%v, want context.DeadlineExceeded", ok, err)
 	}
 }

@@ -109,7 +109,8 @@ type Options struct {
 // Store is a bucket.Store backed by a DynamoDB table. It is safe for concurrent use; the zero
 // value is not usable (use New).
 type Store struct {
-	api   API
+	api   API // live, watched
+	live  *liveAPI
 	table string
 	mode  Mode
 	deny  *boundedCache[bucket.Key, denial] // nil when the deny cache is off
@@ -147,8 +148,10 @@ func New(api API, o Options) *Store {
 	if late <= 0 {
 		late = defaultLateWrites
 	}
+	live := &liveAPI{API: api, grace: answerGrace, now: time.Now}
 	s := &Store{
-		api:   api,
+		api:   live,
+		live:  live,
 		table: o.Table,
 		mode:  o.Mode,
 		hints: newBoundedCache[bucket.Key, int64](size),
