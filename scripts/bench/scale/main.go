@@ -341,14 +341,16 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	}
 	printReport(stdout, o, res, ph, st, cpuBefore, cpuAfter)
 	fmt.Fprintf(stdout, "load average (1 min) before the load %s, after %s\n", loadBefore, loadAvg())
-	fmt.Fprintf(stdout, "replicas' counters, summed:\n")
+	fmt.Fprintf(stdout, "replicas' counters, summed (non-zero), in the measurement and before it (warm-up):\n")
 	names := make([]string, 0, len(counters))
 	for k := range counters {
 		names = append(names, k)
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		fmt.Fprintf(stdout, "  %-70s %12.0f\n", k, counters[k])
+		if counters[k] != 0 || before.counters[k] != 0 {
+			fmt.Fprintf(stdout, "  %-70s %10.0f %10.0f\n", k, counters[k], before.counters[k])
+		}
 	}
 	fmt.Fprintf(stdout, "p99 of every decision (ratelimit_store_duration_seconds, waits for a renewal included): %.3f ms\n", p99All*1000)
 	if lat := timed.latencies(); len(lat) > 0 {
@@ -872,7 +874,8 @@ func offer(ctx context.Context, o options, reps []*replica, stdout io.Writer, me
 			offered: c.offered.Load(), ok: c.ok.Load(), limited: c.limited.Load(),
 			other: c.other.Load(), unsent: c.unsent.Load(),
 		}
-		fmt.Fprintf(stdout, "  %s phase, admitted by second:", sp.name)
+		fmt.Fprintf(stdout, "  %s phase: offered %d, 200 %d, 429 %d, other %d, unsent %d; admitted by second:",
+			sp.name, pc.offered, pc.ok, pc.limited, pc.other, pc.unsent)
 		for i := 0; i < len(c.okPerSecond) && time.Duration(i)*time.Second < elapsed; i++ {
 			fmt.Fprintf(stdout, " %d", c.okPerSecond[i].Load())
 		}

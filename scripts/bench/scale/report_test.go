@@ -146,3 +146,20 @@ func TestHistogramP99Merge(t *testing.T) {
 		t.Errorf("merge of different bounds got %v", got)
 	}
 }
+
+// TestSubTakesAnEarlierScrapeOff: a histogram less its earlier scrape is what was observed in
+// between; a missing earlier scrape takes nothing off.
+func TestSubTakesAnEarlierScrapeOff(t *testing.T) {
+	before := histogram{{0.001, 2}, {0.01, 5}, {math.Inf(1), 6}}
+	after := histogram{{0.001, 3}, {0.01, 9}, {math.Inf(1), 12}}
+	got := sub(after, before)
+	want := histogram{{0.001, 1}, {0.01, 4}, {math.Inf(1), 6}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("sub got %v, want %v", got, want)
+		}
+	}
+	if got := sub(after, nil); len(got) != len(after) || got[2] != after[2] {
+		t.Errorf("sub with no earlier scrape got %v, want %v", got, after)
+	}
+}
