@@ -4,7 +4,9 @@ package main
 // configuration in front of a grpc-go server.
 
 import (
+	"context"
 	"crypto/tls"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -16,8 +18,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 // withoutKeys returns the YAML document without the given top-level keys.
@@ -45,28 +50,60 @@ func withoutKeys(t *testing.T, text []byte, keys ...string) string {
 	return string(out)
 }
 
+// ordersUpstream is a grpc-go server with the health service. Any other method answers
+// Unimplemented at once, naming itself, except a Watch, which sends its headers and holds the
+// stream open until the client leaves.
+func ordersUpstream(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
+		method, _ := grpc.MethodFromServerStream(stream)
+		if !strings.HasSuffix(method, "/Watch") {
+			return status.Errorf(codes.Unimplemented, "upstream: no method %s", method)
+		}
+		if err := stream.SendHeader(nil); err != nil {
+			return err
+		}
+		<-stream.Context().Done()
+		return status.FromContextError(stream.Context().Err()).Err()
+	}))
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	return l.Addr().String()
+}
+
+// examplePolicy returns the example's policy of that name, which must key on the API key and
+// match method.
+func examplePolicy(t *testing.T, cfg *policy.Config, name, method string) policy.PolicyConfig {
+	t.Helper()
+	for _, p := range cfg.Policies {
+		if p.Name == name && p.Key == "api_key" && strings.HasPrefix(method, p.Match.PathPrefix) && p.Limit > 0 {
+			return p
+		}
+	}
+	t.Fatalf("the gRPC example has no api_key policy %s with a limit on %s", name, method)
+	return policy.PolicyConfig{}
+}
+
 // TestKubernetesGRPCExampleServes starts the binary with the ConfigMap of deploy/kubernetes/grpc
 // as the pod would read it (its TLS files where the Secret's volume puts them, a certificate
 // of the test's CA in them); only listen, admin_listen and upstream are moved to loopback
-// ports. A grpc-go client with TLS credentials makes a health call through it, then calls the
-// method that the example limits per API key until the gateway answers RESOURCE_EXHAUSTED.
+// ports. A grpc-go client with TLS credentials makes a health call through it; calls the method
+// that the example limits per API key until the gateway answers RESOURCE_EXHAUSTED; and opens
+// as many Watch streams as the example lets one key hold open, and one more.
 func TestKubernetesGRPCExampleServes(t *testing.T) {
 	ca := newTestCA(t, "test CA")
 	ex := loadExample(t, kubernetesDir+"/grpc", ca)
 	if ex.cfg.TLS == nil || ex.cfg.TLS.CertFile == "" {
 		t.Fatal("the gRPC example terminates no TLS")
 	}
-	const method, policyName = "/orders.v1.Orders/Export", "export-per-api-key"
-	var limit int64
-	var window time.Duration
-	for _, p := range ex.cfg.Policies {
-		if p.Name == policyName && p.Key == "api_key" && strings.HasPrefix(method, p.Match.PathPrefix) {
-			limit, window = p.Limit, p.Window
-		}
-	}
-	if limit == 0 {
-		t.Fatalf("the gRPC example has no api_key policy %s with a limit on %s", policyName, method)
-	}
+	const exportMethod, watchMethod = "/orders.v1.Orders/Export", "/orders.v1.Orders/Watch"
+	export := examplePolicy(t, ex.cfg, "export-per-api-key", exportMethod)
+	watch := examplePolicy(t, ex.cfg, "watch-streams-per-api-key", watchMethod)
 	text, err := os.ReadFile(ex.rootConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -77,8 +114,7 @@ func TestKubernetesGRPCExampleServes(t *testing.T) {
 			env = append(env, e)
 		}
 	}
-	up := newGRPCUpstream(t)
-	g := startGateway(t, "http://"+up.addr, withoutKeys(t, text, "listen", "admin_listen", "upstream"), env...)
+	g := startGateway(t, "http://"+ordersUpstream(t), withoutKeys(t, text, "listen", "admin_listen", "upstream"), env...)
 
 	cc, err := grpc.NewClient(strings.TrimPrefix(g.proxy, "http://"),
 		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.pool})))
@@ -91,19 +127,19 @@ func TestKubernetesGRPCExampleServes(t *testing.T) {
 		t.Fatalf("health check over TLS: got %v, %v; want SERVING", resp, err)
 	}
 
-	// The upstream has no Orders service: a call it receives ends Unimplemented, with its own
-	// message; the call the gateway refuses never reaches it.
-	export := func(key string) error {
-		return cc.Invoke(callCtx(t, "x-api-key", key), method, &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
+	// A call the upstream receives ends Unimplemented, with its message; the call the gateway
+	// refuses never reaches it.
+	call := func(key string) error {
+		return cc.Invoke(callCtx(t, "x-api-key", key), exportMethod, &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
 	}
-	for i := range limit {
-		if err := export("key-a"); status.Code(err) != codes.Unimplemented || !strings.Contains(status.Convert(err).Message(), "orders.v1.Orders") {
-			t.Fatalf("Export call %d of %d: got %v, want the upstream's Unimplemented", i+1, limit, err)
+	for i := range export.Limit {
+		if err := call("key-a"); status.Code(err) != codes.Unimplemented || !strings.HasPrefix(status.Convert(err).Message(), "upstream: ") {
+			t.Fatalf("Export call %d of %d: got %v, want the upstream's Unimplemented", i+1, export.Limit, err)
 		}
 	}
-	st := status.Convert(export("key-a"))
-	if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), `"`+policyName+`"`) {
-		t.Fatalf("Export call %d: got %v %q, want ResourceExhausted naming %s", limit+1, st.Code(), st.Message(), policyName)
+	st := status.Convert(call("key-a"))
+	if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), `"`+export.Name+`"`) {
+		t.Fatalf("Export call %d: got %v %q, want ResourceExhausted naming %s", export.Limit+1, st.Code(), st.Message(), export.Name)
 	}
 	var delay time.Duration
 	for _, d := range st.Details() {
@@ -113,17 +149,57 @@ func TestKubernetesGRPCExampleServes(t *testing.T) {
 	}
 	// The sliding window counts in tenths of the window, the oldest in full: the wait may reach
 	// 1.1 windows (docs/algorithms.md).
-	if delay <= 0 || delay > window+window/10 {
-		t.Errorf("RetryInfo delay got %v (details %v), want within 1.1 × the policy's window %v", delay, st.Details(), window)
+	if w := export.Window; delay <= 0 || delay > w+w/10 {
+		t.Errorf("RetryInfo delay got %v (details %v), want within 1.1 × the policy's window %v", delay, st.Details(), w)
 	}
 	// The limit is per key and per method.
-	if err := export("key-b"); status.Code(err) != codes.Unimplemented {
+	if err := call("key-b"); status.Code(err) != codes.Unimplemented {
 		t.Errorf("Export with another key: got %v, want the upstream's Unimplemented", err)
 	}
 	if _, err := healthpb.NewHealthClient(cc).Check(callCtx(t, "x-api-key", "key-a"), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Errorf("health check of the throttled key: %v, want OK", err)
 	}
-	if got := metric(t, g.admin, `ratelimit_protocol_decisions_total{protocol="grpc",result="limited"}`); got != 1 {
-		t.Errorf(`ratelimit_protocol_decisions_total{protocol="grpc",result="limited"} got %v, want 1`, got)
+
+	// Streams: each admitted one holds its slot while it is open. openWatch returns nil for a
+	// stream the upstream answered with headers, or the error of one that ended first.
+	openWatch := func(ctx context.Context) error {
+		s, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, watchMethod)
+		if err == nil {
+			err = s.SendMsg(&healthpb.HealthCheckRequest{})
+		}
+		if err == nil {
+			err = s.CloseSend()
+		}
+		if err != nil {
+			return err
+		}
+		if md, err := s.Header(); err != nil || md == nil { // nil, nil: trailers only, the status is RecvMsg's
+			return s.RecvMsg(&healthpb.HealthCheckResponse{})
+		}
+		return nil
+	}
+	cancels := make([]context.CancelFunc, watch.Limit)
+	for i := range cancels {
+		ctx, cancel := context.WithCancel(callCtx(t, "x-api-key", "key-a"))
+		cancels[i] = cancel
+		defer cancel()
+		if err := openWatch(ctx); err != nil {
+			t.Fatalf("Watch stream %d of %d: %v, want it open", i+1, watch.Limit, err)
+		}
+	}
+	st = status.Convert(openWatch(callCtx(t, "x-api-key", "key-a")))
+	if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), `"`+watch.Name+`"`) {
+		t.Fatalf("Watch stream %d: got %v %q, want ResourceExhausted naming %s", watch.Limit+1, st.Code(), st.Message(), watch.Name)
+	}
+	if err := openWatch(callCtx(t, "x-api-key", "key-b")); err != nil {
+		t.Errorf("Watch stream of another key: %v, want it open", err)
+	}
+	cancels[0]()
+	eventually(t, "a Watch stream's slot freed by its cancellation", func() bool {
+		return openWatch(callCtx(t, "x-api-key", "key-a")) == nil
+	})
+
+	if got := metric(t, g.admin, `ratelimit_protocol_decisions_total{protocol="grpc",result="limited"}`); got < 2 {
+		t.Errorf(`ratelimit_protocol_decisions_total{protocol="grpc",result="limited"} got %v, want at least the 2 refusals above`, got)
 	}
 }

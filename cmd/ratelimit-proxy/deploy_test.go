@@ -462,7 +462,7 @@ func loadExample(t *testing.T, dir string, ca *testCA) *k8sExample {
 
 	ex.rootConfig = filepath.Join(ex.root, filepath.FromSlash(ex.configPath))
 	raw, err := os.ReadFile(ex.rootConfig)
-	if err != nil || ex.volumeHolding(ex.configPath) == nil || ex.volumeHolding(ex.configPath).ConfigMap == nil {
+	if v := ex.volumeHolding(ex.configPath); err != nil || v == nil || v.ConfigMap == nil {
 		t.Fatalf("%s reads %s, but no ConfigMap mounted at %s holds %s", ex.gw.Name, ex.configPath, path.Dir(ex.configPath), path.Base(ex.configPath))
 	}
 	if err := os.WriteFile(ex.rootConfig, []byte(rooted.Replace(string(raw))), 0o600); err != nil {
