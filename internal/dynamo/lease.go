@@ -38,11 +38,15 @@ type leasePools struct {
 
 	mu       sync.Mutex
 	pools    map[leaseKey]*pool
-	closed   bool          // no new pools
-	draining bool          // close waits for wg: nothing new may start
-	stop     chan struct{} // closed by close: stops the sweeper
-	started  bool          // the sweeper is running
-	wg       sync.WaitGroup
+	closed   bool // no new pools
+	draining bool // close waits for wg: nothing new may start
+	// forceShift, when forced, replaces every renewal's shift: tests on simulated time, where
+	// the wall-clock round trip means nothing.
+	forceShift int64
+	forced     bool
+	stop       chan struct{} // closed by close: stops the sweeper
+	started    bool          // the sweeper is running
+	wg         sync.WaitGroup
 }
 
 type leaseKey struct {
@@ -466,6 +470,7 @@ func (p *pool) startRenewal(ctx context.Context, n int64) {
 	p.renewing, p.err = true, nil
 	p.done = make(chan struct{})
 	want := p.want(n)
+	shift := p.shift()
 	// Not derived from ctx: the renewal outlives the Take that started it, and a caller may
 	// recycle its context once Take returns (the proxy's does). Its deadline is longer than the
 	// decision's: a store slower than store.timeout fails the requests waiting for the renewal
@@ -478,7 +483,7 @@ func (p *pool) startRenewal(ctx context.Context, n int64) {
 	rctx = context.WithValue(rctx, throttleCounter{}, &p.throttled)
 	if !p.ls.goTracked(func() {
 		defer cancel()
-		p.renew(rctx, n, want)
+		p.renew(rctx, n, want, shift)
 	}) {
 		cancel()
 		p.renewing, p.err = false, fmt.Errorf("dynamo: lease %s: %w", p.base, errLeasesClosed)
@@ -497,11 +502,28 @@ func (ls *leasePools) goTracked(f func()) bool {
 	return true
 }
 
+// shift is how far past the decision's instant a token bucket's renewal places its first unit
+// (the caller holds p.mu): the store's smoothed round trip, at most half of what a lease may
+// span. A unit may be held ttl past its place, so a lease taken from an idle bucket whose answer
+// takes longer than ttl would arrive with its first units dead, and a store that stays that
+// slow would never lease anything usable; placed a round trip later, the lease arrives alive.
+// The places skipped are lost, which costs an idle bucket a round trip of its refill, and a
+// drained one (tat already ahead) nothing. Exact: see leaseGCRA.
+func (p *pool) shift() int64 {
+	if !p.gcra {
+		return 0
+	}
+	if p.ls.forced {
+		return p.ls.forceShift
+	}
+	return min(p.rtt, p.shards[len(p.shards)-1].tauL/2)
+}
+
 // renew takes a lease of up to want units from the first shard that has some, starting at
 // home, and publishes it. It ends the renewal.
-func (p *pool) renew(ctx context.Context, n, want int64) {
+func (p *pool) renew(ctx context.Context, n, want, shift int64) {
 	start := time.Now() // a round trip: wall-clock time whatever the decisions' instants
-	g, err := p.lease(ctx, n, want)
+	g, err := p.lease(ctx, n, want, shift)
 	rtt := int64(time.Since(start))
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -533,7 +555,7 @@ func (p *pool) renew(ctx context.Context, n, want int64) {
 
 // lease makes the conditional writes of one renewal. A nil grant and nil error mean every shard
 // is empty; then p.emptyUntil says until when.
-func (p *pool) lease(ctx context.Context, n, want int64) (*grant, error) {
+func (p *pool) lease(ctx context.Context, n, want, shift int64) (*grant, error) {
 	least := max(1, want/2)
 	// The home shard first, then at most one other that may have room, picked at random:
 	// replicas spread over the shards and stay, so that a shard is polled by few of them, and a
@@ -554,7 +576,7 @@ func (p *pool) lease(ctx context.Context, n, want int64) (*grant, error) {
 	}
 	p.mu.Unlock()
 	for _, i := range order {
-		g, err := p.leaseShard(ctx, i, n, want)
+		g, err := p.leaseShard(ctx, i, n, want, shift)
 		if err != nil || g != nil {
 			if g != nil {
 				p.mu.Lock()
@@ -617,10 +639,15 @@ func (p *pool) anyReady(n, least int64) bool {
 // that is at least half of want (a smaller lease would cost a write for a few requests; they are
 // rejected until that much has refilled instead, which is no loss while the demand exceeds the
 // rate). nil, nil: the shard is empty until its emptyUntil.
-func (p *pool) leaseShard(ctx context.Context, i int, n, want int64) (*grant, error) {
+func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*grant, error) {
 	p.mu.Lock()
 	sh := p.shards[i]
 	p.mu.Unlock()
+	// The floor of the lease's places: want units must still fit above it (n + tauL).
+	f := n
+	if p.gcra {
+		f = n + max(0, min(shift, sh.tauL-want*sh.t))
+	}
 	pk := p.itemKey(i, n)
 	least := max(1, want/2)
 	// What the shard holds as far as we know picks the first form; a failed condition tells
@@ -634,7 +661,7 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want int64) (*grant, er
 		if err != nil {
 			return nil, err
 		}
-		a, err := p.learn(&sh, item[pk], n)
+		a, err := p.learn(&sh, item[pk], n, f)
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", pk, err)
 		}
@@ -644,14 +671,14 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want int64) (*grant, er
 		}
 	}
 	for round := 0; round < 3; round++ {
-		f := p.leaseForm(&sh, n, want, least, avail)
-		out, err := p.ls.s.updateItem(ctx, opLease, pk, f.u, f.rv)
+		fm := p.leaseForm(&sh, n, f, want, least, avail)
+		out, err := p.ls.s.updateItem(ctx, opLease, pk, fm.u, fm.rv)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
-			return p.granted(i, pk, n, f, out.Attributes)
+			return p.granted(i, pk, n, fm, out.Attributes)
 		case errors.As(err, &ccf):
-			a, ferr := p.learn(&sh, ccf.Item, n)
+			a, ferr := p.learn(&sh, ccf.Item, n, f)
 			if ferr != nil {
 				return nil, fmt.Errorf("update %s: %w", pk, ferr)
 			}
@@ -747,18 +774,18 @@ func (sh *shard) refilled(p *pool, n, u int64) int64 {
 //     (GCRA SET tat = the last place that fits, on tat's grid of T; window SET count = the
 //     shard's count) while that is from least to want units, in one write whatever others
 //     took since we looked.
-func (p *pool) leaseForm(sh *shard, n, want, least, avail int64) form {
+func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64) form {
 	drain := avail != unknown && avail < want
 	if p.gcra {
-		if !drain || sh.tat < n {
-			return form{u: gcraWrite(n, sh.t, sh.tauL, want, sh.tat >= n), rv: types.ReturnValueAllNew, m: want}
+		if !drain || sh.tat < f {
+			return form{u: leaseGCRA(n, f, sh.t, sh.tauL, want, sh.tat >= f), rv: types.ReturnValueAllNew, m: want}
 		}
 		target := sh.tat + (n+sh.tauL-sh.tat)/sh.t*sh.t
 		return form{drain: true, target: target, rv: types.ReturnValueAllOld, u: update{
 			expr:   "SET #tat = :target, #ttl = :ttl",
-			cond:   "#tat >= :now AND #tat <= :most AND #tat >= :fewest",
+			cond:   "#tat >= :floor AND #tat <= :most AND #tat >= :fewest",
 			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
-			values: map[string]types.AttributeValue{":target": num(target), ":now": num(n), ":most": num(target - least*sh.t), ":fewest": num(target - want*sh.t), ":ttl": ttlAt(n + sh.tau)},
+			values: map[string]types.AttributeValue{":target": num(target), ":floor": num(f), ":most": num(target - least*sh.t), ":fewest": num(target - want*sh.t), ":ttl": ttlAt(n + sh.tau)},
 		}}
 	}
 	ttl := ttlAt(fixedEnd(p.key.limit, n))
@@ -774,8 +801,8 @@ func (p *pool) leaseForm(sh *shard, n, want, least, avail int64) form {
 }
 
 // learn reads a failed lease condition's item (as it was) into sh and returns how many units
-// the shard holds at n.
-func (p *pool) learn(sh *shard, old map[string]types.AttributeValue, n int64) (int64, error) {
+// a lease at n can take from it above the floor f.
+func (p *pool) learn(sh *shard, old map[string]types.AttributeValue, n, f int64) (int64, error) {
 	if p.gcra {
 		tat, ok, err := number(old, attrTat)
 		if err != nil {
@@ -783,10 +810,10 @@ func (p *pool) learn(sh *shard, old map[string]types.AttributeValue, n int64) (i
 		}
 		if !ok || tat < n {
 			sh.tat = 0
-			return sh.tauL / sh.t, nil
+		} else {
+			sh.tat = tat
 		}
-		sh.tat = tat
-		return max(0, (n+sh.tauL-tat)/sh.t), nil
+		return max(0, (n+sh.tauL-max(tat, f))/sh.t), nil
 	}
 	c, _, err := number(old, attrCount)
 	if err != nil {

@@ -133,12 +133,20 @@ func TestLeasesNeverOverAdmit(t *testing.T) {
 	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 200, Burst: 100}
 	gate := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}
 	for _, shards := range []int{1, 4} {
-		for seed := uint64(1); seed <= 3; seed++ {
-			t.Run(fmt.Sprintf("shards=%d/seed=%d", shards, seed), func(t *testing.T) {
+		for seed := uint64(1); seed <= 4; seed++ {
+			// Seed 4's renewals place their units as a store with a 40 ms round trip does.
+			shift := time.Duration(0)
+			if seed == 4 {
+				shift = 40 * time.Millisecond
+			}
+			t.Run(fmt.Sprintf("shards=%d/seed=%d/shift=%v", shards, seed, shift), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				api := newMemAPI()
 				reg := prometheus.NewRegistry()
 				stores := newLeaseStores(t, api, 5, reg)
+				for _, s := range stores {
+					dynamo.SetLeaseShift(s, shift)
+				}
 				key, gateKey := newKey(t), newKey(t)
 				lease := bucket.Lease{Shards: shards, TTL: 100 * time.Millisecond}
 				var admitted []int64
@@ -265,33 +273,37 @@ func TestLeaseBurstUsesEveryShard(t *testing.T) {
 	leakCheck(t)
 	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 100, Burst: 103}
 	lease := bucket.Lease{Shards: 4, TTL: 200 * time.Millisecond}
-	var want int64
-	for i := range lease.Shards {
-		tt, tau := bucket.ShardGCRA(limit, lease.Shards, i)
-		want += (tau - int64(lease.TTL)) / tt
-	}
-	api := newMemAPI()
-	s := newLeaseStores(t, api, 1, nil)[0]
-	key := newKey(t)
-	var got int64
-	for range 2 * limit.Burst {
-		r := make([]bucket.Result, 1)
-		ok, err := s.Take(context.Background(), t0, []bucket.Charge{{Key: key, Limit: limit, Lease: lease}}, r)
-		if err != nil {
-			t.Fatal(err)
+	// A renewal's shift (its store's round trip) skips that much of each idle shard's places.
+	for _, shift := range []time.Duration{0, 30 * time.Millisecond} {
+		var want int64
+		for i := range lease.Shards {
+			tt, tau := bucket.ShardGCRA(limit, lease.Shards, i)
+			want += (tau - int64(lease.TTL) - int64(shift)) / tt
 		}
-		if ok {
-			got++
-		} else if r[0].RetryAfter <= 0 {
-			t.Fatalf("rejected with RetryAfter %v, want > 0", r[0].RetryAfter)
+		api := newMemAPI()
+		s := newLeaseStores(t, api, 1, nil)[0]
+		dynamo.SetLeaseShift(s, shift)
+		key := newKey(t)
+		var got int64
+		for range 2 * limit.Burst {
+			r := make([]bucket.Result, 1)
+			ok, err := s.Take(context.Background(), t0, []bucket.Charge{{Key: key, Limit: limit, Lease: lease}}, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				got++
+			} else if r[0].RetryAfter <= 0 {
+				t.Fatalf("rejected with RetryAfter %v, want > 0", r[0].RetryAfter)
+			}
 		}
-	}
-	if got != want {
-		t.Errorf("admitted at one instant: got %d, want %d (burst %d less rate*ttl over %d shards)", got, want, limit.Burst, lease.Shards)
-	}
-	for i := range lease.Shards {
-		if !api.has(key.String() + "#g#l" + fmt.Sprint(i)) {
-			t.Errorf("shard %d's item was never written", i)
+		if got != want {
+			t.Errorf("shift %v: admitted at one instant: got %d, want %d (burst %d less rate*(ttl+shift) over %d shards)", shift, got, want, limit.Burst, lease.Shards)
+		}
+		for i := range lease.Shards {
+			if !api.has(key.String() + "#g#l" + fmt.Sprint(i)) {
+				t.Errorf("shift %v: shard %d's item was never written", shift, i)
+			}
 		}
 	}
 }

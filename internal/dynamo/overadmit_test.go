@@ -105,8 +105,12 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		holds = hasTat && hasSince && since == val(":since")
 	case "attribute_exists(#count)":
 		holds = hasCnt
-	case "#tat >= :now AND #tat <= :most AND #tat >= :fewest": // a lease draining a bucket
-		holds = hasTat && tat >= val(":now") && tat <= val(":most") && tat >= val(":fewest")
+	case "attribute_not_exists(#tat) OR #tat < :floor": // a lease from a bucket idle at its floor
+		holds = !hasTat || tat < val(":floor")
+	case "#tat >= :floor AND #tat <= :last": // a lease from a bucket past its floor
+		holds = hasTat && tat >= val(":floor") && tat <= val(":last")
+	case "#tat >= :floor AND #tat <= :most AND #tat >= :fewest": // a lease draining a bucket
+		holds = hasTat && tat >= val(":floor") && tat <= val(":most") && tat >= val(":fewest")
 	case "#count <= :most AND #count >= :fewest": // a lease draining a window
 		holds = hasCnt && cnt <= val(":most") && cnt >= val(":fewest")
 	case "#tat = :end AND attribute_not_exists(#since)": // a lease's units given back

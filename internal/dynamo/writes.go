@@ -49,6 +49,30 @@ func gcraWrite(n, t, tau, m int64, formB bool) update {
 	}
 }
 
+// leaseGCRA is a lease's token-bucket write at instant n: m units placed at or above the floor
+// f (f >= n), the last of them at most n + tauL. Form (a) (formB false), for a bucket idle at the
+// floor: tat = f + m*T. Form (b): tat += m*T while tat >= f. With f = n these are gcraWrite's
+// forms. Exact for any f in [n, n + tauL - m*T]: a unit at place θ <= n + tauL spent at s >= n
+// has θ <= s + tauL, and it is spent by θ - T + ttl; a higher floor only skips places (the
+// bucket is left as if they had been taken) and moves each unit's deadline later with its place.
+func leaseGCRA(n, f, t, tauL, m int64, formB bool) update {
+	ttl := ttlAt(n + tauL) // tat never passes n + tauL
+	if !formB {
+		return update{
+			expr:   "SET #tat = :next, #ttl = :ttl, #since = :now",
+			cond:   "attribute_not_exists(#tat) OR #tat < :floor",
+			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL, "#since": attrSince},
+			values: map[string]types.AttributeValue{":next": num(f + m*t), ":now": num(n), ":floor": num(f), ":ttl": ttl},
+		}
+	}
+	return update{
+		expr:   "SET #tat = #tat + :t, #ttl = :ttl",
+		cond:   "#tat >= :floor AND #tat <= :last",
+		names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
+		values: map[string]types.AttributeValue{":t": num(m * t), ":floor": num(f), ":last": num(n + tauL - m*t), ":ttl": ttl},
+	}
+}
+
 // countWrite adds m to a counter while it stays at most limit. With limit < m the condition
 // always fails, so the write still reports the current count without changing it. A sliding
 // window's slot (sealable) takes the write only while it is not sealed.
