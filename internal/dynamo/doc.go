@@ -121,9 +121,9 @@
 //
 // A charge whose Lease is on is served from units this Store reserved from the shared item in
 // one conditional write (lease.go): a token bucket's units are places of its schedule taken
-// within now + tau - ttl, each spent within ttl of its place (so the units spent in any interval
-// are no more than one exact bucket admits); a fixed window's are part of its count, spent in its
-// window. The bucket may be split over shards (rate/k and the burst's parts each, adding up to the
+// within now + tau - ttl (from a floor a round trip past now: leaseGCRA), each spent within ttl
+// of its place (so the units spent in any interval are no more than one exact bucket admits); a
+// fixed window's are part of its count, spent in its window. The bucket may be split over shards (rate/k and the burst's parts each, adding up to the
 // whole). Unspent units go back where that is exact (a window's count at any time; a token
 // bucket's only while no lease came after them). See docs/shared-pools.md.
 //
