@@ -479,14 +479,20 @@ func TestDynFaultSlowStore(t *testing.T) {
 			}
 			// A decision that timed out may still have been counted by the store: limits err on
 			// the strict side, never the loose one.
-			admitted := 0
+			// Only the store's admissions count: with on_error allow, a decision that failed
+			// again (DynamoDB Local on a busy machine) forwards the request without rate-limit
+			// headers, and the store did not decide it.
+			admitted, failedOpen := 0, 0
 			for range dynFaultExactLimit + 1 {
-				if a := fetch(c, g.proxy+"/exact/x", "X-User-Id", late); a.status == http.StatusOK {
+				switch a := fetch(c, g.proxy+"/exact/x", "X-User-Id", late); {
+				case a.status == http.StatusOK && a.header.Get("X-RateLimit-Limit") != "":
 					admitted++
+				case a.status == http.StatusOK:
+					failedOpen++
 				}
 			}
-			t.Logf("on_error %s: after one timed-out decision, the same user was admitted %d more times of a limit of %d", mode, admitted, dynFaultExactLimit)
-			if admitted > dynFaultExactLimit || admitted < dynFaultExactLimit-1 {
+			t.Logf("on_error %s: after one timed-out decision, the same user was admitted %d more times of a limit of %d (%d failed open)", mode, admitted, dynFaultExactLimit, failedOpen)
+			if admitted > dynFaultExactLimit || admitted < dynFaultExactLimit-1-failedOpen {
 				t.Errorf("after one timed-out decision the user was admitted %d more times, want %d or %d (the late write counted or not)", admitted, dynFaultExactLimit, dynFaultExactLimit-1)
 			}
 		})
