@@ -146,7 +146,7 @@ type pending struct {
 // and does no I/O, and a deadline that passed while the goroutine waited for a CPU would
 // otherwise turn an overloaded gateway into one that forwards without limits (on_error: allow).
 func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, results []Result) (bool, error) {
-	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+	if err := ctx.Err(); err != nil && errors.Is(err, context.Canceled) {
 		return false, fmt.Errorf("bucket: memory take: %w", err)
 	}
 	if len(results) < len(charges) {
@@ -544,27 +544,35 @@ func (m *Memory) Evicted() uint64 { return m.evicted.Load() }
 // evicted) has nothing to give back. It never fails, and ignores ctx: a slot must come back
 // even when the request's context has ended, and the work is a few lock-protected writes.
 func (m *Memory) Release(_ context.Context, now time.Time, taken []Taken) error {
-	ns := now.UnixNano()
 	for i := range taken {
 		tk := &taken[i]
 		sh := &m.shards[m.shardOf(tk.Charge.Key)]
 		sh.mu.Lock()
-		sh.release(tk, ns)
+		// A concurrency slot, the release of every request under a concurrency limit, is
+		// given back here; refunds (charge_on, rarer and heavier) go through release.
+		if tk.Charge.Limit.Algorithm == Concurrency {
+			sh.releaseSlot(&tk.Charge.Key)
+		} else {
+			sh.release(tk, now.UnixNano())
+		}
 		sh.mu.Unlock()
 	}
 	return nil
 }
 
-// release gives one charge back. The caller holds sh.mu.
+// releaseSlot frees one concurrency slot of k. The caller holds sh.mu.
+func (sh *shard) releaseSlot(k *Key) {
+	if i, ok := sh.conc.find(k); ok {
+		// A key with nothing in flight stays until the next sweep (it is idle then): a busy
+		// key is not deleted and inserted again on every request.
+		sh.conc.slots[i].st = ConcurrentRelease(sh.conc.slots[i].st-concStored) + concStored
+	}
+}
+
+// release refunds one charge of an algorithm other than Concurrency. The caller holds sh.mu.
 func (sh *shard) release(tk *Taken, now int64) {
 	c := &tk.Charge
 	switch c.Limit.Algorithm {
-	case Concurrency:
-		if i, ok := sh.conc.find(&c.Key); ok {
-			// A key with nothing in flight stays until the next sweep (it is idle then): a
-			// busy key is not deleted and inserted again on every request.
-			sh.conc.slots[i].st = ConcurrentRelease(sh.conc.slots[i].st-concStored) + concStored
-		}
 	case TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
 			sh.gcra.slots[i].st, _ = GCRARefundN(sh.gcra.slots[i].st, tk.At.UnixNano(), now, c.Limit, c.N())
