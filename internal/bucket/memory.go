@@ -157,10 +157,13 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 			return false, fmt.Errorf("bucket: memory take: charge %d: unknown algorithm %d", i, a)
 		}
 	}
-	ns := now.UnixNano()
 	if len(charges) == 1 {
-		return m.takeOne(&charges[0], ns, &results[0]), nil
+		if charges[0].Limit.Algorithm == Concurrency {
+			return m.takeSlot(&charges[0], now, &results[0]), nil
+		}
+		return m.takeOne(&charges[0], now.UnixNano(), &results[0]), nil
 	}
+	ns := now.UnixNano()
 
 	var (
 		shardBuf, lockBuf [groupStack]uint32
@@ -251,18 +254,36 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		if r.Allowed {
 			evicted = storeAt(&sh.shard, &sh.fixed, i, existed, &c.Key, &st, now)
 		}
-	case Concurrency:
-		i, existed := sh.conc.find(&c.Key)
-		n := int64(concStored)
-		if existed {
-			n = sh.conc.slots[i].st
-		}
-		if concurrentTo(n-concStored, c.Limit.Count, r) {
-			n++
-			evicted = storeAt(&sh.shard, &sh.conc, i, existed, &c.Key, &n, now)
-		}
-	default: // SlidingWindow; Take has checked the algorithm
+	default: // SlidingWindow; Take has checked the algorithm and sent Concurrency to takeSlot
 		evicted = sh.takeSliding(c, now, r)
+	}
+	sh.mu.Unlock()
+	if evicted > 0 {
+		m.evicted.Add(evicted)
+	}
+	return r.Allowed || c.Shadow
+}
+
+// takeSlot is takeOne for a concurrency charge. A slot count needs no clock: now is converted
+// only when a new key is stored (a sweep that makes room for it needs the instant), not on
+// every request. With Release's releaseSlot this is the whole limiter cost of a request under
+// a concurrency limit, so it is kept to one lookup and one write under the shard's lock.
+func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
+	sh := &m.shards[m.shardOf(c.Key)]
+	var evicted uint64
+	sh.mu.Lock()
+	i, existed := sh.conc.find(&c.Key)
+	n := int64(concStored)
+	if existed {
+		n = sh.conc.slots[i].st
+	}
+	if concurrentTo(n-concStored, c.Limit.Count, r) {
+		n++
+		if existed {
+			sh.conc.slots[i].st = n
+		} else {
+			evicted = storeAt(&sh.shard, &sh.conc, i, false, &c.Key, &n, now.UnixNano())
+		}
 	}
 	sh.mu.Unlock()
 	if evicted > 0 {
