@@ -6,7 +6,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -162,26 +161,4 @@ func checkRejection(t *testing.T, what string, resp *http.Response, body string,
 		t.Errorf("%s: got body %s with X-RateLimit-Remaining %q, want policy %s, cost %d, remaining %d in both",
 			what, strings.TrimSpace(body), resp.Header.Get("X-RateLimit-Remaining"), want.Policy, want.Cost, want.Remaining)
 	}
-}
-
-// doMethod sends one request with the header pairs and returns the response and its body.
-func doMethod(t *testing.T, method, url string, hdr ...string) (*http.Response, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(body)
 }

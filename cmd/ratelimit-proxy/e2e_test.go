@@ -193,7 +193,14 @@ func (g *gateway) rewrite(t *testing.T, upstreamURL, rest string) {
 
 func get(t *testing.T, url string, hdr ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	return doMethod(t, http.MethodGet, url, hdr...)
+}
+
+// doMethod sends one request with the header pairs and returns the response and its body, read
+// to the end (so that the next request reuses the connection).
+func doMethod(t *testing.T, method, url string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -31,24 +30,12 @@ func loginConfig(t *testing.T) string {
 	return strings.Join(keep, "\n")
 }
 
-// post sends POST path with the header pairs and returns the status.
+// post sends POST path with the header pairs and returns the status. The body is read to the
+// end, so that the next request reuses the connection: the gateway reads it only after it has
+// given this one's charges back, which a new connection would race.
 func post(t *testing.T, url string, hdr ...string) int {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Read to the end, so that the next request reuses the connection: the gateway reads it
-	// only after it has given this one's charges back, which a new connection would race.
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	resp, _ := doMethod(t, http.MethodPost, url, hdr...)
 	return resp.StatusCode
 }
 
