@@ -20,43 +20,26 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
 // dynamoEndpoint returns the DynamoDB Local URL, or ends the test: Fatal in CI, Skip elsewhere.
+// These tests do not start their own: make test (scripts/test.sh) starts one for all packages.
 func dynamoEndpoint(t *testing.T) string {
 	t.Helper()
-	ep := os.Getenv("DYNAMODB_ENDPOINT")
-	if ep == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DYNAMODB_ENDPOINT is not set in CI: start DynamoDB Local with scripts/dynamodb-local.sh start")
-		}
-		t.Skip("DYNAMODB_ENDPOINT is not set: run make test, or export the URL printed by scripts/dynamodb-local.sh start")
+	ep, err := dynamolocal.Endpoint()
+	if err != nil {
+		dynamolocal.Unavailable(t, err)
 	}
 	return ep
 }
 
-// awsEnv is the gateways' AWS environment: DynamoDB Local's dummy credentials (letters and
-// digits only in the key id), a region, and no shared config or profile from the machine.
-func awsEnv() []string {
-	return []string{
-		"AWS_ACCESS_KEY_ID=AKIDLOCAL",
-		"AWS_SECRET_ACCESS_KEY=secret",
-		"AWS_SESSION_TOKEN=",
-		"AWS_REGION=us-east-1",
-		"AWS_DEFAULT_REGION=",
-		"AWS_PROFILE=",
-		"AWS_CONFIG_FILE=" + os.DevNull,
-		"AWS_SHARED_CREDENTIALS_FILE=" + os.DevNull,
-		"AWS_ENDPOINT_URL=",
-		"AWS_ENDPOINT_URL_DYNAMODB=",
-	}
-}
+// awsEnv is the gateways' AWS environment: DynamoDB Local's dummy credentials, a region, and
+// nothing from the machine (dynamolocal.Env).
+func awsEnv() []string { return dynamolocal.Env() }
 
 // setAWSEnv applies awsEnv to this process, for the commands that runCLI starts.
 func setAWSEnv(t *testing.T) {
@@ -76,15 +59,7 @@ func randomSuffix() string {
 // testClient is the test's own view of the table.
 func testClient(t *testing.T, endpoint string) *dynamodb.Client {
 	t.Helper()
-	c, err := dynamo.NewClient(context.Background(), dynamo.ClientOptions{
-		Region:   "us-east-1",
-		Endpoint: endpoint,
-		ConfigOptions: []func(*awsconfig.LoadOptions) error{
-			awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDLOCAL", "secret", "")),
-			awsconfig.WithSharedConfigFiles([]string{}),
-			awsconfig.WithSharedCredentialsFiles([]string{}),
-		},
-	})
+	c, err := dynamolocal.NewClient(context.Background(), endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,83 +5,32 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
-// The SDK tests run against a real DynamoDB Local, found as internal/dynamo's tests find it:
-// DYNAMODB_ENDPOINT names a running one (make test starts it); without it a developer's go test
-// starts its own and stops it at the end; under CI=true a missing endpoint fails the tests.
+// The SDK tests run against a real DynamoDB Local, found as internal/dynamo's tests find it
+// (dynamolocal.Find): DYNAMODB_ENDPOINT names a running one (make test starts it); without it a
+// developer's go test starts its own and stops it at the end; under CI=true a missing endpoint
+// fails the tests.
 
-var local struct {
-	once     sync.Once
-	endpoint string
-	stateDir string
-	err      error
-}
+var local dynamolocal.Lazy
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if local.stateDir != "" {
-		cmd := exec.Command(script(), "stop")
-		cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+local.stateDir)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "dynamodb-local stop: %v\n%s", err, out)
-		}
-		os.RemoveAll(local.stateDir)
-	}
+	local.Stop()
 	os.Exit(code)
-}
-
-func script() string {
-	p, _ := filepath.Abs(filepath.Join("..", "..", "scripts", "dynamodb-local.sh"))
-	return p
-}
-
-func startLocal() {
-	local.endpoint = os.Getenv("DYNAMODB_ENDPOINT")
-	if local.endpoint != "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		local.err = errors.New("DYNAMODB_ENDPOINT is not set in CI: start DynamoDB Local with scripts/dynamodb-local.sh start")
-		return
-	}
-	dir, err := os.MkdirTemp("", "dynamodb-local-")
-	if err != nil {
-		local.err = err
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, script(), "start")
-	cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+dir)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	local.stateDir = dir
-	if err != nil {
-		local.err = fmt.Errorf("scripts/dynamodb-local.sh start: %w: %s", err, strings.TrimSpace(stderr.String()))
-		return
-	}
-	local.endpoint = strings.TrimSpace(string(out))
 }
 
 // relayedTable starts a relay with the given budget in front of DynamoDB Local, creates a fresh
@@ -90,30 +39,20 @@ func startLocal() {
 // counts start at zero.
 func relayedTable(t *testing.T, budget int, c *clock) (*ddbrelay.Relay, *dynamodb.Client, string) {
 	t.Helper()
-	local.once.Do(startLocal)
-	if local.err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("DynamoDB Local: %v", local.err)
-		}
-		t.Skipf("DynamoDB Local unavailable: %v", local.err)
+	ddb, err := local.Get()
+	if err != nil {
+		dynamolocal.Unavailable(t, err)
 	}
-	r, err := ddbrelay.New(local.endpoint, ddbrelay.Options{WritesPerItemPerSecond: budget, Now: c.Now})
+	r, err := ddbrelay.New(ddb.Endpoint, ddbrelay.Options{WritesPerItemPerSecond: budget, Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
-	client, err := dynamo.NewClient(context.Background(), dynamo.ClientOptions{
-		Region:   "us-east-1",
-		Endpoint: srv.URL,
-		ConfigOptions: []func(*config.LoadOptions) error{
-			config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDLOCAL", "secret", "")),
-		},
-	})
+	client, err := dynamolocal.NewClient(context.Background(), srv.URL, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 })
 	if err != nil {
 		t.Fatal(err)
 	}
-	client = dynamodb.New(client.Options(), func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 })
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	table := "relay-" + hex.EncodeToString(b[:])

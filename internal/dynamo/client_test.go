@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
 // TestClientHonoursDeadline points the real SDK client at a server that accepts connections and
@@ -48,7 +49,7 @@ func TestClientHonoursDeadline(t *testing.T) {
 		}
 		mu.Unlock()
 	})
-	api, err := newLocalClient("http://" + ln.Addr().String())
+	api, err := dynamolocal.NewClient(context.Background(), "http://"+ln.Addr().String())
 	if err != nil {
 		t.Fatalf("NewClient: %v", err)
 	}
@@ -81,7 +82,7 @@ func TestClientKeepsMaxAttemptsOverEnvironment(t *testing.T) {
 		_, _ = io.WriteString(w, `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected"}`)
 	}))
 	defer srv.Close()
-	api, err := newLocalClient(srv.URL)
+	api, err := dynamolocal.NewClient(context.Background(), srv.URL)
 	if err != nil {
 		t.Fatalf("NewClient: %v", err)
 	}

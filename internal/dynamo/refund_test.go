@@ -11,12 +11,11 @@ import (
 	"time"
 
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
 // TestRefundAfterIdleResetKeepsLaterCharge: a GCRA refund is "SET tat = tat - T". When the
@@ -102,18 +101,11 @@ func (d *lostResponseDoer) Do(req *http.Request) (*http.Response, error) {
 func TestRefundSentOnce(t *testing.T) {
 	_, table := localTable(t)
 	doer := &lostResponseDoer{inner: awshttp.NewBuildableClient(), match: "#tat - :t"}
-	client, err := dynamo.NewClient(context.Background(), dynamo.ClientOptions{
-		Region:   "ap-northeast-1",
-		Endpoint: local.endpoint,
-		ConfigOptions: []func(*config.LoadOptions) error{
-			config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDLOCAL", "secret", "")),
-		},
-	})
+	// The suite's client (retryer included), with the doer as its HTTP client.
+	client, err := dynamolocal.NewClient(context.Background(), local.endpoint, func(o *dynamodb.Options) { o.HTTPClient = doer })
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The same client (retryer included), with the doer as its HTTP client.
-	client = dynamodb.New(client.Options(), func(o *dynamodb.Options) { o.HTTPClient = doer })
 	s := dynamo.New(client, dynamo.Options{Table: table})
 	gcra := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}}
 	window := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}}

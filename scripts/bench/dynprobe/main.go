@@ -15,13 +15,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
 func main() {
@@ -33,13 +32,8 @@ func main() {
 		log.Fatal("dynprobe: -endpoint is required")
 	}
 	ctx := context.Background()
-	client, err := dynamo.NewClient(ctx, dynamo.ClientOptions{
-		Region:   "us-east-1",
-		Endpoint: *endpoint,
-		ConfigOptions: []func(*config.LoadOptions) error{
-			config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("bench", "bench", "")),
-		},
-	})
+	// The gateway's client settings with DynamoDB Local's dummy credentials.
+	client, err := dynamolocal.NewClient(ctx, *endpoint)
 	if err != nil {
 		log.Fatal(err)
 	}

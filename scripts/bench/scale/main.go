@@ -41,13 +41,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
 // options are the run's knobs.
@@ -177,22 +176,27 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		}
 	}()
 
-	ddb, err := startDynamoDBLocal(ctx, filepath.Join(o.out, "scale-dynamodb-local"))
+	// Its own instance in its own state directory (Start stops one a killed run left there).
+	ddb, err := dynamolocal.Start(ctx, filepath.Join(o.out, "scale-dynamodb-local"))
 	if err != nil && ctx.Err() == nil {
 		// The script gives Java 30 s to answer, which a machine busy with other work can miss.
 		fmt.Fprintf(stdout, "%v; trying once more\n", err)
-		ddb, err = startDynamoDBLocal(ctx, filepath.Join(o.out, "scale-dynamodb-local"))
+		ddb, err = dynamolocal.Start(ctx, filepath.Join(o.out, "scale-dynamodb-local"))
 	}
 	if ddb != nil {
-		cleanups = append(cleanups, ddb.stop)
+		cleanups = append(cleanups, func() {
+			if err := ddb.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		})
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "DynamoDB Local at %s\n", ddb.endpoint)
+	fmt.Fprintf(stdout, "DynamoDB Local at %s\n", ddb.Endpoint)
 
 	table := "bench-scale-" + randomHex(4)
-	client, err := localClient(ctx, ddb.endpoint)
+	client, err := dynamolocal.NewClient(ctx, ddb.Endpoint)
 	if err != nil {
 		return err
 	}
@@ -217,7 +221,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		}
 	}
 
-	relay, err := ddbrelay.New(ddb.endpoint, ddbrelay.Options{WritesPerItemPerSecond: o.itemCap})
+	relay, err := ddbrelay.New(ddb.Endpoint, ddbrelay.Options{WritesPerItemPerSecond: o.itemCap})
 	if err != nil {
 		return err
 	}
@@ -392,74 +396,6 @@ func serve(h http.Handler) (string, func(), error) {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}, nil
-}
-
-// dynamoDBLocal is the instance scripts/dynamodb-local.sh started in its own state directory.
-type dynamoDBLocal struct {
-	endpoint, stateDir string
-}
-
-func script() string { return filepath.Join("scripts", "dynamodb-local.sh") }
-
-func startDynamoDBLocal(ctx context.Context, stateDir string) (*dynamoDBLocal, error) {
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
-		return nil, err
-	}
-	d := &dynamoDBLocal{stateDir: stateDir}
-	// A run killed hard (SIGKILL) leaves its instance behind: end it first.
-	d.stop()
-	cmd := exec.CommandContext(ctx, script(), "start")
-	cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+stateDir)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return d, fmt.Errorf("scripts/dynamodb-local.sh start: %w: %s", err, strings.TrimSpace(stderr.String()))
-	}
-	d.endpoint = strings.TrimSpace(string(out))
-	return d, nil
-}
-
-func (d *dynamoDBLocal) stop() {
-	cmd := exec.Command(script(), "stop")
-	cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+d.stateDir)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "dynamodb-local stop: %v\n%s", err, out)
-	}
-}
-
-func (d *dynamoDBLocal) pid() int {
-	b, err := os.ReadFile(filepath.Join(d.stateDir, "dynamodb-local.pid"))
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return n
-}
-
-// localCredentials are what DynamoDB Local accepts (letters and digits in the key id), and
-// keep the SDK from looking for real ones.
-var localCredentials = []string{
-	"AWS_ACCESS_KEY_ID=AKIDLOCAL",
-	"AWS_SECRET_ACCESS_KEY=secret",
-	"AWS_SESSION_TOKEN=",
-	"AWS_REGION=us-east-1",
-	"AWS_DEFAULT_REGION=",
-	"AWS_PROFILE=",
-	"AWS_CONFIG_FILE=" + os.DevNull,
-	"AWS_SHARED_CREDENTIALS_FILE=" + os.DevNull,
-	"AWS_ENDPOINT_URL=",
-	"AWS_ENDPOINT_URL_DYNAMODB=",
-}
-
-func localClient(ctx context.Context, endpoint string) (*dynamodb.Client, error) {
-	return dynamo.NewClient(ctx, dynamo.ClientOptions{
-		Region:   "us-east-1",
-		Endpoint: endpoint,
-		ConfigOptions: []func(*config.LoadOptions) error{
-			config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDLOCAL", "secret", "")),
-		},
-	})
 }
 
 // createTable creates the table as the gateway's create_table does (pk S, on demand, TTL), with
@@ -658,7 +594,7 @@ func startReplica(ctx context.Context, o options, i int, table, relayURL, upstre
 		},
 	}
 	r.cmd = exec.Command(o.bin, "serve", "--config", cfgPath)
-	r.cmd.Env = append(os.Environ(), localCredentials...)
+	r.cmd.Env = append(os.Environ(), dynamolocal.Env()...)
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	// A harness killed hard must not leave gateways behind.
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -984,12 +920,12 @@ type cpu struct {
 }
 
 // cpuSeconds reads /proc/PID/stat (Linux; zero elsewhere).
-func cpuSeconds(reps []*replica, ddb *dynamoDBLocal) cpu {
+func cpuSeconds(reps []*replica, ddb *dynamolocal.Instance) cpu {
 	var c cpu
 	for _, r := range reps {
 		c.replicas += procCPU(r.cmd.Process.Pid)
 	}
-	c.dynamodb = procCPU(ddb.pid())
+	c.dynamodb = procCPU(ddb.PID())
 	c.harness = procCPU(os.Getpid())
 	return c
 }
