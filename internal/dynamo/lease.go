@@ -150,6 +150,9 @@ func newPool(ls *leasePools, k leaseKey, n int64) *pool {
 	p := &pool{
 		ls: ls, key: k, base: k.key.String(), gcra: l.Algorithm == bucket.TokenBucket,
 		ttl: ttl, horizon: max(ttl/2, 1), shards: make([]shard, shards), estAt: n, lastUse: n,
+		// The store's round trip so far (its warm-up reads at startup, other pools' calls):
+		// the first renewal is placed and sized like the later ones.
+		rtt: ls.s.live.rtt.Load(),
 	}
 	// Replicas start on different shards (the key's digest and this Store's address would do;
 	// a random start spreads them without coordination).

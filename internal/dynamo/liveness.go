@@ -24,19 +24,35 @@ type liveAPI struct {
 	// asked is when the first call since the last answer was sent (Unix ns), 0 when no call
 	// has been waiting since.
 	asked atomic.Int64
+	// rtt is the smoothed time the service took to answer (ns), over every call: a new lease
+	// pool starts from it (see pool.shift).
+	rtt   atomic.Int64
 	grace time.Duration
 	now   func() time.Time // wall clock, whatever the decisions' instants
 }
 
-func (l *liveAPI) ask() { l.asked.CompareAndSwap(0, l.now().UnixNano()) }
+// ask records a call sent at the returned instant.
+func (l *liveAPI) ask() time.Time {
+	at := l.now()
+	l.asked.CompareAndSwap(0, at.UnixNano())
+	return at
+}
 
-// answer records that the service answered, if err is an answer: a success or an error of the
-// service's (a failed condition, throttling, a validation error), not a transport error or a
-// deadline.
-func (l *liveAPI) answer(err error) {
+// answer records that the service answered a call sent at sent, if err is an answer: a success
+// or an error of the service's (a failed condition, throttling, a validation error), not a
+// transport error or a deadline.
+func (l *liveAPI) answer(sent time.Time, err error) {
 	var ae smithy.APIError
-	if err == nil || errors.As(err, &ae) {
-		l.asked.Store(0)
+	if err != nil && !errors.As(err, &ae) {
+		return
+	}
+	l.asked.Store(0)
+	took := int64(l.now().Sub(sent))
+	// An EWMA of 1/8 per call; racing updates may drop one sample, which is harmless.
+	if old := l.rtt.Load(); old == 0 {
+		l.rtt.Store(took)
+	} else {
+		l.rtt.Store(old + (took-old)/8)
 	}
 }
 
@@ -48,22 +64,22 @@ func (l *liveAPI) silent() bool {
 }
 
 func (l *liveAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
-	l.ask()
+	sent := l.ask()
 	out, err := l.API.UpdateItem(ctx, in, optFns...)
-	l.answer(err)
+	l.answer(sent, err)
 	return out, err
 }
 
 func (l *liveAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
-	l.ask()
+	sent := l.ask()
 	out, err := l.API.BatchGetItem(ctx, in, optFns...)
-	l.answer(err)
+	l.answer(sent, err)
 	return out, err
 }
 
 func (l *liveAPI) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, optFns ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
-	l.ask()
+	sent := l.ask()
 	out, err := l.API.TransactWriteItems(ctx, in, optFns...)
-	l.answer(err)
+	l.answer(sent, err)
 	return out, err
 }

@@ -55,3 +55,38 @@ func TestLivenessCountsServiceErrorsAsAnswers(t *testing.T) {
 		t.Error("a call unanswered for 2s with a 1s grace: not silent, want silent")
 	}
 }
+
+// slowAPI answers every UpdateItem with err after moving the clock on by took.
+type slowAPI struct {
+	API
+	at   *time.Time
+	took time.Duration
+	err  error
+}
+
+func (s slowAPI) UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	*s.at = s.at.Add(s.took)
+	return nil, s.err
+}
+
+// TestLivenessSmoothsTheRoundTrip: the round trip new lease pools start from is the answered
+// calls' time, smoothed; a call that got no answer says nothing about it.
+func TestLivenessSmoothsTheRoundTrip(t *testing.T) {
+	at := time.Unix(1_000, 0)
+	l := &liveAPI{grace: time.Second, now: func() time.Time { return at }}
+	for _, c := range []struct {
+		took time.Duration
+		err  error
+		want time.Duration
+	}{
+		{10 * time.Millisecond, nil, 10 * time.Millisecond}, // the first answer is the estimate
+		{18 * time.Millisecond, &types.ConditionalCheckFailedException{}, 11 * time.Millisecond},
+		{time.Second, context.DeadlineExceeded, 11 * time.Millisecond}, // no answer: unchanged
+	} {
+		l.API = slowAPI{at: &at, took: c.took, err: c.err}
+		_, _ = l.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{})
+		if got := time.Duration(l.rtt.Load()); got != c.want {
+			t.Errorf("after a call of %v (err %v): rtt %v, want %v", c.took, c.err, got, c.want)
+		}
+	}
+}
