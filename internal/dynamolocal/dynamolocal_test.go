@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -268,6 +270,23 @@ func TestNewClientSignsWithTheDummyCredentials(t *testing.T) {
 	}
 	if !strings.Contains(auths[0], "Credential=AKIDLOCAL/") || !strings.Contains(auths[0], "/us-east-1/dynamodb/aws4_request") {
 		t.Errorf("Authorization %q: want it signed by AKIDLOCAL for us-east-1", auths[0])
+	}
+}
+
+// TestGatewayDoesNotLinkIt keeps this package (dummy credentials, a script runner) out of the
+// gateway binary, as the package comment says.
+func TestGatewayDoesNotLinkIt(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "../../cmd/ratelimit-proxy")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo") {
+		t.Fatalf("go list -deps printed %d packages without internal/dynamo: not the gateway's list", len(deps))
+	}
+	if slices.Contains(deps, "github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal") {
+		t.Error("cmd/ratelimit-proxy depends on internal/dynamolocal: it is for tests and bench harnesses only")
 	}
 }
 
