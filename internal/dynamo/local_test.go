@@ -29,11 +29,10 @@ import (
 var ddb dynamolocal.Lazy
 
 var local struct {
-	once     sync.Once
-	endpoint string
-	err      error // why there is none (outside CI: skip)
-	client   *dynamodb.Client
-	table    string
+	once   sync.Once
+	err    error // why there is none (outside CI: skip)
+	client *dynamodb.Client
+	table  string
 }
 
 // onAWS reports whether the suite targets real DynamoDB rather than DynamoDB Local.
@@ -57,13 +56,11 @@ func startLocal() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if onAWS() {
-		local.endpoint = os.Getenv(dynamolocal.EndpointVar)
-		local.client, local.err = dynamo.NewClient(ctx, dynamo.ClientOptions{Endpoint: local.endpoint})
+		local.client, local.err = dynamo.NewClient(ctx, dynamo.ClientOptions{Endpoint: os.Getenv(dynamolocal.EndpointVar)})
 	} else {
 		var inst *dynamolocal.Instance
 		if inst, local.err = ddb.Get(); local.err == nil {
-			local.endpoint = inst.Endpoint
-			local.client, local.err = dynamolocal.NewClient(ctx, local.endpoint)
+			local.client, local.err = dynamolocal.NewClient(ctx, inst.Endpoint)
 		}
 	}
 	if local.err != nil {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
 // TestRefundAfterIdleResetKeepsLaterCharge: a GCRA refund is "SET tat = tat - T". When the
@@ -99,13 +98,11 @@ func (d *lostResponseDoer) Do(req *http.Request) (*http.Response, error) {
 // not retried. Refunds are not idempotent (SET tat = tat - T, ADD count -1): a retry would refund
 // the charge a second time, and the bucket would admit one request more than its burst.
 func TestRefundSentOnce(t *testing.T) {
-	_, table := localTable(t)
+	api, table := localTable(t)
 	doer := &lostResponseDoer{inner: awshttp.NewBuildableClient(), match: "#tat - :t"}
-	// The suite's client (retryer included), with the doer as its HTTP client.
-	client, err := dynamolocal.NewClient(context.Background(), local.endpoint, func(o *dynamodb.Options) { o.HTTPClient = doer })
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The suite's client (retryer and credentials included: DynamoDB Local's or, with
+	// DYNAMODB_TEST_AWS=1, the AWS chain's), with the doer as its HTTP client.
+	client := dynamodb.New(api.Options(), func(o *dynamodb.Options) { o.HTTPClient = doer })
 	s := dynamo.New(client, dynamo.Options{Table: table})
 	gcra := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}}
 	window := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}}
