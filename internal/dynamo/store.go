@@ -131,6 +131,11 @@ type denial struct {
 	limit            bucket.Limit
 	cost             int64 // a rejection of cost 5 says nothing about a charge of cost 1
 	retryAt, resetAt int64
+	// remaining is what the store said remained at the refusal: less than cost. A token
+	// bucket refills and a window's count only grows, so it may be stale by the next refusal
+	// it answers; it is what the last answer of the store said, as the headers of a cached
+	// refusal should.
+	remaining int64
 }
 
 type slotKey struct {
@@ -371,6 +376,7 @@ func (s *Store) cachedDenial(c bucket.Charge, n int64) (bucket.Result, bool) {
 	s.m.denyHits.Inc()
 	return bucket.Result{
 		Limit:      limitValue(c.Limit),
+		Remaining:  d.remaining,
 		RetryAfter: time.Duration(d.retryAt - n),
 		Reset:      time.Duration(max(0, d.resetAt-n)),
 	}, true
@@ -386,7 +392,7 @@ func (s *Store) remember(o *op, n int64) {
 	// not cached.
 	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 && o.c.Limit.Algorithm != bucket.Concurrency && !o.c.Refundable {
 		retryAt := n + int64(r.RetryAfter)
-		s.deny.put(o.c.Key, denial{limit: o.c.Limit, cost: o.c.N(), retryAt: retryAt, resetAt: n + int64(r.Reset)}, retryAt, n)
+		s.deny.put(o.c.Key, denial{limit: o.c.Limit, cost: o.c.N(), retryAt: retryAt, resetAt: n + int64(r.Reset), remaining: r.Remaining}, retryAt, n)
 	}
 	if isGCRA(o.c.Limit) && r.Reset > 0 && !o.coalesced {
 		// While tat is in the future, the next request most likely finds it there: form (b).
