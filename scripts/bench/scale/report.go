@@ -38,10 +38,17 @@ type Phase struct {
 	DurationS float64 `json:"duration_s"`
 	Offered   int64   `json:"offered"`
 	Admitted  int64   `json:"admitted"`
-	// ExactBound is what one exact bucket admits in the phase: burst + rate x duration for the
-	// first phase (the bucket starts full), rate x duration for later ones (offered twice the
-	// rate, an exact bucket is empty when a phase ends).
-	ExactBound      float64 `json:"exact_bound"`
+	// ExactBound is what one exact bucket admits in the phase, which under_admit_ratio is
+	// measured against: burst + rate x duration for the first phase (the bucket starts full),
+	// rate x duration for later ones (offered twice the rate, an exact bucket is empty when a
+	// phase ends).
+	ExactBound float64 `json:"exact_bound"`
+	// MaxBound is the most one exact bucket can admit in any interval as long as the phase,
+	// burst + rate x duration, which over_admits is measured against. For a later phase it is
+	// above ExactBound: leased units may be spent up to the lease TTL after their place, so a
+	// phase may take a few that an exact bucket would have admitted in the phase before, and
+	// never more than this.
+	MaxBound        float64 `json:"max_bound"`
 	OverAdmits      float64 `json:"over_admits"`
 	UnderAdmitRatio float64 `json:"under_admit_ratio"`
 	// Limited counts 429s; Other every answer that is neither 200 nor 429, and transport errors.
@@ -74,14 +81,15 @@ func bounds(bound float64, admitted int64) (over, under float64) {
 func phases(rate, burst float64, counts []phaseCounts) []Phase {
 	out := make([]Phase, len(counts))
 	for i, c := range counts {
-		bound := rate * c.durationS
+		bound, most := rate*c.durationS, burst+rate*c.durationS
 		if i == 0 {
-			bound += burst
+			bound = most
 		}
-		over, under := bounds(bound, c.ok)
+		_, under := bounds(bound, c.ok)
+		over, _ := bounds(most, c.ok)
 		out[i] = Phase{
 			Name: c.name, DurationS: round(c.durationS, 3), Offered: c.offered, Admitted: c.ok,
-			ExactBound: round(bound, 1), OverAdmits: round(over, 1), UnderAdmitRatio: round(under, 5),
+			ExactBound: round(bound, 1), MaxBound: round(most, 1), OverAdmits: round(over, 1), UnderAdmitRatio: round(under, 5),
 			Limited: c.limited, Other: c.other, Unsent: c.unsent,
 		}
 	}

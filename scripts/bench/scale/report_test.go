@@ -69,8 +69,19 @@ func TestOverAdmitsAndPhaseBounds(t *testing.T) {
 	if ph[0].ExactBound != 41000 || ph[0].OverAdmits != 150 || ph[0].UnderAdmitRatio != 0 {
 		t.Errorf("steady got %+v, want bound 41000, 150 over", ph[0])
 	}
-	if ph[1].ExactBound != 20000 || ph[1].UnderAdmitRatio != 0.005 || ph[1].Other != 2 || ph[1].Unsent != 1 {
-		t.Errorf("shift got %+v, want bound 20000, under 0.005, 2 other, 1 unsent", ph[1])
+	if ph[1].ExactBound != 20000 || ph[1].MaxBound != 21000 || ph[1].UnderAdmitRatio != 0.005 || ph[1].Other != 2 || ph[1].Unsent != 1 {
+		t.Errorf("shift got %+v, want bound 20000, max 21000, under 0.005, 2 other, 1 unsent", ph[1])
+	}
+	// A later phase may take a few units an exact bucket would have admitted in the phase
+	// before (leases are spent up to their TTL late): above its exact bound, not an
+	// over-admission until it passes burst + rate x duration.
+	counts[1].ok = 20028
+	if ph := phases(2000, 1000, counts); ph[1].OverAdmits != 0 || ph[1].UnderAdmitRatio != 0 {
+		t.Errorf("shift with 20028 admitted got %+v, want neither over nor under", ph[1])
+	}
+	counts[1].ok = 21010
+	if ph := phases(2000, 1000, counts); ph[1].OverAdmits != 10 {
+		t.Errorf("shift with 21010 admitted got %+v, want 10 over", ph[1])
 	}
 }
 
