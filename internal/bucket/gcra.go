@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -27,11 +28,15 @@ const maxSpan int64 = 1 << 60
 //
 // tau is Burst*T for a token bucket and (Burst+1)*T for a leaky bucket (the request in service
 // plus Burst waiting behind it), saturating at 2^60ns; a negative Burst counts as 0.
-func GCRAParams(l Limit) (t, tau int64) {
+func GCRAParams(l Limit) (t, tau int64) { return gcraParams(l.Rate, l.Burst, l.Algorithm) }
+
+// gcraParams is GCRAParams of a Limit with these fields: it takes the two fields it reads rather
+// than the 40-byte Limit (see windowSpan).
+func gcraParams(rate float64, burst int64, alg Algorithm) (t, tau int64) {
 	t = maxSpan
 	// The comparison is false for NaN, which keeps the "never refills" default.
-	if l.Rate > 0 {
-		f := math.Ceil(1e9 / l.Rate)
+	if rate > 0 {
+		f := math.Ceil(1e9 / rate)
 		switch {
 		case f < 1:
 			t = 1
@@ -39,14 +44,11 @@ func GCRAParams(l Limit) (t, tau int64) {
 			t = int64(f)
 		}
 	}
-	n := max(l.Burst, 0)
-	if l.Algorithm == LeakyBucket {
+	n := max(burst, 0)
+	if alg == LeakyBucket {
 		n++
 	}
-	if n > maxSpan/t {
-		return t, maxSpan
-	}
-	return t, n * t
+	return t, spend(t, n)
 }
 
 // GCRA takes one request at instant now (Unix ns) from the token or leaky bucket whose state is
@@ -78,32 +80,57 @@ func GCRA(tat, now int64, l Limit) (newTat int64, r Result) { return GCRAN(tat, 
 // of cost 1 would conform at now (less than n). A cost above what the bucket holds never
 // conforms; the policy package refuses such a configuration.
 func GCRAN(tat, now int64, l Limit, n int64) (newTat int64, r Result) {
-	t, tau := GCRAParams(l)
+	return gcraTo(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r), r
+}
+
+// gcraTo is GCRAN writing its verdict into *r and returning the new tat, for the memory store:
+// GCRAN built its Result on the stack and the caller copied it into place, and the call copied
+// the 40-byte Limit, which it then read back (see windowSpan). Every field of *r is written
+// (Token 0), as the assignment of a GCRAN result did.
+func gcraTo(tat, now int64, rate float64, burst int64, alg Algorithm, n int64, r *Result) (newTat int64) {
+	t, tau := gcraParams(rate, burst, alg)
 	start := max(tat, now)
 	next := start + spend(t, n)
-	r.Limit = l.Burst
+	r.Limit = burst
+	r.Token = 0
 	if next-now > tau {
-		r.RetryAfter = time.Duration(next - tau - now)
+		r.Allowed = false
+		r.Remaining = quo(max(tau-(start-now), 0), t)
 		r.Reset = time.Duration(max(tat-now, 0))
-		r.Remaining = max(tau-(start-now), 0) / t
-		return tat, r
+		r.RetryAfter = time.Duration(next - tau - now)
+		r.Wait = 0
+		return tat
 	}
 	r.Allowed = true
 	// tau-(next-now) is the slack left at this instant; each further request uses T of it.
-	r.Remaining = (tau - (next - now)) / t
+	r.Remaining = quo(tau-(next-now), t)
 	r.Reset = time.Duration(next - now)
-	if l.Algorithm == LeakyBucket {
+	r.RetryAfter = 0
+	r.Wait = 0
+	if alg == LeakyBucket {
 		r.Wait = time.Duration(start - now)
 	}
-	return next, r
+	return next
 }
 
-// spend is n*t (n requests' worth of slack, n >= 1), saturating at maxSpan like every span.
+// quo is a/t for 0 <= a and 1 <= t. A hot key lives near an empty bucket, where less than one
+// emission interval of slack is left: the comparison answers 0 there without a 64-bit division.
+func quo(a, t int64) int64 {
+	if a < t {
+		return 0
+	}
+	return a / t
+}
+
+// spend is n*t (n requests' worth of slack, n >= 0, t >= 1), saturating at maxSpan like every
+// span. The overflow test multiplies (a 128-bit product) rather than divides: n > maxSpan/t
+// exactly when n*t > maxSpan, and a 64-bit division costs several multiplications' time.
 func spend(t, n int64) int64 {
-	if n > maxSpan/t {
+	hi, lo := bits.Mul64(uint64(n), uint64(t))
+	if hi != 0 || lo > uint64(maxSpan) {
 		return maxSpan
 	}
-	return n * t
+	return int64(lo)
 }
 
 // GCRAIdle reports whether a bucket with state tat is indistinguishable from a fresh one at now,

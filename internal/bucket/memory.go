@@ -233,8 +233,7 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		if existed {
 			tat = sh.gcra.slots[i].st
 		}
-		var next int64
-		next, *r = GCRAN(tat, now, c.Limit, c.N())
+		next := gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
 		if r.Allowed {
 			evicted = storeAt(&sh.shard, &sh.gcra, i, existed, &c.Key, &next, now)
 		}
