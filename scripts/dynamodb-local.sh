@@ -12,6 +12,10 @@
 # Environment:
 #   DYNAMODB_LOCAL_STATE_DIR  where the pid, port and log files live (default .cache). Tests set it
 #                             to a temporary directory so they own, and stop, only their instance.
+#   DYNAMODB_LOCAL_OWNER_PID  with start: the process the instance is for (a test binary). A
+#                             watcher stops the instance within about a second of that process's
+#                             end, so one that dies without stopping it (a panic, SIGKILL) leaves
+#                             no Java process behind.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -83,6 +87,12 @@ start() {
   pid=$!
   echo "$pid" >"$pidfile"
   echo "$port" >"$portfile"
+  if [ -n "${DYNAMODB_LOCAL_OWNER_PID:-}" ]; then
+    # Every descriptor closed: whoever reads start's output must not wait for the watcher.
+    setsid bash -c 'while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 1; done
+      if kill -0 "$2" 2>/dev/null; then kill "$2"; sleep 5; kill -9 "$2" 2>/dev/null; fi' \
+      watch "$DYNAMODB_LOCAL_OWNER_PID" "$pid" >/dev/null 2>&1 </dev/null &
+  fi
   deadline=$((SECONDS + 30))
   until answers "$port"; do
     if ! kill -0 "$pid" 2>/dev/null; then

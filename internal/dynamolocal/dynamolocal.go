@@ -151,7 +151,8 @@ func Start(ctx context.Context, stateDir string) (*Instance, error) {
 		return inst, err
 	}
 	cmd := exec.CommandContext(ctx, script, "start")
-	cmd.Env = inst.scriptEnv()
+	// The instance dies with this process even if it never calls Stop (a test that panics).
+	cmd.Env = append(inst.scriptEnv(), "DYNAMODB_LOCAL_OWNER_PID="+strconv.Itoa(os.Getpid()))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -12,7 +12,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -21,8 +23,9 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
-// These tests need no Java: the real DynamoDB Local is exercised by the store, relay and
-// end-to-end tests that use this package. Start and Stop run a stand-in script here.
+// These tests need no Java, but one: the real DynamoDB Local is exercised by the store, relay
+// and end-to-end tests that use this package. Start and Stop run a stand-in script here, except
+// in TestStartedInstanceDiesWithItsOwner, which needs the real one's process.
 
 func TestEndpointIsReturnedAsIs(t *testing.T) {
 	for _, ci := range []string{"", "true"} {
@@ -340,4 +343,47 @@ func unavailable(err error) *recorder {
 	}()
 	<-done
 	return r
+}
+
+// TestStartedInstanceDiesWithItsOwner runs the real script and Java: a child process (this test
+// binary again) starts DynamoDB Local and exits without stopping it, as a test that panics does;
+// the instance must be gone within seconds, not left running.
+func TestStartedInstanceDiesWithItsOwner(t *testing.T) {
+	if dir := os.Getenv("DYNAMOLOCAL_OWNER_CHILD"); dir != "" {
+		inst, err := dynamolocal.Start(context.Background(), dir)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("pid:", inst.PID())
+		os.Exit(0) // no Stop
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		if dynamolocal.InCI() {
+			t.Fatalf("java: %v", err)
+		}
+		t.Skipf("java not found: %v", err)
+	}
+	dir := t.TempDir()
+	script, err := dynamolocal.Script()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // whatever happens, nothing left behind
+		cmd := exec.Command(script, "stop")
+		cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_STATE_DIR="+dir)
+		_ = cmd.Run()
+	})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStartedInstanceDiesWithItsOwner$")
+	cmd.Env = append(os.Environ(), "DYNAMOLOCAL_OWNER_CHILD="+dir)
+	out, err := cmd.Output()
+	var pid int
+	if _, serr := fmt.Sscanf(string(out), "pid: %d", &pid); err != nil || serr != nil || pid == 0 {
+		t.Fatalf("child: %v, output %q", err, out)
+	}
+	for deadline := time.Now().Add(20 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("DynamoDB Local (pid %d) still running 20s after the process that started it exited", pid)
+		}
+	}
 }
