@@ -8,8 +8,9 @@ import "math"
 //
 // It holds a state exactly when every counter fits 16 bits and the width has a tag (widthTag);
 // the memory store keeps the others, and the keys of Limits with Count > maxCompactCount, as
-// SlidingStates. Both forms decide alike: compactSliding.take is SlidingState.take with narrower
-// counters (TestMemorySlidingMatchesSliding holds the store to Sliding's states and verdicts).
+// SlidingStates. Both forms decide alike: the memory store's takeSliding moves and decides a
+// compact ring with the functions SlidingState.take uses (rotate, decide), on narrower counters
+// (TestMemorySlidingMatchesSliding holds the store to Sliding's states and verdicts).
 type compactSliding struct {
 	slot   int64 // SlidingState.Slot
 	counts [slidingRing]uint16
@@ -68,16 +69,6 @@ func (s *compactSliding) wide() SlidingState {
 		w.Counts[i] = uint32(n)
 	}
 	return w
-}
-
-// take is SlidingState.take for a state whose width is w (the caller has checked the tag or
-// started a fresh state with w's tag) and a count <= maxCompactCount, so that the counter it
-// increments stays within 16 bits.
-func (s *compactSliding) take(now, w, count, n int64, r *Result) {
-	if start := s.slot * w; now < start || now-start >= w {
-		rotate(&s.counts, &s.slot, floorDiv(now, w))
-	}
-	decide(&s.counts, s.slot, now, w, count, n, r)
 }
 
 // idle is SlidingState.Idle.

@@ -292,32 +292,72 @@ func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 }
 
 // takeSliding is takeOne for a sliding window. The common case, a key in compact form (or a new
-// key) under a Count that fits it, is decided in place in the compact table; the rest goes through
-// a SlidingState. It returns the number of live keys evicted. The caller holds sh.mu.
+// key) under a Count that fits it, is decided in the compact table; the rest goes through a
+// SlidingState. It returns the number of live keys evicted. The caller holds sh.mu.
+//
+// A stored key of the same width is decided where it lies. When now is in its newest slot (or
+// before it, after a clock stepped back) the ring needs no moving, and decide writes it only to
+// count a request it takes: nothing is copied out and back. Otherwise the ring is moved to
+// now's slot on a copy, which replaces the stored state only if the request is taken (a ring
+// moved for a rejected request would forget slots that a clock stepping back still counts);
+// when every counted request has left, which is where a key of many clients (each seen now and
+// then) usually is, the copy is a fresh ring and the old counters are not read at all.
 func (sh *shard) takeSliding(c *Charge, now int64, r *Result) (evicted uint64) {
-	if c.Limit.Count <= maxCompactCount {
-		w := slotWidth(c.Limit.Window)
-		i, existed := sh.sliding.find(&c.Key)
-		var st compactSliding
-		if existed {
-			st = sh.sliding.slots[i].st
-		}
-		if !existed || st.width() != w {
-			// A fresh state, as SlidingState.take starts one for a new key or another width;
-			// a key kept wide must be read from there instead.
-			tag, ok := widthTag(w)
-			if _, wide := sh.wide[c.Key]; !ok || !existed && wide {
-				return sh.takeWide(c, now, r)
-			}
-			st = compactSliding{slot: floorDiv(now, w), tag: tag}
-		}
-		st.take(now, w, c.Limit.Count, c.N(), r)
-		if r.Allowed {
-			evicted = storeAt(sh, &sh.sliding, i, existed, &c.Key, &st, now)
-		}
-		return evicted
+	if c.Limit.Count > maxCompactCount {
+		return sh.takeWide(c, now, r)
 	}
-	return sh.takeWide(c, now, r)
+	w, count, n := slotWidth(c.Limit.Window), c.Limit.Count, c.N()
+	i, existed := sh.sliding.find(&c.Key)
+	if existed {
+		if p := &sh.sliding.slots[i].st; p.width() == w {
+			if now-p.slot*w < w {
+				decide(&p.counts, p.slot, now, w, count, n, r)
+				return 0
+			}
+			cur := floorDiv(now, w)
+			if cur-p.slot >= slidingRing && n <= count {
+				*p = admitFresh(cur, now, w, count, n, p.tag, r)
+				return 0
+			}
+			st := compactSliding{slot: cur, tag: p.tag}
+			if cur-p.slot < slidingRing {
+				st = *p
+				rotate(&st.counts, &st.slot, cur)
+			}
+			decide(&st.counts, st.slot, now, w, count, n, r)
+			if r.Allowed {
+				*p = st
+			}
+			return 0
+		}
+	}
+	// A fresh state, as SlidingState.take starts one for a new key or another width; a key
+	// kept wide must be read from there instead, and a width without a tag stays wide.
+	tag, ok := widthTag(w)
+	if !ok {
+		return sh.takeWide(c, now, r)
+	}
+	if _, wide := sh.wide[c.Key]; !existed && wide {
+		return sh.takeWide(c, now, r)
+	}
+	cur := floorDiv(now, w)
+	if n > count {
+		st := compactSliding{slot: cur, tag: tag}
+		decide(&st.counts, st.slot, now, w, count, n, r) // a rejection: nothing to store
+		return 0
+	}
+	st := admitFresh(cur, now, w, count, n, tag, r)
+	return storeAt(sh, &sh.sliding, i, existed, &c.Key, &st, now)
+}
+
+// admitFresh is decide on an empty ring (every counter 0) at slot cur of width w, for a request
+// that fits (n <= count): it returns the ring with n counted in slot cur and sets r, without
+// summing eleven zeros.
+func admitFresh(cur, now, w, count, n int64, tag uint16, r *Result) compactSliding {
+	st := compactSliding{slot: cur, tag: tag}
+	st.counts[ring(cur)] = uint16(n)
+	*r = Result{Allowed: true, Limit: count, Remaining: count - n, Reset: time.Duration((cur+slidingRing)*w - now)}
+	return st
 }
 
 // storeAt stores st (not the zero S) for k in t, a table of sh, where t.find(k) returned i and
