@@ -198,7 +198,7 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 				break
 			}
 		}
-		results[i] = m.shards[idx[i]].eval(c, ns, &pend[i], prev)
+		m.shards[idx[i]].eval(c, ns, &pend[i], prev, &results[i])
 		admitted = admitted && (results[i].Allowed || c.Shadow)
 	}
 	var evicted uint64
@@ -418,9 +418,8 @@ func sameState(a, b Algorithm) bool {
 
 // eval evaluates c at now against the stored state, or against prev (an earlier conforming
 // charge of the same group on the same key) when it is not nil, and leaves the new state in p.
-// The caller holds sh.mu.
-func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
-	var r Result
+// The verdict is written into *r. The caller holds sh.mu.
+func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending, r *Result) {
 	p.sweeps = sh.sweeps
 	// With prev, the stored state is stale (the group has not committed yet): prev's wins. The
 	// lookup it replaces is wasted, but a group charging one key twice is rare.
@@ -431,7 +430,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 			tat, ok = prev.tat, true
 		}
 		p.existed = ok
-		p.tat, r = GCRAN(tat, now, c.Limit, c.N())
+		p.tat = gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
 	case FixedWindow, Quota:
 		s, ok := sh.fixed.get(&c.Key)
 		if prev != nil {
@@ -439,9 +438,9 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		}
 		p.existed = ok
 		if c.Limit.Algorithm == Quota {
-			p.fixed, r = QuotaN(s, now, c.Limit, c.N())
+			p.fixed, *r = QuotaN(s, now, c.Limit, c.N())
 		} else {
-			p.fixed, r = FixedN(s, now, c.Limit, c.N())
+			p.fixed, *r = FixedN(s, now, c.Limit, c.N())
 		}
 	case SlidingWindow:
 		s, ok := sh.slidingState(c.Key)
@@ -450,7 +449,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 		}
 		p.existed = ok
 		p.sliding = s
-		p.sliding.take(now, &c.Limit, c.N(), &r)
+		p.sliding.take(now, &c.Limit, c.N(), r)
 	case Concurrency:
 		n, ok := sh.conc.get(&c.Key)
 		n -= concStored * int64(b2i(ok))
@@ -458,9 +457,8 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending) Result {
 			n, ok = prev.tat, true
 		}
 		p.existed = ok
-		p.tat, r = Concurrent(n, c.Limit)
+		p.tat, *r = Concurrent(n, c.Limit)
 	}
-	return r
 }
 
 // commit stores c's evaluated state p, making room first when c adds a key, and returns the
