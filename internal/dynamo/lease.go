@@ -297,6 +297,32 @@ func (p *pool) late(o *op, n, cost, throttledBefore int64) {
 	}
 }
 
+// takeLocal decides leased charge o from its pool's grants alone, with no call and no renewal:
+// true when it could (spent from a grant, or rejected while the pool is known to be empty at n).
+func (ls *leasePools) takeLocal(o *op, n int64) bool {
+	ls.mu.Lock()
+	p, ok := ls.pools[leaseKey{o.c.Key, o.c.Limit, o.c.Lease}]
+	ls.mu.Unlock()
+	if !ok || !p.usable() {
+		return false
+	}
+	cost := o.c.N()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.arrivals += cost
+	p.lastUse = max(p.lastUse, n)
+	p.expire(n)
+	if s, from, ok := p.spend(n, cost); ok {
+		o.pool, o.result, o.done, o.spent, o.spentAt = p, p.admitted(s), true, from, s
+		return true
+	}
+	if p.emptyUntil > n {
+		o.pool, o.result, o.done = p, p.rejected(n), true
+		return true
+	}
+	return false
+}
+
 // taken is units a charge spent from one grant.
 type taken struct {
 	grant uint64

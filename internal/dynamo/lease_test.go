@@ -800,3 +800,59 @@ func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
 		t.Errorf("waiting on a store silent past the grace: got admitted=%v err=%v, want context.DeadlineExceeded", ok, err)
 	}
 }
+
+// TestTakeLocalSpendsOnlyWhatIsHeld: TakeLocal (what a circuit breaker asks while the store is
+// considered down) decides a leased charge from the pool's grants, or rejects it while the pool
+// is known to be empty, and otherwise leaves it undecided; it never calls the store, and the
+// admissions it makes, mixed with Take's, stay within the exact bucket's bound.
+func TestTakeLocalSpendsOnlyWhatIsHeld(t *testing.T) {
+	leakCheck(t)
+	api := newMemAPI()
+	s := newLeaseStores(t, api, 1, nil)[0]
+	dynamo.SetLeaseShift(s, 0)
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 100, Burst: 50}
+	c := []bucket.Charge{{Key: newKey(t), Limit: limit, Lease: bucket.Lease{Shards: 1}}}
+	plain := []bucket.Charge{{Key: newKey(t), Limit: limit}}
+	r := make([]bucket.Result, 1)
+	if _, decided := s.TakeLocal(t0, c, r); decided {
+		t.Fatal("TakeLocal of a pool never leased: decided, want undecided")
+	}
+	var admitted []int64
+	outcomes := map[string]int{}
+	for i := range 3000 {
+		at := t0.Add(time.Duration(i) * 2 * time.Millisecond) // 500/s offered, 5x the rate
+		writes := api.writes()
+		ok, decided := s.TakeLocal(at, c, r)
+		if api.writes() != writes {
+			t.Fatalf("TakeLocal at +%v wrote to the store", at.Sub(t0))
+		}
+		switch {
+		case decided && ok:
+			outcomes["local admitted"]++
+		case decided:
+			outcomes["local rejected"]++
+			if r[0].RetryAfter <= 0 {
+				t.Fatalf("local rejection at +%v: RetryAfter %v, want > 0", at.Sub(t0), r[0].RetryAfter)
+			}
+		default:
+			outcomes["undecided"]++
+			var err error
+			if ok, err = s.Take(context.Background(), at, c, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ok {
+			admitted = append(admitted, at.UnixNano())
+		}
+		if _, decided := s.TakeLocal(at, plain, r); decided {
+			t.Fatal("TakeLocal of a charge without a lease: decided, want undecided")
+		}
+	}
+	checkGCRABound(t, admitted, limit)
+	for _, k := range []string{"local admitted", "local rejected", "undecided"} {
+		if outcomes[k] == 0 {
+			t.Errorf("outcomes %v: none %s", outcomes, k)
+		}
+	}
+	t.Logf("%v; %d admitted in 6 s (one exact bucket at most %d)", outcomes, len(admitted), 50+600)
+}

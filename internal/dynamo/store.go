@@ -207,6 +207,45 @@ func (s *Store) Warm(ctx context.Context, conns int) error {
 	return first
 }
 
+// TakeLocal decides charges from what this Store holds, without calling DynamoDB: a leased
+// charge from its pool's grants (or rejected while its pool is known to be empty), any charge
+// from the deny cache. decided is false, and nothing is spent, when a charge would need a call.
+// A circuit breaker uses it while the store is considered down: units already reserved are
+// exact to spend whatever DynamoDB does, so a hot pool keeps serving from its lease through a
+// short outage instead of following on_error.
+func (s *Store) TakeLocal(now time.Time, charges []bucket.Charge, results []bucket.Result) (admitted, decided bool) {
+	n := now.UnixNano()
+	ops := make([]op, len(charges))
+	denied := false
+	for i := range ops {
+		o := &ops[i]
+		o.index, o.c = i, charges[i]
+		switch {
+		case denied:
+			o.result = bucket.Result{Allowed: true, Limit: limitValue(o.c.Limit)} // not reached
+			continue
+		case leased(o.c) && s.ls.takeLocal(o, n):
+		default:
+			r, ok := s.cachedDenial(o.c, n)
+			if !ok {
+				giveBack(ops)
+				return false, false
+			}
+			o.result, o.done, o.cached = r, true, true
+		}
+		denied = !o.result.Allowed && !o.c.Shadow
+	}
+	if denied {
+		giveBack(ops)
+	} else {
+		spent(ops)
+	}
+	for i := range ops {
+		results[i] = ops[i].result
+	}
+	return !denied, true
+}
+
 // leased reports whether c is served from leases.
 func leased(c bucket.Charge) bool {
 	return c.Lease.On() && bucket.LeaseSupported(c.Limit.Algorithm)

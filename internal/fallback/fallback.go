@@ -5,7 +5,8 @@
 //
 //   - a circuit breaker: the first failed decision (an error or a timeout) opens the circuit, and
 //     while it is open the primary is not called at all, so that during an outage a decision
-//     costs nothing instead of store.timeout each. After a backoff (250 ms, doubling after each
+//     costs nothing instead of store.timeout each (a primary that can decide a charge from what
+//     it holds, without I/O, still does: see localDecider). After a backoff (250 ms, doubling after each
 //     failed probe up to 5 s) one decision is let through as a probe; its success closes the
 //     circuit and resets the backoff. So the gateway recovers by itself when the store returns;
 //   - a degraded mode (OnError Local): while the primary fails or the circuit is open, decisions
@@ -59,6 +60,13 @@ const (
 	DefaultMaxBackoff   = 5 * time.Second
 	DefaultProbeTimeout = time.Second
 )
+
+// localDecider is a primary that can decide some charges from what it holds, without I/O (the
+// DynamoDB store's leased units, reserved and exact to spend whatever the store does). While the
+// circuit is open such decisions are made, and only the others follow OnError.
+type localDecider interface {
+	TakeLocal(now time.Time, charges []bucket.Charge, results []bucket.Result) (admitted, decided bool)
+}
 
 // ErrOpen is returned (wrapped with the last store error) for decisions that were not sent to
 // the primary because its circuit is open.
@@ -215,6 +223,11 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	call, probe := s.acquire()
 	if !call {
 		s.m.skipped.Inc()
+		if ld, ok := s.primary.(localDecider); ok {
+			if admitted, decided := ld.TakeLocal(now, charges, results[:len(charges)]); decided {
+				return admitted, nil
+			}
+		}
 		if s.onError == Local {
 			s.m.fallbackSkipped.Inc()
 			return s.takeLocal(ctx, now, charges, results)

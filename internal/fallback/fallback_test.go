@@ -509,3 +509,65 @@ func TestNewValidates(t *testing.T) {
 		t.Error("second store on one registry: got nil error, want a registration error")
 	}
 }
+
+// localStore is a primary that can decide some charges without I/O (as the DynamoDB store's
+// leases do); decided says whether it can, admit what it decides.
+type localStore struct {
+	fakeStore
+	decided, admit bool
+	local          int
+}
+
+func (l *localStore) TakeLocal(_ time.Time, charges []bucket.Charge, results []bucket.Result) (bool, bool) {
+	l.local++
+	if !l.decided {
+		return false, false
+	}
+	for i := range charges {
+		results[i] = bucket.Result{Allowed: l.admit, Limit: 7}
+	}
+	return l.admit, true
+}
+
+// TestOpenCircuitDecidesLocallyWhatThePrimaryHolds: while the circuit is open, a charge the
+// primary can decide from what it holds (a lease's units) is decided so, without an error and
+// without calling it; the others follow on_error as before.
+func TestOpenCircuitDecidesLocallyWhatThePrimaryHolds(t *testing.T) {
+	for _, mode := range []OnError{Allow, Deny, Local} {
+		primary := &localStore{}
+		c := &clock{now: t0}
+		s, err := New(primary, Options{OnError: mode, Replicas: 2, Now: c.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		primary.set(errDown)
+		r := make([]bucket.Result, 1)
+		if _, err := s.Take(context.Background(), c.Now(), oneCharge, r); !errors.Is(err, errDown) && mode != Local {
+			t.Fatalf("on_error %d: first failure got %v", mode, err)
+		}
+		if primary.local != 0 {
+			t.Errorf("on_error %d: TakeLocal called while the circuit was closed", mode)
+		}
+		for _, tc := range []struct{ decided, admit bool }{{true, true}, {true, false}} {
+			primary.decided, primary.admit = tc.decided, tc.admit
+			calls := primary.count()
+			ok, err := s.Take(context.Background(), c.Now(), oneCharge, r)
+			if err != nil || ok != tc.admit || r[0].Limit != 7 || primary.count() != calls {
+				t.Errorf("on_error %d, open, held (admit %v): got %v %v limit %d, primary calls +%d; want the local verdict, no error, no call",
+					mode, tc.admit, ok, err, r[0].Limit, primary.count()-calls)
+			}
+		}
+		primary.decided = false
+		ok, err := s.Take(context.Background(), c.Now(), oneCharge, r)
+		switch mode {
+		case Local:
+			if err != nil || r[0].Limit != 5 { // burst 10 divided by 2 replicas
+				t.Errorf("on_error local, open, not held: got %v %v limit %d, want the divided local decision", ok, err, r[0].Limit)
+			}
+		default:
+			if !errors.Is(err, ErrOpen) {
+				t.Errorf("on_error %d, open, not held: got %v %v, want ErrOpen", mode, ok, err)
+			}
+		}
+	}
+}
