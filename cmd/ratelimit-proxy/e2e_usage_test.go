@@ -155,25 +155,31 @@ policies:
 	// just before their handlers return, a moment after their clients read the last byte, so
 	// this polls.)
 	eventually(t, "three concurrent requests admitted again", func() bool {
-		codes := make(chan int, 3)
-		for range 3 {
-			wg.Go(func() {
-				resp, err := http.Get(g.proxy + "/quick")
-				if err != nil {
-					codes <- 0
-					return
-				}
-				resp.Body.Close()
-				codes <- resp.StatusCode
-			})
-		}
-		wg.Wait()
-		close(codes)
-		for c := range codes {
-			if c != http.StatusOK {
-				return false
-			}
-		}
-		return true
+		return allOK(g.proxy+"/quick", g.proxy+"/quick", g.proxy+"/quick")
 	})
+}
+
+// allOK sends a GET to every URL at once and reports whether every answer was 200.
+func allOK(urls ...string) bool {
+	var wg sync.WaitGroup
+	codes := make(chan int, len(urls))
+	for _, u := range urls {
+		wg.Go(func() {
+			resp, err := http.Get(u)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		})
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK {
+			return false
+		}
+	}
+	return true
 }

@@ -2,14 +2,13 @@ package dynamo_test
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket/buckettest"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 )
 
@@ -99,51 +98,9 @@ func TestSlotLeaseRenewedAndReleaseOnlyOwnSlot(t *testing.T) {
 // Several replicas, many goroutines each: take, hold, release. Never more than the limit are
 // held at once, counted by the test, and every slot comes back.
 func TestSlotsNeverOverAdmitAcrossReplicas(t *testing.T) {
-	const limit, goroutines, each = 3, 12, 5
-	ss := slotStores(t, 3, dynamo.Options{})
-	c := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.Concurrency, Count: limit}}
-	var (
-		wg                  sync.WaitGroup
-		inFlight, peak, oks atomic.Int64
-		failed              atomic.Pointer[error]
-	)
-	for g := range goroutines {
-		s := ss[g%len(ss)]
-		wg.Go(func() {
-			var r [1]bucket.Result
-			for range each {
-				now := time.Now()
-				ok, err := s.Take(context.Background(), now, []bucket.Charge{c}, r[:])
-				if err != nil {
-					failed.Store(&err)
-					return
-				}
-				if !ok {
-					continue
-				}
-				oks.Add(1)
-				n := inFlight.Add(1)
-				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-				}
-				inFlight.Add(-1)
-				if err := s.Release(context.Background(), time.Now(), []bucket.Taken{{Charge: c, At: now, Token: r[0].Token}}); err != nil {
-					failed.Store(&err)
-					return
-				}
-			}
-		})
+	var rs []bucket.Releaser
+	for _, s := range slotStores(t, 3, dynamo.Options{}) {
+		rs = append(rs, s)
 	}
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		t.Fatalf("Take/Release: %v", *err)
-	}
-	if p := peak.Load(); p > limit {
-		t.Errorf("peak in flight across replicas: got %d, want at most %d", p, limit)
-	}
-	if oks.Load() < limit {
-		t.Errorf("admitted: got %d, want at least %d", oks.Load(), limit)
-	}
-	if ok, r := takeSlot(t, ss[0], time.Now(), c); !ok || r.Remaining != limit-1 {
-		t.Errorf("after every release: got admitted=%v %+v, want Remaining %d (all slots back)", ok, r, limit-1)
-	}
+	buckettest.ConcurrencyInFlight(t, rs, time.Now, 5)
 }

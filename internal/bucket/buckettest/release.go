@@ -106,22 +106,31 @@ func testConcurrencyRejectedGroup(t *testing.T, s bucket.Releaser) {
 	}
 }
 
-// testConcurrencyInFlight runs many goroutines that each take a slot, hold it while counting the
-// requests in flight, and give it back: the count must never pass Count, and the slots must all
-// come back (a fresh key's verdict at the end).
+// testConcurrencyInFlight is ConcurrencyInFlight on one store at a fixed instant.
 func testConcurrencyInFlight(t *testing.T, s bucket.Releaser) {
-	const goroutines, each, limit = 12, 6, 3
+	ConcurrencyInFlight(t, []bucket.Releaser{s}, func() time.Time { return base }, 6)
+}
+
+// ConcurrencyInFlight runs 12 goroutines over stores (replicas sharing one state) that each
+// take a slot each times, hold it while counting the requests in flight, and give it back at
+// now(): the count must never pass Count, and the slots must all come back (the first store's
+// verdict at the end).
+func ConcurrencyInFlight(t *testing.T, stores []bucket.Releaser, now func() time.Time, each int) {
+	t.Helper()
+	const goroutines, limit = 12, 3
 	c := bucket.Charge{Key: NewKey(t), Limit: bucket.Limit{Algorithm: bucket.Concurrency, Count: limit}}
 	var (
 		wg                  sync.WaitGroup
 		inFlight, peak, oks atomic.Int64
 		failed              atomic.Pointer[error]
 	)
-	for range goroutines {
+	for g := range goroutines {
+		s := stores[g%len(stores)]
 		wg.Go(func() {
 			var r [1]bucket.Result
 			for range each {
-				ok, err := s.Take(context.Background(), base, []bucket.Charge{c}, r[:])
+				at := now()
+				ok, err := s.Take(context.Background(), at, []bucket.Charge{c}, r[:])
 				if err != nil {
 					failed.Store(&err)
 					return
@@ -134,7 +143,7 @@ func testConcurrencyInFlight(t *testing.T, s bucket.Releaser) {
 				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 				}
 				inFlight.Add(-1)
-				if err := s.Release(context.Background(), base, []bucket.Taken{{Charge: c, At: base, Token: r[0].Token}}); err != nil {
+				if err := s.Release(context.Background(), now(), []bucket.Taken{{Charge: c, At: at, Token: r[0].Token}}); err != nil {
 					failed.Store(&err)
 					return
 				}
@@ -146,12 +155,12 @@ func testConcurrencyInFlight(t *testing.T, s bucket.Releaser) {
 		t.Fatalf("Take/Release: %v", *err)
 	}
 	if p := peak.Load(); p > limit {
-		t.Errorf("peak in flight: got %d, want at most %d", p, limit)
+		t.Errorf("peak in flight across %d stores: got %d, want at most %d", len(stores), p, limit)
 	}
 	if oks.Load() < limit {
 		t.Errorf("admitted: got %d, want at least %d (slots must come back)", oks.Load(), limit)
 	}
-	if _, r := take(t, s, base, c); !r.Allowed || r.Remaining != limit-1 {
+	if _, r := take(t, stores[0], now(), c); !r.Allowed || r.Remaining != limit-1 {
 		t.Errorf("after every slot was given back: got %+v, want allowed with Remaining %d", r, limit-1)
 	}
 }
