@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -232,17 +231,7 @@ func TestWebSocket_SlotHeldAndChargedOn101(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hs := releaseHarness(t, up, tc.l, tc.chargeOn...)
-			wsURL := "ws" + strings.TrimPrefix(hs.srv.URL, "http") + "/ws"
-			cfg, err := websocket.NewConfig(wsURL, hs.srv.URL)
-			if err != nil {
-				t.Fatalf("config: %v", err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), failAfter)
-			defer cancel()
-			conn, err := cfg.DialContext(ctx)
-			if err != nil {
-				t.Fatalf("dial through proxy: %v", err)
-			}
+			conn := dialWS(t, hs.srv.URL)
 			_ = conn.SetDeadline(time.Now().Add(failAfter))
 			if err := websocket.Message.Send(conn, "hello"); err != nil {
 				t.Fatalf("send: %v", err)

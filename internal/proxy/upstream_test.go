@@ -118,17 +118,7 @@ func TestWebSocket_UpgradePasses(t *testing.T) {
 	lim := newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 9, Remaining: 8})
 	hs := newHarness(t, pol, lim, up, nil)
 
-	wsURL := "ws" + strings.TrimPrefix(hs.srv.URL, "http") + "/ws"
-	cfg, err := websocket.NewConfig(wsURL, hs.srv.URL)
-	if err != nil {
-		t.Fatalf("config: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), failAfter)
-	defer cancel()
-	conn, err := cfg.DialContext(ctx)
-	if err != nil {
-		t.Fatalf("dial through proxy: %v", err)
-	}
+	conn := dialWS(t, hs.srv.URL)
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(failAfter))
 	if err := websocket.Message.Send(conn, "hello"); err != nil {
@@ -341,4 +331,20 @@ func TestCopyBuffers(t *testing.T) {
 	if got := len(p.Get()); got != copyBufSize {
 		t.Errorf("len after foreign Put = %d, want %d", got, copyBufSize)
 	}
+}
+
+// dialWS opens a WebSocket to /ws through the proxy at srvURL, within failAfter.
+func dialWS(t *testing.T, srvURL string) *websocket.Conn {
+	t.Helper()
+	cfg, err := websocket.NewConfig("ws"+strings.TrimPrefix(srvURL, "http")+"/ws", srvURL)
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), failAfter)
+	defer cancel()
+	conn, err := cfg.DialContext(ctx)
+	if err != nil {
+		t.Fatalf("dial through proxy: %v", err)
+	}
+	return conn
 }
