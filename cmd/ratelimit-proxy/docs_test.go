@@ -7,8 +7,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 	"unicode"
 )
 
@@ -223,23 +220,12 @@ func makeTargets(t *testing.T) []string {
 
 func runDocBinary(t *testing.T, args []string) (code int, stdout, stderr string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Dir = repoRoot
-	// The race runtime waits a second at exit (atexit_sleep_ms) for reports of other goroutines;
-	// these commands start none worth the wait, and the docs show dozens of them.
-	cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode(), out.String(), errb.String()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return 0, out.String(), errb.String()
+	return runBinary(t, func(cmd *exec.Cmd) {
+		cmd.Dir = repoRoot
+		// The race runtime waits a second at exit (atexit_sleep_ms) for reports of other
+		// goroutines; these commands start none worth the wait, and the docs show dozens of them.
+		cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	}, args...)
 }
 
 // TestDocsCommands runs every `ratelimit-proxy validate --config FILE` (FILE in the repository)

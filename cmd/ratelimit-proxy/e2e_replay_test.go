@@ -2,14 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // replayReport is the part of `replay --json` these tests read.
@@ -30,21 +28,10 @@ type replayReport struct {
 // runReplay runs the binary's replay with stdin and returns its exit code and output.
 func runReplay(t *testing.T, stdin string, args ...string) (int, string, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, append([]string{"replay"}, args...)...)
-	cmd.Dir = repoRoot
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode(), out.String(), errb.String()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return 0, out.String(), errb.String()
+	return runBinary(t, func(cmd *exec.Cmd) {
+		cmd.Dir = repoRoot
+		cmd.Stdin = strings.NewReader(stdin)
+	}, append([]string{"replay"}, args...)...)
 }
 
 func TestReplayCommand(t *testing.T) {

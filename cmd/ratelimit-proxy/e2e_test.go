@@ -498,9 +498,17 @@ policies:
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	return runBinary(t, func(*exec.Cmd) {}, args...)
+}
+
+// runBinary runs the gateway binary with args (setup adjusts the command: its directory, stdin,
+// environment), bounded by 30 s, and returns its exit code and output.
+func runBinary(t *testing.T, setup func(*exec.Cmd), args ...string) (code int, stdout, stderr string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
+	setup(cmd)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
