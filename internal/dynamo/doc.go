@@ -164,5 +164,7 @@
 // algorithm's conditional write and what its outcome means; quota.go the quota's items; slots.go the sliding window's closed
 // slots; coalesce.go the per-item writers; refund.go and transaction.go the two group modes;
 // lease.go lease mode; items.go the calls and attribute values they share, and throttling;
-// cache.go the bounded local caches; table.go the table's creation.
+// liveness.go the watch on every call (a slow store from a silent one, the round trip);
+// concurrency.go and release.go concurrency slots; cache.go the bounded local caches; table.go
+// the table's creation.
 package dynamo
