@@ -159,8 +159,9 @@ policies:
 	})
 }
 
-// allOK sends a GET to every URL at once and reports whether every answer was 200.
-func allOK(urls ...string) bool {
+// getAll sends a GET to every URL at once and returns the statuses (0 for a transport error),
+// in the order they came.
+func getAll(urls ...string) []int {
 	var wg sync.WaitGroup
 	codes := make(chan int, len(urls))
 	for _, u := range urls {
@@ -176,7 +177,16 @@ func allOK(urls ...string) bool {
 	}
 	wg.Wait()
 	close(codes)
+	var out []int
 	for c := range codes {
+		out = append(out, c)
+	}
+	return out
+}
+
+// allOK sends a GET to every URL at once and reports whether every answer was 200.
+func allOK(urls ...string) bool {
+	for _, c := range getAll(urls...) {
 		if c != http.StatusOK {
 			return false
 		}
