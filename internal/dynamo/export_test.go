@@ -11,3 +11,26 @@ func SetLiveness(s *Store, grace time.Duration, now func() time.Time) {
 // SetLeaseShift makes every token-bucket renewal of s place its first unit d past its instant,
 // whatever the store's wall-clock round trip, for tests on simulated time.
 func SetLeaseShift(s *Store, d time.Duration) { s.ls.forceShift, s.ls.forced = int64(d), true }
+
+// Settle waits until none of s's pools has a renewal in flight: a test that counts the store's
+// writes, or needs a pool's units to stay as they are, must not race the background renewal a
+// spent unit may have started (prefetch).
+func Settle(s *Store) {
+	for {
+		var done []chan struct{}
+		// ls.mu is not held while taking p.mu: a renewal's start takes them in the other order.
+		for _, p := range s.ls.list() {
+			p.mu.Lock()
+			if p.renewing {
+				done = append(done, p.done)
+			}
+			p.mu.Unlock()
+		}
+		if len(done) == 0 {
+			return
+		}
+		for _, d := range done {
+			<-d
+		}
+	}
+}

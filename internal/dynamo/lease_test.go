@@ -778,6 +778,14 @@ func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
 	if ok, err := take(context.Background()); !ok || err != nil {
 		t.Fatalf("first request: got admitted=%v err=%v, want admitted", ok, err)
 	}
+	// Spending it may have started a prefetch: let it end, and spend what it brought, so that
+	// the requests below find the pool empty and must wait for a renewal.
+	dynamo.Settle(s)
+	for range c.Limit.Burst + 1 {
+		if ok, decided := s.TakeLocal(time.Now(), []bucket.Charge{c}, make([]bucket.Result, 1)); !ok || !decided {
+			break
+		}
+	}
 	clock.Add(10 * time.Second) // idle: no call, so none unanswered
 	api.shut.Store(true)
 	for i := range 6 {
@@ -821,6 +829,7 @@ func TestTakeLocalSpendsOnlyWhatIsHeld(t *testing.T) {
 	outcomes := map[string]int{}
 	for i := range 3000 {
 		at := t0.Add(time.Duration(i) * 2 * time.Millisecond) // 500/s offered, 5x the rate
+		dynamo.Settle(s) // a renewal the last Take started writes in the background
 		writes := api.writes()
 		ok, decided := s.TakeLocal(at, c, r)
 		if api.writes() != writes {
