@@ -829,7 +829,7 @@ func TestTakeLocalSpendsOnlyWhatIsHeld(t *testing.T) {
 	outcomes := map[string]int{}
 	for i := range 3000 {
 		at := t0.Add(time.Duration(i) * 2 * time.Millisecond) // 500/s offered, 5x the rate
-		dynamo.Settle(s) // a renewal the last Take started writes in the background
+		dynamo.Settle(s)                                      // a renewal the last Take started writes in the background
 		writes := api.writes()
 		ok, decided := s.TakeLocal(at, c, r)
 		if api.writes() != writes {
