@@ -13,8 +13,14 @@ type Config struct {
 	Upstream string `mapstructure:"upstream"`
 	// UpstreamTimeout bounds the wait for the upstream's response headers after the request was
 	// sent; past it the client gets 504. Streams are not cut: it ends when the headers arrive.
-	// (Optional) default 60s.
+	// gRPC calls have grpc_upstream_timeout instead. (Optional) default 60s.
 	UpstreamTimeout time.Duration `mapstructure:"upstream_timeout"`
+	// GRPCUpstreamTimeout is the upstream_timeout of gRPC calls (content-type application/grpc,
+	// +proto, +json), which upstream_timeout does not bound: a gRPC server may send a stream's
+	// headers only with its first message, so a header timer would cut a watch that stays
+	// silent. A gRPC call is bounded by its own deadline (grpc-timeout) instead. When set, the
+	// call gets DEADLINE_EXCEEDED past it. (Optional) default 0s: no bound but the call's deadline.
+	GRPCUpstreamTimeout time.Duration `mapstructure:"grpc_upstream_timeout"`
 	// UpstreamProtocol is the HTTP version spoken to the upstream: http1 (HTTP/1.1), h2c (HTTP/2
 	// always: cleartext with prior knowledge to an http:// upstream, h2 negotiated by ALPN to an
 	// https:// one) or auto (HTTP/2 when the client's request came in over HTTP/2, else HTTP/1.1).

@@ -51,6 +51,7 @@ var defaults = []struct {
 	{"store.timeout", 50 * time.Millisecond},
 	{"store.max_keys", 1000000},
 	{"upstream_timeout", 60 * time.Second},
+	{"grpc_upstream_timeout", time.Duration(0)},
 	{"upstream_protocol", "http1"},
 	{"server.read_header_timeout", 10 * time.Second},
 	{"server.read_timeout", 60 * time.Second},

@@ -189,6 +189,7 @@ func TestEnvOverrides(t *testing.T) {
 		"RATELIMIT_STORE_BACKEND", "dynamodb",
 		"RATELIMIT_STORE_ON_ERROR", "deny",
 		"RATELIMIT_STORE_TIMEOUT", "75ms",
+		"RATELIMIT_GRPC_UPSTREAM_TIMEOUT", "90m",
 		"RATELIMIT_STORE_MAX_KEYS", "5000",
 		"RATELIMIT_SERVER_DRAIN_TIMEOUT", "5s",
 		"RATELIMIT_SERVER_MAX_HEADER_BYTES", "1024",
@@ -211,6 +212,8 @@ func TestEnvOverrides(t *testing.T) {
 		{"store.backend", cfg.Store.Backend, "dynamodb"},
 		{"store.on_error", cfg.Store.OnError, "deny"},
 		{"store.timeout", cfg.Store.Timeout, 75 * time.Millisecond},
+		{"grpc_upstream_timeout", cfg.GRPCUpstreamTimeout, 90 * time.Minute},
+		{"upstream_timeout (default kept)", cfg.UpstreamTimeout, 60 * time.Second},
 		{"store.max_keys", cfg.Store.MaxKeys, 5000},
 		{"server.drain_timeout", cfg.Server.DrainTimeout, 5 * time.Second},
 		{"server.idle_timeout (default kept)", cfg.Server.IdleTimeout, 120 * time.Second},
@@ -241,6 +244,7 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_HEADERS_RESET", "RATELIMIT_HEADERS_IETF_DRAFT",
 		"RATELIMIT_STORE_BACKEND", "RATELIMIT_STORE_ON_ERROR", "RATELIMIT_STORE_TIMEOUT", "RATELIMIT_STORE_MAX_KEYS",
 		"RATELIMIT_SERVER_READ_HEADER_TIMEOUT", "RATELIMIT_SERVER_READ_TIMEOUT", "RATELIMIT_UPSTREAM_TIMEOUT", "RATELIMIT_SERVER_IDLE_TIMEOUT",
+		"RATELIMIT_GRPC_UPSTREAM_TIMEOUT",
 		"RATELIMIT_SERVER_DRAIN_TIMEOUT", "RATELIMIT_SERVER_SHUTDOWN_DELAY", "RATELIMIT_SERVER_MAX_HEADER_BYTES", "RATELIMIT_LOG_LEVEL",
 		"RATELIMIT_LOG_ACCESS", "RATELIMIT_LOG_PSEUDONYM_SECRET_ENV",
 		"RATELIMIT_STORE_REPLICAS", "RATELIMIT_STORE_DYNAMODB_TABLE", "RATELIMIT_STORE_DYNAMODB_REGION",
@@ -253,8 +257,8 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 43 {
-		t.Errorf("got %d overrides, want 43: a new field needs a line above", len(got))
+	if len(got) != 44 {
+		t.Errorf("got %d overrides, want 44: a new field needs a line above", len(got))
 	}
 }
 

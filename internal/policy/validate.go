@@ -194,6 +194,7 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	}
 	positiveDuration(&es, "store.timeout", c.Store.Timeout)
 	positiveDuration(&es, "upstream_timeout", c.UpstreamTimeout)
+	nonNegativeDuration(&es, "grpc_upstream_timeout", c.GRPCUpstreamTimeout)
 	switch c.UpstreamProtocol {
 	case "http1", "h2c", "auto":
 	default:
@@ -468,6 +469,12 @@ func checkJWT(es *Errors, j *JWTConfig, getenv func(string) string) jwtKeys {
 func positiveDuration(es *Errors, path string, d time.Duration) {
 	if d <= 0 {
 		es.add(path, shortDuration(d), "must be positive")
+	}
+}
+
+func nonNegativeDuration(es *Errors, path string, d time.Duration) {
+	if d < 0 {
+		es.add(path, shortDuration(d), "must not be negative")
 	}
 }
 

@@ -234,6 +234,7 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("admin_listen", old.AdminListen != cur.AdminListen)
 	add("upstream", old.Upstream != cur.Upstream)
 	add("upstream_timeout", old.UpstreamTimeout != cur.UpstreamTimeout)
+	add("grpc_upstream_timeout", old.GRPCUpstreamTimeout != cur.GRPCUpstreamTimeout)
 	add("upstream_protocol", old.UpstreamProtocol != cur.UpstreamProtocol)
 	// DeepEqual, not Sprint: store.dynamodb is a pointer, which Sprint prints as an address.
 	add("store", !reflect.DeepEqual(old.Store, cur.Store))

@@ -96,7 +96,7 @@ func TestReloaderSwapsOnlyValidChanges(t *testing.T) {
 	}
 
 	// A change to a restart-only field is applied to policies but reported, not silently taken.
-	os.WriteFile(path, []byte("upstream: http://127.0.0.1:4000\nlisten: 127.0.0.1:8081\n"+policyYAML("third", 7)), 0o600)
+	os.WriteFile(path, []byte("upstream: http://127.0.0.1:4000\nlisten: 127.0.0.1:8081\ngrpc_upstream_timeout: 5m\n"+policyYAML("third", 7)), 0o600)
 	if err := r.Reload(); err != nil {
 		t.Fatalf("reload with a changed upstream: %v", err)
 	}
@@ -104,8 +104,8 @@ func TestReloaderSwapsOnlyValidChanges(t *testing.T) {
 	for _, e := range logs.FilterMessageSnippet("needs a restart").All() {
 		warned = append(warned, e.ContextMap()["field"].(string))
 	}
-	if got := strings.Join(warned, ","); got != "listen,upstream" {
-		t.Errorf("restart warnings got %q, want listen,upstream", got)
+	if got := strings.Join(warned, ","); got != "listen,upstream,grpc_upstream_timeout" {
+		t.Errorf("restart warnings got %q, want listen,upstream,grpc_upstream_timeout", got)
 	}
 }
 
