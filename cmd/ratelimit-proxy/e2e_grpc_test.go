@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -50,10 +51,32 @@ func newGRPCUpstream(t *testing.T) *grpcUpstream {
 			return err
 		}),
 	)
-	healthpb.RegisterHealthServer(s, u.health)
+	healthpb.RegisterHealthServer(s, silentWatch{u.health})
 	go func() { _ = s.Serve(l) }()
 	t.Cleanup(s.Stop)
 	return u
+}
+
+// silentWatch is the health service with two services of its own whose Watch sends nothing,
+// not even the response headers (grpc-go sends them with the first message), for a while:
+// "silent-1s" then sends SERVING and ends with OK, "silent" only ends when the call does.
+type silentWatch struct{ *health.Server }
+
+func (s silentWatch) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	var after <-chan time.Time // nil: never
+	switch req.GetService() {
+	case "silent-1s":
+		after = time.After(time.Second) // the silence under test, not a wait for something
+	case "silent":
+	default:
+		return s.Server.Watch(req, stream)
+	}
+	select {
+	case <-after:
+		return stream.Send(&healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING})
+	case <-stream.Context().Done():
+		return stream.Context().Err()
+	}
 }
 
 // grpcClient dials the gateway's proxy port in cleartext (h2c with prior knowledge).
@@ -218,7 +241,7 @@ func TestGRPCUnauthenticated(t *testing.T) {
 
 // TestGRPCDeadlineAndUpstreamFailures: a call whose deadline ends before its leaky-bucket turn
 // gets DEADLINE_EXCEEDED from the gateway at once; an upstream that is down gets UNAVAILABLE,
-// one that does not answer in upstream_timeout DEADLINE_EXCEEDED.
+// one that does not answer in grpc_upstream_timeout DEADLINE_EXCEEDED.
 func TestGRPCDeadlineAndUpstreamFailures(t *testing.T) {
 	up := newGRPCUpstream(t)
 	g := startGateway(t, "http://"+up.addr, `upstream_protocol: h2c
@@ -269,10 +292,43 @@ policies:
 			t.Cleanup(func() { conn.Close() })
 		}
 	}()
-	g3 := startGateway(t, "http://"+l.Addr().String(), "upstream_protocol: h2c\nupstream_timeout: 300ms\n"+lenientPolicy)
+	g3 := startGateway(t, "http://"+l.Addr().String(), "upstream_protocol: h2c\ngrpc_upstream_timeout: 300ms\n"+lenientPolicy)
 	_, err = grpcClient(t, g3).Check(callCtx(t), &healthpb.HealthCheckRequest{})
 	if st, _ := status.FromError(err); st.Code() != codes.DeadlineExceeded || !strings.Contains(st.Message(), "upstream") {
 		t.Errorf("upstream silent: got %v, want DeadlineExceeded from the gateway", err)
+	}
+}
+
+// TestGRPCSilentStream: upstream_timeout does not cut a gRPC stream whose server stays silent,
+// headers included, for five times as long: the client gets the message and OK, as it would
+// without the gateway. grpc_upstream_timeout, when set, does cut it, with DEADLINE_EXCEEDED.
+// (A plain request under the same upstream_timeout still gets 504: TestFaultStalledUpstream504.)
+func TestGRPCSilentStream(t *testing.T) {
+	up := newGRPCUpstream(t)
+	g := startGateway(t, "http://"+up.addr, "upstream_protocol: h2c\nupstream_timeout: 200ms\n"+lenientPolicy)
+	stream, err := grpcClient(t, g).Watch(callCtx(t), &healthpb.HealthCheckRequest{Service: "silent-1s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("silent stream, upstream_timeout 200ms: got %v, want the upstream's message", err)
+	}
+	if msg.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("got %v, want SERVING", msg.GetStatus())
+	}
+	if _, err := stream.Recv(); err != io.EOF {
+		t.Errorf("after the message: got %v, want the end of the stream with OK", err)
+	}
+
+	g2 := startGateway(t, "http://"+up.addr, "upstream_protocol: h2c\nupstream_timeout: 200ms\ngrpc_upstream_timeout: 300ms\n"+lenientPolicy)
+	stream, err = grpcClient(t, g2).Watch(callCtx(t), &healthpb.HealthCheckRequest{Service: "silent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.Recv()
+	if st, _ := status.FromError(err); st.Code() != codes.DeadlineExceeded || !strings.Contains(st.Message(), "upstream") {
+		t.Errorf("silent stream, grpc_upstream_timeout 300ms: got %v, want DeadlineExceeded from the gateway", err)
 	}
 }
 

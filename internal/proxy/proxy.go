@@ -111,15 +111,20 @@ type Options struct {
 	// Wait holds a leaky-bucket request for d before it is forwarded; it must return early with an
 	// error when ctx ends. (Optional) default: a timer.
 	Wait func(ctx context.Context, d time.Duration) error
-	// Transport carries requests to the upstream. (Optional) default
-	// NewTransportFor(UpstreamProtocol, UpstreamTimeout).
+	// Transport carries requests to the upstream, gRPC calls included, as is. (Optional)
+	// default NewUpstreamTransport(UpstreamProtocol, UpstreamTimeout, GRPCUpstreamTimeout).
 	Transport http.RoundTripper
 	// UpstreamProtocol is the HTTP version spoken to the upstream when Transport is nil.
 	// (Optional) default HTTP1.
 	UpstreamProtocol Protocol
 	// UpstreamTimeout bounds the wait for the upstream's response headers when Transport is nil;
-	// past it the client gets 504. (Optional) default 0: no bound.
+	// past it the client gets 504. gRPC calls have GRPCUpstreamTimeout instead. (Optional)
+	// default 0: no bound.
 	UpstreamTimeout time.Duration
+	// GRPCUpstreamTimeout bounds the wait for the response headers of gRPC calls (see isGRPC)
+	// when Transport is nil; past it the client gets DEADLINE_EXCEEDED. (Optional) default 0:
+	// no bound but the call's own deadline.
+	GRPCUpstreamTimeout time.Duration
 }
 
 // Handler enforces the policies on every request and forwards the admitted ones. It serves every
@@ -267,7 +272,7 @@ func New(o Options) (*Handler, error) {
 		o.Wait = sleep
 	}
 	if o.Transport == nil {
-		o.Transport = NewTransportFor(o.UpstreamProtocol, o.UpstreamTimeout)
+		o.Transport = NewUpstreamTransport(o.UpstreamProtocol, o.UpstreamTimeout, o.GRPCUpstreamTimeout)
 	}
 	h := &Handler{
 		policies:     o.Policies,

@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -347,4 +349,132 @@ func dialWS(t *testing.T, srvURL string) *websocket.Conn {
 		t.Fatalf("dial through proxy: %v", err)
 	}
 	return conn
+}
+
+// heldUpstream is an upstream, over HTTP/1.1 and h2c, that sends nothing, not even headers,
+// until it receives from release (or the request ends); arrived receives the content-type of
+// each request as it comes in. release lets every held request answer (it may be called more
+// than once). It returns the upstream's URL.
+func heldUpstream(t *testing.T) (url string, arrived chan string, release func()) {
+	t.Helper()
+	arrived, released := make(chan string, 4), make(chan struct{})
+	release = sync.OnceFunc(func() { close(released) })
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- r.Header.Get("Content-Type")
+		select {
+		case <-released:
+			_, _ = io.WriteString(w, "answered")
+		case <-r.Context().Done():
+		}
+	}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	t.Cleanup(release) // runs before the upstream's Close
+	return srv.URL, arrived, release
+}
+
+// roundTrip sends a POST with content-type ct through rt, on its own goroutine.
+func roundTrip(t *testing.T, rt http.RoundTripper, url, ct string) <-chan error {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", ct)
+	out := make(chan error, 1)
+	go func() {
+		res, err := rt.RoundTrip(req)
+		if err == nil {
+			var body []byte
+			body, err = io.ReadAll(res.Body)
+			res.Body.Close()
+			if err == nil && string(body) != "answered" {
+				err = errors.New("body " + string(body))
+			}
+		}
+		out <- err
+	}()
+	return out
+}
+
+func closeIdleOf(t *testing.T, rts ...http.RoundTripper) {
+	t.Helper()
+	for _, rt := range rts {
+		if tr, ok := rt.(*http.Transport); ok {
+			t.Cleanup(tr.CloseIdleConnections)
+		}
+	}
+}
+
+func waitErr(t *testing.T, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(failAfter):
+		t.Fatal("no answer")
+		return nil
+	}
+}
+
+// TestUpstreamTransport_GRPCWaitsPastHeaderTimeout: with grpc_upstream_timeout 0 a gRPC call
+// waits for its headers past the upstream_timeout that cuts a plain request. No clock is
+// compared: the gRPC call is sent first and released only after the plain request, sent
+// later with the same timer, has timed out, so a timer on the gRPC call would have run out too.
+func TestUpstreamTransport_GRPCWaitsPastHeaderTimeout(t *testing.T) {
+	up, arrived, release := heldUpstream(t)
+	rt := NewUpstreamTransport(HTTP1, 50*time.Millisecond, 0)
+	split, ok := rt.(byGRPC)
+	if !ok {
+		t.Fatalf("transport %T, want byGRPC when the two timeouts differ", rt)
+	}
+	closeIdleOf(t, split.grpc, split.other)
+
+	grpcDone := roundTrip(t, rt, up, "application/grpc+proto")
+	if ct := <-arrived; ct != "application/grpc+proto" {
+		t.Fatalf("first request at the upstream: %q, want the gRPC call", ct)
+	}
+	plainDone := roundTrip(t, rt, up, "application/json")
+	<-arrived
+	if err := waitErr(t, plainDone); err == nil || classifyUpstream(err) != upTimeout {
+		t.Fatalf("plain request: got %v, want a response header timeout", err)
+	}
+	release()
+	if err := waitErr(t, grpcDone); err != nil {
+		t.Errorf("gRPC call: got %v, want the upstream's answer", err)
+	}
+}
+
+// TestUpstreamTransport_GRPCTimeoutOwn: grpc_upstream_timeout, when set, bounds gRPC calls
+// (and only them: a plain request waits as long as upstream_timeout, here none).
+func TestUpstreamTransport_GRPCTimeoutOwn(t *testing.T) {
+	up, arrived, release := heldUpstream(t)
+	rt := NewUpstreamTransport(H2C, 0, 50*time.Millisecond)
+	split := rt.(byGRPC)
+	closeIdleOf(t, split.grpc, split.other)
+
+	plainDone := roundTrip(t, rt, up, "text/plain")
+	<-arrived
+	grpcDone := roundTrip(t, rt, up, "application/grpc")
+	<-arrived
+	if err := waitErr(t, grpcDone); err == nil || classifyUpstream(err) != upTimeout {
+		t.Fatalf("gRPC call: got %v, want a response header timeout", err)
+	}
+	release()
+	if err := waitErr(t, plainDone); err != nil {
+		t.Errorf("plain request: got %v, want the upstream's answer", err)
+	}
+}
+
+// TestUpstreamTransport_OneWhenEqual: equal timeouts need no second pool.
+func TestUpstreamTransport_OneWhenEqual(t *testing.T) {
+	for _, p := range []Protocol{HTTP1, H2C, Auto} {
+		rt := NewUpstreamTransport(p, time.Second, time.Second)
+		if _, split := rt.(byGRPC); split {
+			t.Errorf("protocol %d: got byGRPC, want one transport for equal timeouts", p)
+		}
+	}
 }

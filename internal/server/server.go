@@ -100,18 +100,19 @@ func Run(ctx context.Context, o Options) error {
 		return err // validated already; only an environment changed since then gets here
 	}
 	handler, err := proxy.New(proxy.Options{
-		Upstream:         upstream,
-		Policies:         rl.Current,
-		Limiter:          st,
-		Backend:          cfg.Store.Backend,
-		OnError:          onError,
-		StoreTimeout:     cfg.Store.Timeout,
-		UpstreamTimeout:  cfg.UpstreamTimeout,
-		UpstreamProtocol: upProto,
-		Logger:           log,
-		AccessLog:        cfg.Log.Access,
-		Pseudonyms:       pseudonyms,
-		Metrics:          proxy.NewMetrics(reg),
+		Upstream:            upstream,
+		Policies:            rl.Current,
+		Limiter:             st,
+		Backend:             cfg.Store.Backend,
+		OnError:             onError,
+		StoreTimeout:        cfg.Store.Timeout,
+		UpstreamTimeout:     cfg.UpstreamTimeout,
+		GRPCUpstreamTimeout: cfg.GRPCUpstreamTimeout,
+		UpstreamProtocol:    upProto,
+		Logger:              log,
+		AccessLog:           cfg.Log.Access,
+		Pseudonyms:          pseudonyms,
+		Metrics:             proxy.NewMetrics(reg),
 	})
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
