@@ -478,3 +478,33 @@ func TestUpstreamTransport_OneWhenEqual(t *testing.T) {
 		}
 	}
 }
+
+// TestNew_TransportUsedAsIs: a caller's Transport carries every request, gRPC calls included;
+// the timeouts only shape the default one.
+func TestNew_TransportUsedAsIs(t *testing.T) {
+	custom := staticUpstream{}
+	for _, o := range []Options{
+		{Transport: custom, UpstreamTimeout: time.Second, GRPCUpstreamTimeout: 0},
+		{Transport: custom, UpstreamTimeout: 0, GRPCUpstreamTimeout: time.Second},
+	} {
+		o.Upstream = mustURL(t, "http://127.0.0.1:1")
+		o.Policies = func() Policies { return &fakePolicies{} }
+		o.Limiter = newFakeLimiter(true)
+		h, err := New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := h.rp.Transport.(timedTransport).next; got != custom {
+			t.Errorf("timeouts %v/%v: transport %T, want the caller's", o.UpstreamTimeout, o.GRPCUpstreamTimeout, got)
+		}
+	}
+	h, err := New(Options{Upstream: mustURL(t, "http://127.0.0.1:1"), Policies: func() Policies { return &fakePolicies{} },
+		Limiter: newFakeLimiter(true), UpstreamTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, split := h.rp.Transport.(timedTransport).next.(byGRPC); !split {
+		t.Errorf("default transport with upstream_timeout 1s and no grpc_upstream_timeout: got %T, want byGRPC",
+			h.rp.Transport.(timedTransport).next)
+	}
+}
