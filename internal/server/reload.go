@@ -291,38 +291,58 @@ func (r *Reloader) syncWatches(w *fsnotify.Watcher) {
 	}
 }
 
-// Watch reloads when the config file or a file it references (the JWT public key) changes, and
-// whenever hup receives, until ctx ends. It watches directories, not files, so in-place rewrites,
-// atomic renames over a file (editors) and Kubernetes ConfigMap and Secret updates (a symlink swap
-// of `..data` in the mounted directory) are all seen. An event that changed none of the files
-// reloads nothing; a hup always recompiles. After each reload the watched directories follow the
-// files the config now references.
-func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
+// Watcher is a started watch of the config file and the files it references: StartWatch
+// returns it once they are watched, so that no change after that is missed. Run serves it.
+type Watcher struct {
+	r *Reloader
+	w *fsnotify.Watcher
+}
+
+// StartWatch watches the directories of the config file and of the files it references (the JWT
+// public key), not the files, so in-place rewrites, atomic renames over a file (editors) and
+// Kubernetes ConfigMap and Secret updates (a symlink swap of `..data` in the mounted directory)
+// are all seen. Then it reloads if any of them changed since it was read: a change made between
+// the first read and the watch (a ConfigMap updated while the pod starts) would otherwise wait
+// for the next one. The gateway starts the watch before it reports ready, so that a change made
+// once it serves is never missed.
+func (r *Reloader) StartWatch() (*Watcher, error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("watch config: %w", err)
+		return nil, fmt.Errorf("watch config: %w", err)
 	}
-	defer w.Close()
 	// The config's directory must be watchable (a caller falls back to SIGHUP only); the others
 	// are best effort.
 	if err := w.Add(absDir(r.path)); err != nil {
-		return fmt.Errorf("watch config dir: %w", err)
+		w.Close()
+		return nil, fmt.Errorf("watch config dir: %w", err)
 	}
 	r.syncWatches(w)
+	_ = r.reload(false) // nothing unless a file changed since it was read; logged and counted inside
+	r.syncWatches(w)
+	return &Watcher{r: r, w: w}, nil
+}
+
+// Run reloads when a watched file changes, and whenever hup receives, until ctx ends; then it
+// closes the watch. An event that changed none of the files reloads nothing; a hup always
+// recompiles. After each reload the watched directories follow the files the config now
+// references.
+func (wt *Watcher) Run(ctx context.Context, hup <-chan os.Signal) {
+	r, w := wt.r, wt.w
+	defer w.Close()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-hup:
 			r.log.Info("SIGHUP: reloading config")
 			_ = r.Reload() // logged and counted inside
 			r.syncWatches(w)
 		case ev, ok := <-w.Events:
 			if !ok {
-				return nil
+				return
 			}
 			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write) {
 				continue
@@ -330,7 +350,7 @@ func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
 			timer.Reset(debounce)
 		case err, ok := <-w.Errors:
 			if !ok {
-				return nil
+				return
 			}
 			r.log.Warn("config watcher error", zap.Error(err))
 		case <-timer.C:
@@ -338,4 +358,14 @@ func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
 			r.syncWatches(w)
 		}
 	}
+}
+
+// Watch is StartWatch, then Run until ctx ends.
+func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
+	wt, err := r.StartWatch()
+	if err != nil {
+		return err
+	}
+	wt.Run(ctx, hup)
+	return nil
 }

@@ -323,26 +323,29 @@ func TestReloadKeepsPoliciesWhenKeyFileBroken(t *testing.T) {
 	}
 }
 
-// startWatch runs r.Watch until the test ends and returns the hup channel it listens to.
+// startWatch starts watching (StartWatch: watched when it returns), runs the watch until the
+// test ends and returns the hup channel it listens to.
 func startWatch(t *testing.T, r *Reloader) chan<- os.Signal {
 	t.Helper()
+	wt, err := r.StartWatch()
+	if err != nil {
+		t.Fatalf("StartWatch: %v", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	hup := make(chan os.Signal)
-	done := make(chan error, 1)
-	go func() { done <- r.Watch(ctx, hup) }()
+	done := make(chan struct{})
+	go func() { defer close(done); wt.Run(ctx, hup) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Watch: %v", err)
-		}
+		<-done
 	})
 	return hup
 }
 
 // eventually calls poke and then checks cond until cond holds, failing the test after a deadline.
-// poke repeats the change that cond waits for, because the watcher may not be watching yet when
-// the first one happens (a repeat of identical content reloads nothing). It repeats at three
-// times the debounce: each event restarts the debounce, and quicker pokes would hold it off.
+// poke repeats the change that cond waits for (a repeat of identical content reloads nothing),
+// so that cond does not hang on one lost event. It repeats at three times the debounce:
+// each event restarts the debounce, and quicker pokes would hold it off.
 func eventually(t *testing.T, what string, poke func(), cond func() bool) {
 	t.Helper()
 	deadline := time.NewTimer(10 * time.Second)
@@ -367,6 +370,60 @@ func eventually(t *testing.T, what string, poke func(), cond func() bool) {
 
 // A SIGHUP with nothing changed still recompiles: a new set is swapped in, counted and logged as
 // changing nothing, and it builds the same bucket keys and limits, so no count is lost.
+// TestStartWatchMissesNoChange: a change made after the first read and before the watch
+// started (a ConfigMap updated while the pod starts) is applied by StartWatch itself, and one
+// made right after StartWatch returns (the gateway reports ready then) is seen by the first
+// event, with no repeated pokes. An unchanged file reloads nothing.
+func TestStartWatchMissesNoChange(t *testing.T) {
+	r, path, _, _ := newTestReloader(t, baseConfig+policyYAML("per-ip", 5))
+	first := r.Set()
+	burst := func() int64 {
+		var p policy.Plan
+		if err := r.Set().Plan(httptest.NewRequest(http.MethodGet, "http://proxy/", nil), &p); err != nil || len(p.Charges) != 1 {
+			t.Fatalf("plan: %v, %d charges", err, len(p.Charges))
+		}
+		return p.Charges[0].Limit.Burst
+	}
+	write := func(b int) {
+		if err := os.WriteFile(path, []byte(baseConfig+policyYAML("per-ip", b)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	unchanged, err := r.StartWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	unchanged.Run(ctx, nil) // closes the watch
+	if r.Set() != first || reloads(t, r, "success") != 0 {
+		t.Fatalf("StartWatch with unchanged files: set replaced %v, %v successful reloads; want neither", r.Set() != first, reloads(t, r, "success"))
+	}
+
+	write(7) // before the watch
+	wt, err := r.StartWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := burst(); got != 7 {
+		t.Fatalf("burst right after StartWatch got %d, want 7 (the change made before it)", got)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); wt.Run(ctx, nil) }()
+	defer func() { cancel(); <-done }()
+
+	write(9) // once, right after: no poke again
+	deadline := time.Now().Add(10 * time.Second)
+	for burst() != 9 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a change made right after StartWatch was not applied within 10s (burst %d)", burst())
+		}
+		time.Sleep(debounce / 2) // polling with a deadline
+	}
+}
+
 func TestWatchSIGHUPRecompilesUnchangedFiles(t *testing.T) {
 	r, _, _, logs := newTestReloader(t, baseConfig+policyYAML("per-ip", 5))
 	first := r.Set()

@@ -181,17 +181,23 @@ func Run(ctx context.Context, o Options) error {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	watchDone := make(chan struct{})
+	// Watching before the gateway reports ready: a change made once it serves is never missed.
+	watcher, err := rl.StartWatch()
+	if err != nil {
+		log.Error("config watcher not started; SIGHUP still reloads", zap.Error(err))
+	}
 	go func() {
 		defer close(watchDone)
-		if err := rl.Watch(watchCtx, hup); err != nil {
-			log.Error("config watcher stopped; SIGHUP still reloads", zap.Error(err))
-			for {
-				select {
-				case <-watchCtx.Done():
-					return
-				case <-hup:
-					_ = rl.Reload()
-				}
+		if watcher != nil {
+			watcher.Run(watchCtx, hup)
+			return
+		}
+		for {
+			select {
+			case <-watchCtx.Done():
+				return
+			case <-hup:
+				_ = rl.Reload()
 			}
 		}
 	}()
