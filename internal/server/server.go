@@ -174,6 +174,12 @@ func Run(ctx context.Context, o Options) error {
 		proxySrv.TLSConfig = tc.serverTLS()
 	}
 
+	// Watching before serving (and so before /readyz or the log says ready): a change made once
+	// the gateway serves is never missed.
+	watcher, err := rl.StartWatch()
+	if err != nil {
+		log.Error("config watcher not started; SIGHUP still reloads", zap.Error(err))
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- serve(proxySrv, pl) }()
 	go func() { errc <- serve(adminSrv, al) }()
@@ -181,11 +187,6 @@ func Run(ctx context.Context, o Options) error {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	watchDone := make(chan struct{})
-	// Watching before the gateway reports ready: a change made once it serves is never missed.
-	watcher, err := rl.StartWatch()
-	if err != nil {
-		log.Error("config watcher not started; SIGHUP still reloads", zap.Error(err))
-	}
 	go func() {
 		defer close(watchDone)
 		if watcher != nil {
