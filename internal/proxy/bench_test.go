@@ -185,26 +185,3 @@ func BenchmarkHandlerOwn_UnauthorizedLimited(b *testing.B) {
 	}
 	benchServeOwn(b, h, http.StatusTooManyRequests)
 }
-
-// BenchmarkUpstreamTransportPick is the cost that grpc_upstream_timeout's split adds to a
-// request that is not a gRPC call (byGRPC's content-type check), against the transport alone.
-func BenchmarkUpstreamTransportPick(b *testing.B) {
-	req := httptest.NewRequest(http.MethodPost, "http://upstream/", nil)
-	req.Header.Set("Content-Type", "application/json")
-	for _, bc := range []struct {
-		name string
-		rt   http.RoundTripper
-	}{
-		{"direct", staticUpstream{}},
-		{"byGRPC", byGRPC{grpc: staticUpstream{}, other: staticUpstream{}}},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := bc.rt.RoundTrip(req); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}

@@ -112,7 +112,8 @@ type Options struct {
 	// error when ctx ends. (Optional) default: a timer.
 	Wait func(ctx context.Context, d time.Duration) error
 	// Transport carries requests to the upstream, gRPC calls included, as is. (Optional)
-	// default NewUpstreamTransport(UpstreamProtocol, UpstreamTimeout, GRPCUpstreamTimeout).
+	// default NewTransportFor(UpstreamProtocol, UpstreamTimeout), and for gRPC calls
+	// NewTransportFor(UpstreamProtocol, GRPCUpstreamTimeout) when the two timeouts differ.
 	Transport http.RoundTripper
 	// UpstreamProtocol is the HTTP version spoken to the upstream when Transport is nil.
 	// (Optional) default HTTP1.
@@ -162,8 +163,15 @@ type Handler struct {
 	storeDur     prometheus.Observer
 	storeErr     [2]prometheus.Counter // reason timeout, error
 	rp           *httputil.ReverseProxy
-	states       sync.Pool // *reqState
-	byPolicy     sync.Map  // policy name -> *policyState
+	// rpGRPC forwards gRPC calls: rp, unless their response-header wait differs
+	// (GRPCUpstreamTimeout; a gRPC server may send a stream's headers only with its first
+	// message, so a header timer would cut a watch that stays silent at its start).
+	// http.Transport's wait is per transport, so then they get a transport and connection pool
+	// of their own, picked by the content-type check ServeHTTP makes anyway: other requests pay
+	// nothing for it.
+	rpGRPC   *httputil.ReverseProxy
+	states   sync.Pool // *reqState
+	byPolicy sync.Map  // policy name -> *policyState
 }
 
 // policyState is what the handler keeps per policy name: its counters, resolved once instead of
@@ -271,8 +279,12 @@ func New(o Options) (*Handler, error) {
 	if o.Wait == nil {
 		o.Wait = sleep
 	}
+	var grpcTransport http.RoundTripper // nil: gRPC calls go through Transport too
 	if o.Transport == nil {
-		o.Transport = NewUpstreamTransport(o.UpstreamProtocol, o.UpstreamTimeout, o.GRPCUpstreamTimeout)
+		o.Transport = NewTransportFor(o.UpstreamProtocol, o.UpstreamTimeout)
+		if o.GRPCUpstreamTimeout != o.UpstreamTimeout {
+			grpcTransport = NewTransportFor(o.UpstreamProtocol, o.GRPCUpstreamTimeout)
+		}
 	}
 	h := &Handler{
 		policies:     o.Policies,
@@ -294,6 +306,10 @@ func New(o Options) (*Handler, error) {
 	h.releaser, _ = o.Limiter.(Releaser)
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
+	h.rpGRPC = h.rp
+	if grpcTransport != nil {
+		h.rpGRPC = h.newReverseProxy(o.Upstream, grpcTransport)
+	}
 	if o.AccessLog {
 		h.access = o.Logger.Named("access")
 	}
@@ -371,7 +387,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 	}
 	if len(st.plan.Charges) == 0 {
 		h.decide(st, decUnmatched)
-		h.forward(w, r, pols)
+		h.forward(w, r, st, pols)
 		return
 	}
 	admitted, timedOut, err := h.take(r, st)
@@ -540,7 +556,7 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, st *reqStat
 	if h.onError == Allow {
 		h.m.decided(proto, decStoreErrorAllowed)
 		st.decision = decStoreErrorAllowed
-		h.forward(w, r, pols)
+		h.forward(w, r, st, pols)
 		return
 	}
 	h.m.decided(proto, decStoreErrorDenied)
@@ -697,20 +713,24 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 			return
 		}
 	}
-	h.forward(w, r, pols)
+	h.forward(w, r, st, pols)
 }
 
 // forward hands the request to the reverse proxy. The request's policy set travels in its
 // context only when the rewrite needs it, to judge an inbound X-Forwarded-For, -Proto or -Host:
 // copying the request for a new context costs two allocations, and most requests carry none of
 // them.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies) {
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
+	rp := h.rp
+	if st.grpc {
+		rp = h.rpGRPC
+	}
 	if len(r.Header["X-Forwarded-For"]) > 0 || len(r.Header["X-Forwarded-Proto"]) > 0 ||
 		len(r.Header["X-Forwarded-Host"]) > 0 {
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
 	}
 	if r.Body == nil || r.Body == http.NoBody {
-		h.rp.ServeHTTP(w, r)
+		rp.ServeHTTP(w, r)
 		return
 	}
 	// A body that stops before its end (server.read_timeout cut a slow client off) also cancels
@@ -721,7 +741,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, pols Policies)
 	body := &partialBody{ReadCloser: r.Body}
 	r.Body = body
 	ww := &wroteWriter{ResponseWriter: w}
-	h.rp.ServeHTTP(ww, r)
+	rp.ServeHTTP(ww, r)
 	if !ww.wrote && !body.done.Load() && r.Context().Err() != nil {
 		h.m.bodyTimeouts.Inc()
 		w.Header().Set("Connection", "close")

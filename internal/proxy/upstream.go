@@ -96,34 +96,6 @@ func NewTransportFor(p Protocol, responseHeaderTimeout time.Duration) http.Round
 	}
 }
 
-// NewUpstreamTransport returns the upstream transport for p whose response-header wait is
-// responseHeaderTimeout for every request but gRPC calls (isGRPC), which wait grpcTimeout
-// (0: no bound). A gRPC server may send a stream's headers only with its first message
-// (grpc-go does unless the handler calls grpc.SendHeader), so a header timer would cut a watch
-// that stays silent at its start; a gRPC call is bounded by its own deadline instead, which
-// the gateway puts on the request's context (grpcDeadline) and the upstream enforces too.
-//
-// http.Transport's timeout is per transport, so when the two differ the gRPC calls get a
-// transport (and connection pool) of their own, picked per request by content-type: the
-// other requests pay one header lookup and no timer of their own.
-func NewUpstreamTransport(p Protocol, responseHeaderTimeout, grpcTimeout time.Duration) http.RoundTripper {
-	other := NewTransportFor(p, responseHeaderTimeout)
-	if grpcTimeout == responseHeaderTimeout {
-		return other
-	}
-	return byGRPC{grpc: NewTransportFor(p, grpcTimeout), other: other}
-}
-
-// byGRPC sends gRPC calls through grpc and everything else through other.
-type byGRPC struct{ grpc, other http.RoundTripper }
-
-func (t byGRPC) RoundTrip(r *http.Request) (*http.Response, error) {
-	if isGRPC(r) {
-		return t.grpc.RoundTrip(r)
-	}
-	return t.other.RoundTrip(r)
-}
-
 func baseTransport(responseHeaderTimeout time.Duration) *http.Transport {
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{

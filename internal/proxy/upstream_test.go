@@ -376,135 +376,133 @@ func heldUpstream(t *testing.T) (url string, arrived chan string, release func()
 	return srv.URL, arrived, release
 }
 
-// roundTrip sends a POST with content-type ct through rt, on its own goroutine.
-func roundTrip(t *testing.T, rt http.RoundTripper, url, ct string) <-chan error {
+// answer is what a client got from the gateway.
+type answer struct {
+	status     int
+	grpcStatus string // the Grpc-Status header of a gRPC answer of the gateway's own
+	body       string
+	err        error
+}
+
+// send POSTs with content-type ct to the gateway of hs, on its own goroutine.
+func send(t *testing.T, hs *harness, ct string) <-chan answer {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader("x"))
+	req, err := http.NewRequest(http.MethodPost, hs.srv.URL+"/svc/Method", strings.NewReader("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", ct)
-	out := make(chan error, 1)
+	out := make(chan answer, 1)
 	go func() {
-		res, err := rt.RoundTrip(req)
-		if err == nil {
-			var body []byte
-			body, err = io.ReadAll(res.Body)
-			res.Body.Close()
-			if err == nil && string(body) != "answered" {
-				err = errors.New("body " + string(body))
-			}
+		res, err := hs.client.Do(req)
+		if err != nil {
+			out <- answer{err: err}
+			return
 		}
-		out <- err
+		defer res.Body.Close()
+		body, err := io.ReadAll(res.Body)
+		out <- answer{status: res.StatusCode, grpcStatus: res.Header.Get("Grpc-Status"), body: string(body), err: err}
 	}()
 	return out
 }
 
-func closeIdleOf(t *testing.T, rts ...http.RoundTripper) {
-	t.Helper()
-	for _, rt := range rts {
-		if tr, ok := rt.(*http.Transport); ok {
-			t.Cleanup(tr.CloseIdleConnections)
-		}
-	}
-}
-
-func waitErr(t *testing.T, ch <-chan error) error {
+func wait(t *testing.T, ch <-chan answer) answer {
 	t.Helper()
 	select {
-	case err := <-ch:
-		return err
+	case a := <-ch:
+		if a.err != nil {
+			t.Fatalf("request failed: %v", a.err)
+		}
+		return a
 	case <-time.After(failAfter):
 		t.Fatal("no answer")
-		return nil
+		return answer{}
 	}
 }
 
-// TestUpstreamTransport_GRPCWaitsPastHeaderTimeout: with grpc_upstream_timeout 0 a gRPC call
-// waits for its headers past the upstream_timeout that cuts a plain request. No clock is
-// compared: the gRPC call is sent first and released only after the plain request, sent
-// later with the same timer, has timed out, so a timer on the gRPC call would have run out too.
-func TestUpstreamTransport_GRPCWaitsPastHeaderTimeout(t *testing.T) {
-	up, arrived, release := heldUpstream(t)
-	rt := NewUpstreamTransport(HTTP1, 50*time.Millisecond, 0)
-	split, ok := rt.(byGRPC)
-	if !ok {
-		t.Fatalf("transport %T, want byGRPC when the two timeouts differ", rt)
-	}
-	closeIdleOf(t, split.grpc, split.other)
+// heldHarness is a harness whose Handler builds its own transports with these settings, in
+// front of a heldUpstream.
+func heldHarness(t *testing.T, p Protocol, upstreamTimeout, grpcTimeout time.Duration) (*harness, chan string, func()) {
+	t.Helper()
+	url, arrived, release := heldUpstream(t)
+	hs := newHarness(t, &fakePolicies{}, newFakeLimiter(true), nil, func(o *Options) {
+		o.Upstream = mustURL(t, url)
+		o.Transport = nil
+		o.UpstreamProtocol = p
+		o.UpstreamTimeout = upstreamTimeout
+		o.GRPCUpstreamTimeout = grpcTimeout
+	})
+	// Cleanups run last-in first-out: the held requests must be let go before the gateway's
+	// server Close, which waits for them, or a failing test would hang instead of reporting.
+	t.Cleanup(release)
+	return hs, arrived, release
+}
 
-	grpcDone := roundTrip(t, rt, up, "application/grpc+proto")
+// TestUpstreamTimeout_GRPCWaitsPastIt: with grpc_upstream_timeout 0 a gRPC call waits for its
+// headers past the upstream_timeout that cuts a plain request. No clock is compared: the gRPC
+// call is sent first and released only after the plain request, sent later with the same
+// timer, has timed out, so a timer on the gRPC call would have run out too.
+func TestUpstreamTimeout_GRPCWaitsPastIt(t *testing.T) {
+	hs, arrived, release := heldHarness(t, HTTP1, 50*time.Millisecond, 0)
+
+	grpcDone := send(t, hs, "application/grpc+proto")
 	if ct := <-arrived; ct != "application/grpc+proto" {
 		t.Fatalf("first request at the upstream: %q, want the gRPC call", ct)
 	}
-	plainDone := roundTrip(t, rt, up, "application/json")
+	plainDone := send(t, hs, "application/json")
 	<-arrived
-	if err := waitErr(t, plainDone); err == nil || classifyUpstream(err) != upTimeout {
-		t.Fatalf("plain request: got %v, want a response header timeout", err)
+	if a := wait(t, plainDone); a.status != http.StatusGatewayTimeout {
+		t.Fatalf("plain request: status %d, want 504", a.status)
 	}
 	release()
-	if err := waitErr(t, grpcDone); err != nil {
-		t.Errorf("gRPC call: got %v, want the upstream's answer", err)
+	if a := wait(t, grpcDone); a.status != http.StatusOK || a.grpcStatus != "" || a.body != "answered" {
+		t.Errorf("gRPC call: got %+v, want the upstream's answer", a)
 	}
+	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "timeout")
 }
 
-// TestUpstreamTransport_GRPCTimeoutOwn: grpc_upstream_timeout, when set, bounds gRPC calls
-// (and only them: a plain request waits as long as upstream_timeout, here none).
-func TestUpstreamTransport_GRPCTimeoutOwn(t *testing.T) {
-	up, arrived, release := heldUpstream(t)
-	rt := NewUpstreamTransport(H2C, 0, 50*time.Millisecond)
-	split := rt.(byGRPC)
-	closeIdleOf(t, split.grpc, split.other)
+// TestUpstreamTimeout_GRPCOwn: grpc_upstream_timeout, when set, bounds gRPC calls, answered
+// DEADLINE_EXCEEDED (and only them: a plain request waits as long as upstream_timeout, here
+// none). Over h2c, as gRPC upstreams are spoken to.
+func TestUpstreamTimeout_GRPCOwn(t *testing.T) {
+	hs, arrived, release := heldHarness(t, H2C, 0, 50*time.Millisecond)
 
-	plainDone := roundTrip(t, rt, up, "text/plain")
+	plainDone := send(t, hs, "text/plain")
 	<-arrived
-	grpcDone := roundTrip(t, rt, up, "application/grpc")
+	grpcDone := send(t, hs, "application/grpc")
 	<-arrived
-	if err := waitErr(t, grpcDone); err == nil || classifyUpstream(err) != upTimeout {
-		t.Fatalf("gRPC call: got %v, want a response header timeout", err)
+	if a := wait(t, grpcDone); a.status != http.StatusOK || a.grpcStatus != "4" {
+		t.Fatalf("gRPC call: got %+v, want grpc-status 4 (DEADLINE_EXCEEDED)", a)
 	}
 	release()
-	if err := waitErr(t, plainDone); err != nil {
-		t.Errorf("plain request: got %v, want the upstream's answer", err)
-	}
-}
-
-// TestUpstreamTransport_OneWhenEqual: equal timeouts need no second pool.
-func TestUpstreamTransport_OneWhenEqual(t *testing.T) {
-	for _, p := range []Protocol{HTTP1, H2C, Auto} {
-		rt := NewUpstreamTransport(p, time.Second, time.Second)
-		if _, split := rt.(byGRPC); split {
-			t.Errorf("protocol %d: got byGRPC, want one transport for equal timeouts", p)
-		}
+	if a := wait(t, plainDone); a.status != http.StatusOK || a.body != "answered" {
+		t.Errorf("plain request: got %+v, want the upstream's answer", a)
 	}
 }
 
 // TestNew_TransportUsedAsIs: a caller's Transport carries every request, gRPC calls included;
-// the timeouts only shape the default one.
+// the timeouts only shape the default transports, split only when they differ.
 func TestNew_TransportUsedAsIs(t *testing.T) {
-	custom := staticUpstream{}
-	for _, o := range []Options{
-		{Transport: custom, UpstreamTimeout: time.Second, GRPCUpstreamTimeout: 0},
-		{Transport: custom, UpstreamTimeout: 0, GRPCUpstreamTimeout: time.Second},
+	for _, tc := range []struct {
+		transport     http.RoundTripper
+		upstream, rpc time.Duration
+		split         bool
+	}{
+		{staticUpstream{}, time.Second, 0, false},
+		{staticUpstream{}, 0, time.Second, false},
+		{nil, time.Second, time.Second, false},
+		{nil, time.Second, 0, true},
 	} {
-		o.Upstream = mustURL(t, "http://127.0.0.1:1")
-		o.Policies = func() Policies { return &fakePolicies{} }
-		o.Limiter = newFakeLimiter(true)
-		h, err := New(o)
+		h, err := New(Options{Upstream: mustURL(t, "http://127.0.0.1:1"), Policies: func() Policies { return &fakePolicies{} },
+			Limiter: newFakeLimiter(true), Transport: tc.transport, UpstreamTimeout: tc.upstream, GRPCUpstreamTimeout: tc.rpc})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := h.rp.Transport.(timedTransport).next; got != custom {
-			t.Errorf("timeouts %v/%v: transport %T, want the caller's", o.UpstreamTimeout, o.GRPCUpstreamTimeout, got)
+		if tc.transport != nil && h.rp.Transport.(timedTransport).next != tc.transport {
+			t.Errorf("%+v: transport %T, want the caller's", tc, h.rp.Transport.(timedTransport).next)
 		}
-	}
-	h, err := New(Options{Upstream: mustURL(t, "http://127.0.0.1:1"), Policies: func() Policies { return &fakePolicies{} },
-		Limiter: newFakeLimiter(true), UpstreamTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, split := h.rp.Transport.(timedTransport).next.(byGRPC); !split {
-		t.Errorf("default transport with upstream_timeout 1s and no grpc_upstream_timeout: got %T, want byGRPC",
-			h.rp.Transport.(timedTransport).next)
+		if split := h.rpGRPC != h.rp; split != tc.split {
+			t.Errorf("%+v: gRPC calls have a proxy of their own: %v, want %v", tc, split, tc.split)
+		}
 	}
 }
