@@ -26,15 +26,20 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 )
 
-// dynamoEndpoint returns the DynamoDB Local URL, or ends the test: Fatal in CI, Skip elsewhere.
-// These tests do not start their own: make test (scripts/test.sh) starts one for all packages.
+// ddb is the DynamoDB Local of these tests: the one DYNAMODB_ENDPOINT names (make test starts one
+// for all packages), or, for a developer's `go test` of this package, one started on the first
+// test that needs it and stopped by TestMain. Under CI=true a missing endpoint fails the tests.
+var ddb dynamolocal.Lazy
+
+// dynamoEndpoint returns the DynamoDB Local URL, or ends the test: Fatal in CI, Skip elsewhere
+// when none could be started.
 func dynamoEndpoint(t *testing.T) string {
 	t.Helper()
-	ep, err := dynamolocal.Endpoint()
+	inst, err := ddb.Get()
 	if err != nil {
 		dynamolocal.Unavailable(t, err)
 	}
-	return ep
+	return inst.Endpoint
 }
 
 // awsEnv is the gateways' AWS environment: DynamoDB Local's dummy credentials, a region, and

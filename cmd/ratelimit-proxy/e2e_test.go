@@ -45,6 +45,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	ddb.Stop()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
