@@ -2,7 +2,8 @@ package main
 
 // End-to-end tests of store.backend dynamodb: real gateway processes sharing one table on a real
 // DynamoDB Local. scripts/test.sh (make test) starts DynamoDB Local and exports
-// DYNAMODB_ENDPOINT; without it these tests fail under CI=true and skip (reported) elsewhere.
+// DYNAMODB_ENDPOINT; without it these tests start their own (ddb), fail under CI=true, and skip
+// (reported) when none can be started.
 
 import (
 	"context"

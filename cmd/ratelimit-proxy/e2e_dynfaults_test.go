@@ -9,8 +9,8 @@ package main
 // store is dead or slow, that it follows store.on_error, that it recovers by itself within
 // seconds, and that it neither leaks goroutines nor queues work while the store is down.
 //
-// Like the other dynamo end-to-end tests they need DYNAMODB_ENDPOINT (make test sets it): they
-// fail under CI=true without it and skip elsewhere.
+// Like the other dynamo end-to-end tests they use the DynamoDB Local that DYNAMODB_ENDPOINT names
+// (make test sets it) or, elsewhere than CI, one they start (dynamoEndpoint).
 
 import (
 	"fmt"
