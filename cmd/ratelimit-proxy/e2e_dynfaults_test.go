@@ -450,7 +450,7 @@ func TestDynFaultSlowStore(t *testing.T) {
 			// The gateway's own measure of its store calls, free of the clients' scheduling: none
 			// as long as half the store's latency (the histogram's 1 s bucket). The bucket above
 			// the timeout (316 ms) was once passed by 1 decision of 3,290 on a loaded machine.
-			if over, total := histogramOver(t, g.admin, "ratelimit_store_duration_seconds", `backend="dynamodb"`, (dynSlowLoadDelay / 2).Seconds()); over > 0 {
+			if over, total := histogramOver(t, g.admin, "ratelimit_store_duration_seconds", "backend", "dynamodb", (dynSlowLoadDelay / 2).Seconds()); over > 0 {
 				t.Errorf("ratelimit_store_duration_seconds: %v of %v store decisions took longer than %v, half the store's latency", over, total, dynSlowLoadDelay/2)
 			}
 			if decided != float64(len(as)) {

@@ -9,14 +9,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +24,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -257,38 +257,27 @@ func metric(t *testing.T, admin, series string) float64 {
 	return -1
 }
 
-// histogramOver reads the histogram name{labels} from the admin port and returns how many of
-// its observations lie beyond the smallest bucket bound at or above threshold, and how many
+// histogramOver reads the histogram name{label="value"} from the admin port and returns how many
+// of its observations lie beyond the smallest bucket bound at or above threshold, and how many
 // there are. Absent, it fails the test.
-func histogramOver(t *testing.T, admin, name, labels string, threshold float64) (over, total float64) {
+func histogramOver(t *testing.T, admin, name, label, value string, threshold float64) (over, total float64) {
 	t.Helper()
 	_, body := get(t, admin+"/metrics")
-	bound, within := math.Inf(1), -1.0
-	total = -1
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		var v float64
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, name+"_count{"+labels+"} "); ok {
-			fmt.Sscanf(rest, "%g", &total)
-			continue
+	if f := parseFamilies(t, body)[name]; f != nil {
+		for _, m := range f.GetMetric() {
+			if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == label && l.GetValue() == value }) {
+				continue
+			}
+			h := m.GetHistogram()
+			for _, b := range h.GetBucket() { // ascending bounds
+				if b.GetUpperBound() >= threshold {
+					return float64(h.GetSampleCount() - b.GetCumulativeCount()), float64(h.GetSampleCount())
+				}
+			}
 		}
-		rest, ok := strings.CutPrefix(line, name+"_bucket{"+labels+`,le="`)
-		if !ok {
-			continue
-		}
-		le, count, _ := strings.Cut(rest, `"} `)
-		b, err := strconv.ParseFloat(le, 64)
-		if err != nil || b < threshold || b >= bound {
-			continue
-		}
-		fmt.Sscanf(count, "%g", &v)
-		bound, within = b, v
 	}
-	if total < 0 || within < 0 {
-		t.Fatalf("histogram %s{%s} with a bucket at or above %v: not on %s/metrics", name, labels, threshold, admin)
-	}
-	return total - within, total
+	t.Fatalf("histogram %s{%s=%q} with a bucket at or above %v: not on %s/metrics", name, label, value, threshold, admin)
+	return 0, 0
 }
 
 // eventually polls cond until it holds or the deadline passes.

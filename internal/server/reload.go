@@ -359,13 +359,3 @@ func (wt *Watcher) Run(ctx context.Context, hup <-chan os.Signal) {
 		}
 	}
 }
-
-// Watch is StartWatch, then Run until ctx ends.
-func (r *Reloader) Watch(ctx context.Context, hup <-chan os.Signal) error {
-	wt, err := r.StartWatch()
-	if err != nil {
-		return err
-	}
-	wt.Run(ctx, hup)
-	return nil
-}
