@@ -78,6 +78,16 @@ func TestTwoServicesShareOnePool(t *testing.T) {
 		hammer(2)
 	}
 	hammer(20) // and then nothing more
+	// Where the leased units went, per gateway: a unit leased and neither spent nor refunded
+	// (expired, or a give-back that failed) is capacity the pool lost.
+	for i, g := range gws {
+		units := map[string]float64{}
+		for _, o := range []string{"leased", "spent", "refunded", "expired"} {
+			units[o] = metric(t, g.admin, fmt.Sprintf(`ratelimit_dynamodb_lease_units_total{outcome=%q}`, o))
+		}
+		t.Logf("gateway %d: lease units %v; lease_refund errors %v", i, units,
+			metric(t, g.admin, `ratelimit_dynamodb_errors_total{op="lease_refund"}`))
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if status[http.StatusOK] != 40 {
