@@ -120,7 +120,7 @@
 // # Leases
 //
 // A charge whose Lease is on is served from units this Store reserved from the shared item in
-// one conditional write (lease.go): a token bucket's units are places of its schedule taken
+// one conditional write (lease*.go): a token bucket's units are places of its schedule taken
 // within now + tau - ttl (from a floor a round trip past now: leaseGCRA), each spent within ttl
 // of its place (so the units spent in any interval are no more than one exact bucket admits); a
 // fixed window's are part of its count, spent in its window. The bucket may be split over shards (rate/k and the burst's parts each, adding up to the
@@ -163,7 +163,9 @@
 // store.go routes a decision (deny cache, then the group's mode); writes.go holds each
 // algorithm's conditional write and what its outcome means; quota.go the quota's items; slots.go the sliding window's closed
 // slots; coalesce.go the per-item writers; refund.go and transaction.go the two group modes;
-// lease.go lease mode; items.go the calls and attribute values they share, and throttling;
+// lease.go lease mode (lease_take.go spending units, lease_size.go sizing, lease_renew.go
+// renewals, lease_grant.go the lease write, lease_giveback.go giving units back, lease_sweep.go
+// expiry and close); items.go the calls and attribute values they share, and throttling;
 // liveness.go the watch on every call (a slow store from a silent one, the round trip);
 // concurrency.go and release.go concurrency slots; cache.go the bounded local caches; table.go
 // the table's creation.

@@ -1,0 +1,226 @@
+package dynamo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Grants: the conditional write that takes units from one shard, and the grant it yields.
+
+// leaseShard leasePools from shard i: want units if the shard has that many, else all it has if
+// that is at least half of want (a smaller lease would cost a write for a few requests; they are
+// rejected until that much has refilled instead, which is no loss while the demand exceeds the
+// rate). nil, nil: the shard is empty until its emptyUntil.
+func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*grant, error) {
+	p.mu.Lock()
+	sh := p.shards[i]
+	p.mu.Unlock()
+	// The floor of the lease's places: want units must still fit above it (n + tauL).
+	f := n
+	if p.gcra {
+		f = n + max(0, min(shift, sh.tauL-want*sh.t))
+	}
+	pk := p.itemKey(i, n)
+	least := max(1, want/2)
+	// What the shard holds as far as we know picks the first form; a failed condition tells
+	// what it holds, and the next form fits that.
+	avail := sh.known(p, n)
+	if sh.empty {
+		// The shard was empty when last tried, and other replicas poll it too: a read, which
+		// neither takes the item's write capacity nor costs a write, tells whether a write
+		// would find least units, before one is sent.
+		item, err := p.ls.s.readItems(ctx, []string{pk})
+		if err != nil {
+			return nil, err
+		}
+		a, err := p.learn(&sh, item[pk], n, f)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", pk, err)
+		}
+		if avail = a; avail < least {
+			p.emptied(i, &sh, n, least)
+			return nil, nil
+		}
+	}
+	for round := 0; round < 3; round++ {
+		fm := p.leaseForm(&sh, n, f, want, least, avail)
+		out, err := p.ls.s.updateItem(ctx, opLease, pk, fm.u, fm.rv)
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case err == nil:
+			return p.granted(i, pk, n, fm, out.Attributes)
+		case errors.As(err, &ccf):
+			a, ferr := p.learn(&sh, ccf.Item, n, f)
+			if ferr != nil {
+				return nil, fmt.Errorf("update %s: %w", pk, ferr)
+			}
+			if avail = a; avail >= least {
+				continue
+			}
+			p.emptied(i, &sh, n, least)
+			return nil, nil
+		default:
+			p.ls.s.m.errors.WithLabelValues(opLease).Inc()
+			return nil, fmt.Errorf("update %s: %w", pk, err)
+		}
+	}
+	return nil, nil // raced three times: the next renewal tries again
+}
+
+// itemKey is shard i's item at n: leased items are apart from the unleased ones, so that
+// switching a policy's lease mode never mixes the two arithmetics on one item.
+func (p *pool) itemKey(i int, n int64) string {
+	sfx := "#l" + strconv.Itoa(i)
+	if p.gcra {
+		return p.base + "#g" + sfx
+	}
+	l := p.key.limit
+	return p.base + "#w" + strconv.FormatInt(fixedEnd(l, n)-int64(l.Window), 10) + sfx
+}
+
+// form is one lease write: its update, what it returns, and how to read the units it took.
+type form struct {
+	u     update
+	rv    types.ReturnValue
+	drain bool  // took everything up to target: units = target - old (ALL_OLD)
+	m     int64 // otherwise: exactly m units (ALL_NEW)
+	// target is where a drain leaves tat (GCRA) or the count (window).
+	target int64
+}
+
+// unknown marks a shard whose content is not known.
+const unknown = -1
+
+// known is how many units the shard holds at n as far as this Store knows, or unknown.
+func (sh *shard) known(p *pool, n int64) int64 {
+	if p.gcra {
+		if sh.tat < n {
+			return unknown // idle, or never seen: an idle write finds out
+		}
+		return max(0, (n+sh.tauL-sh.tat)/sh.t)
+	}
+	if start := fixedEnd(p.key.limit, n); sh.usedIn != start {
+		return unknown
+	}
+	return max(0, sh.count-sh.used)
+}
+
+// refilled is when the shard will hold u units again if nobody else leasePools from it: for a
+// window, when it ends, or sooner if another replica gives units back, which a poll after a
+// short wait finds (the wait then grows while the window stays full).
+func (sh *shard) refilled(p *pool, n, u int64) int64 {
+	if p.gcra {
+		return max(n+1, sh.tat+u*sh.t-sh.tauL)
+	}
+	return min(fixedEnd(p.key.limit, n), n+p.horizon/16)
+}
+
+// leaseForm picks the write for a shard holding avail units (or unknown). A token bucket's
+// units must sit within n + tauL, so that each can be held ttl after the write and still conform
+// when spent (see the package documentation); a window's within the shard's count.
+//
+//   - want fits, or nothing is known: exactly want units (GCRA form (a) when idle, (b) when
+//     not; window ADD want);
+//   - fewer than want but at least least: a drain, which takes every unit the shard holds
+//     (GCRA SET tat = the last place that fits, on tat's grid of T; window SET count = the
+//     shard's count) while that is from least to want units, in one write whatever others
+//     took since we looked.
+func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64) form {
+	drain := avail != unknown && avail < want
+	if p.gcra {
+		if !drain || sh.tat < f {
+			return form{u: leaseGCRA(n, f, sh.t, sh.tauL, want, sh.tat >= f), rv: types.ReturnValueAllNew, m: want}
+		}
+		target := sh.tat + (n+sh.tauL-sh.tat)/sh.t*sh.t
+		return form{drain: true, target: target, rv: types.ReturnValueAllOld, u: update{
+			expr:   "SET #tat = :target, #ttl = :ttl",
+			cond:   "#tat >= :floor AND #tat <= :most AND #tat >= :fewest",
+			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
+			values: map[string]types.AttributeValue{":target": num(target), ":floor": num(f), ":most": num(target - least*sh.t), ":fewest": num(target - want*sh.t), ":ttl": ttlAt(n + sh.tau)},
+		}}
+	}
+	ttl := ttlAt(fixedEnd(p.key.limit, n))
+	if !drain {
+		return form{u: countWrite(sh.count, want, ttl, false), rv: types.ReturnValueAllNew, m: want}
+	}
+	return form{drain: true, target: sh.count, rv: types.ReturnValueAllOld, u: update{
+		expr:   "SET #count = :target, #ttl = :ttl",
+		cond:   "#count <= :most AND #count >= :fewest",
+		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},
+		values: map[string]types.AttributeValue{":target": num(sh.count), ":most": num(sh.count - least), ":fewest": num(sh.count - want), ":ttl": ttl},
+	}}
+}
+
+// learn reads a failed lease condition's item (as it was) into sh and returns how many units
+// a lease at n can take from it above the floor f.
+func (p *pool) learn(sh *shard, old map[string]types.AttributeValue, n, f int64) (int64, error) {
+	if p.gcra {
+		tat, ok, err := number(old, attrTat)
+		if err != nil {
+			return 0, err
+		}
+		if !ok || tat < n {
+			sh.tat = 0
+		} else {
+			sh.tat = tat
+		}
+		return max(0, (n+sh.tauL-max(tat, f))/sh.t), nil
+	}
+	c, _, err := number(old, attrCount)
+	if err != nil {
+		return 0, err
+	}
+	sh.used, sh.usedIn = c, fixedEnd(p.key.limit, n)
+	return max(sh.count-c, 0), nil
+}
+
+// granted builds the grant of lease write f, applied at n, from the item it returned.
+func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.AttributeValue) (*grant, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sh := &p.shards[i]
+	p.nextID++
+	g := &grant{id: p.nextID, shard: i, at: n, pk: pk}
+	if p.gcra {
+		tat, ok, err := number(item, attrTat)
+		if err != nil || !ok {
+			return nil, fmt.Errorf("update %s: no tat in the write's answer (%v)", pk, err)
+		}
+		var base int64 // the place before the first unit: max(old tat, n)
+		if f.drain {
+			// item is the old one: units sit at tat+T, ..., tat+units*T <= target.
+			g.units = (f.target - tat) / sh.t
+			base, g.end = tat, f.target
+			g.tail = tat + g.units*sh.t
+			g.epoch, _ = epochOf(item)
+		} else {
+			g.units, base, g.end, g.tail = f.m, tat-f.m*sh.t, tat, tat
+			g.epoch, _ = epochOf(item)
+		}
+		sh.tat = g.end
+		// Unit j sits at base + j*T and may be spent until its place - T + ttl, so all of
+		// them until base + ttl.
+		g.expires = base + p.ttl
+		p.resetAt = max(p.resetAt, g.end)
+	} else {
+		end := fixedEnd(p.key.limit, n)
+		c, _, err := number(item, attrCount)
+		if err != nil {
+			return nil, fmt.Errorf("update %s: %w", pk, err)
+		}
+		if f.drain {
+			g.units, sh.used = f.target-c, f.target
+		} else {
+			g.units, sh.used = f.m, c
+		}
+		sh.usedIn = end
+		g.expires = min(end-1, n+p.ttl)
+		p.resetAt = max(p.resetAt, end)
+	}
+	sh.emptyUntil, sh.empty = 0, false
+	return g, nil
+}

@@ -1,0 +1,142 @@
+package dynamo
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Sweeping: grants expire, idle pools give their units back and are forgotten, and close gives
+// everything back.
+
+// leaseIdle is how long a pool that has neither demand nor grants is kept, in TTLs.
+const leaseIdle = 20
+
+// expire drops the grants past their TTL at n; their unspent units are given back to the
+// table where that is still exact (see refundGrant). A spent grant stays until it expires, so
+// that a unit of a rejected group can still go back to it (giveBack).
+func (p *pool) expire(n int64) {
+	keep := p.grants[:0]
+	for _, g := range p.grants {
+		switch {
+		case g.expires >= n:
+			keep = append(keep, g)
+		case g.units > 0:
+			p.units -= g.units
+			p.refundLater(g)
+		}
+	}
+	clear(p.grants[len(keep):])
+	p.grants = keep
+}
+
+// sweeper gives back the units of pools that stopped seeing demand (a policy reloaded away, a
+// client gone quiet) before their grants expire, and forgets pools idle for long.
+func (ls *leasePools) sweeper() {
+	tick := time.NewTicker(sweepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ls.stop:
+			return
+		case <-tick.C:
+			ls.sweep(ls.now().UnixNano())
+		}
+	}
+}
+
+// sweepEvery is how often the sweeper looks at the pools.
+const sweepEvery = 25 * time.Millisecond
+
+// sweep is one pass of the sweeper at instant n.
+func (ls *leasePools) sweep(n int64) {
+	for _, p := range ls.list() {
+		p.mu.Lock()
+		p.expire(n)
+		// Requests waiting for a slow renewal are demand, not idleness: their grant must not
+		// be given back before they wake to spend it. A TTL without a request is idleness.
+		idle := p.waiting == 0 && !p.renewing && n-p.lastUse > p.ttl
+		if idle && p.units > 0 {
+			p.releaseAll()
+		}
+		forget := n-p.lastUse > leaseIdle*max(p.ttl, int64(time.Second)) && len(p.grants) == 0 && !p.renewing
+		p.mu.Unlock()
+		if forget {
+			ls.mu.Lock()
+			if ls.pools[p.key] == p {
+				delete(ls.pools, p.key)
+			}
+			ls.mu.Unlock()
+		}
+	}
+}
+
+// list returns the pools as they are now.
+func (ls *leasePools) list() []*pool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	pools := make([]*pool, 0, len(ls.pools))
+	for _, p := range ls.pools {
+		pools = append(pools, p)
+	}
+	return pools
+}
+
+// releaseAll takes every grant out of the pool and gives its units back (the caller holds p.mu).
+func (p *pool) releaseAll() {
+	for _, g := range p.grants {
+		if g.units > 0 {
+			p.units -= g.units
+			p.refundLater(g)
+		}
+	}
+	clear(p.grants)
+	p.grants = p.grants[:0]
+}
+
+// close stops the sweeper, waits for the renewals in flight and gives every unspent unit back,
+// bounded by ctx. Leased charges after it fail.
+func (ls *leasePools) close(ctx context.Context) error {
+	ls.mu.Lock()
+	if ls.closed {
+		ls.mu.Unlock()
+		return nil
+	}
+	ls.closed = true
+	close(ls.stop)
+	ls.mu.Unlock()
+	pools := ls.list() // complete: no pool is created once closed
+	for _, p := range pools {
+		p.mu.Lock()
+		p.releaseAll()
+		p.mu.Unlock()
+	}
+	ls.mu.Lock()
+	ls.draining = true
+	ls.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		ls.wg.Wait()
+		// Renewals that were in flight may have added grants since.
+		for _, p := range pools {
+			p.mu.Lock()
+			grants := p.grants
+			p.grants, p.units = nil, 0
+			p.mu.Unlock()
+			for _, g := range grants {
+				if g.units > 0 {
+					rctx, cancel := context.WithTimeout(context.Background(), refundTimeout)
+					p.refundGrant(rctx, g)
+					cancel()
+				}
+			}
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("dynamo: close: giving leasePools back: %w", ctx.Err())
+	}
+}
