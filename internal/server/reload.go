@@ -245,42 +245,37 @@ func restartOnly(old, cur *policy.Config) []string {
 	return out
 }
 
-// watchDirs are the directories the watcher should watch: the config file's and those of the
-// files the last parsed config references. Absolute, so that `key.pem` and `./key.pem` are one
-// watch; relative paths resolve against the working directory, as policy resolves them.
-func (r *Reloader) watchDirs() []string {
+// watchSet is what the watcher reacts to: the config file and the files the last parsed config
+// references (valid or not: a key file may be on its way), each in its directory. Relative
+// paths resolve against the working directory, as policy resolves them, so that `key.pem` and
+// `./key.pem` are one watch.
+func (r *Reloader) watchSet() *watchSet {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	dirs := []string{absDir(r.path)}
+	s := newWatchSet()
+	s.addFile(r.path)
 	for _, in := range r.refs {
-		if d := absDir(in.path); !slices.Contains(dirs, d) {
-			dirs = append(dirs, d)
-		}
+		s.addFile(in.path)
 	}
-	return dirs
+	return s
 }
 
-func absDir(path string) string {
-	dir := filepath.Dir(path)
-	if abs, err := filepath.Abs(dir); err == nil {
-		return abs
-	}
-	return filepath.Clean(dir)
-}
+// watchDirs are the directories the watcher watches: those of watchSet.
+func (r *Reloader) watchDirs() []string { return r.watchSet().dirs }
 
-// syncWatches makes w watch exactly watchDirs. It compares with w's own list, not a copy, because
-// fsnotify drops the watch of a directory that is deleted or moved away; the next sync adds it
-// back once the directory exists again. A directory that cannot be watched is logged and skipped:
-// SIGHUP still reloads.
-func (r *Reloader) syncWatches(w *fsnotify.Watcher) {
-	want := r.watchDirs()
+// syncWatches makes w watch exactly the directories of the current watchSet, and returns the
+// set. It compares with w's own list, not a copy, because fsnotify drops the watch of a
+// directory that is deleted or moved away; the next sync adds it back once the directory exists
+// again. A directory that cannot be watched is logged and skipped: SIGHUP still reloads.
+func (r *Reloader) syncWatches(w *fsnotify.Watcher) *watchSet {
+	set := r.watchSet()
 	for _, d := range w.WatchList() {
-		if !slices.Contains(want, d) {
+		if !slices.Contains(set.dirs, d) {
 			_ = w.Remove(d) // already gone when fsnotify dropped it
 		}
 	}
 	have := w.WatchList()
-	for _, d := range want {
+	for _, d := range set.dirs {
 		if slices.Contains(have, d) {
 			continue
 		}
@@ -289,19 +284,22 @@ func (r *Reloader) syncWatches(w *fsnotify.Watcher) {
 				zap.String("dir", d), zap.Error(err))
 		}
 	}
+	return set
 }
 
 // Watcher is a started watch of the config file and the files it references: StartWatch
 // returns it once they are watched, so that no change after that is missed. Run serves it.
 type Watcher struct {
-	r *Reloader
-	w *fsnotify.Watcher
+	r   *Reloader
+	w   *fsnotify.Watcher
+	set *watchSet // what the events must be about; rebuilt with each sync
 }
 
 // StartWatch watches the directories of the config file and of the files it references (the JWT
-// public key), not the files, so in-place rewrites, atomic renames over a file (editors) and
-// Kubernetes ConfigMap and Secret updates (a symlink swap of `..data` in the mounted directory)
-// are all seen. Then it reloads if any of them changed since it was read: a change made between
+// public key, the TLS files), not the files, so in-place rewrites, atomic renames over a file
+// (editors) and Kubernetes ConfigMap and Secret updates (a symlink swap of `..data` in the
+// mounted directory) are all seen; events about other files in those directories are ignored
+// (see watchSet). Then it reloads if any of them changed since it was read: a change made between
 // the first read and the watch (a ConfigMap updated while the pod starts) would otherwise wait
 // for the next one. The gateway starts the watch before it reports ready, so that a change made
 // once it serves is never missed.
@@ -312,20 +310,20 @@ func (r *Reloader) StartWatch() (*Watcher, error) {
 	}
 	// The config's directory must be watchable (a caller falls back to SIGHUP only); the others
 	// are best effort.
-	if err := w.Add(absDir(r.path)); err != nil {
+	if err := w.Add(filepath.Dir(absPath(r.path))); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("watch config dir: %w", err)
 	}
 	r.syncWatches(w)
 	_ = r.reload(false) // nothing unless a file changed since it was read; logged and counted inside
-	r.syncWatches(w)
-	return &Watcher{r: r, w: w}, nil
+	return &Watcher{r: r, w: w, set: r.syncWatches(w)}, nil
 }
 
 // Run reloads when a watched file changes, and whenever hup receives, until ctx ends; then it
-// closes the watch. An event that changed none of the files reloads nothing; a hup always
-// recompiles. After each reload the watched directories follow the files the config now
-// references.
+// closes the watch. Only events about the config file and the files it references count (see
+// watchSet): a log file written beside the config must not wake a watcher that logs. An event
+// that changed none of the files reloads nothing; a hup always recompiles. After each reload the
+// watched directories and files follow what the config now references.
 func (wt *Watcher) Run(ctx context.Context, hup <-chan os.Signal) {
 	r, w := wt.r, wt.w
 	defer w.Close()
@@ -339,12 +337,12 @@ func (wt *Watcher) Run(ctx context.Context, hup <-chan os.Signal) {
 		case <-hup:
 			r.log.Info("SIGHUP: reloading config")
 			_ = r.Reload() // logged and counted inside
-			r.syncWatches(w)
+			wt.set = r.syncWatches(w)
 		case ev, ok := <-w.Events:
 			if !ok {
 				return
 			}
-			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write) {
+			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write) || !wt.set.matters(ev.Name) {
 				continue
 			}
 			timer.Reset(debounce)
@@ -355,7 +353,7 @@ func (wt *Watcher) Run(ctx context.Context, hup <-chan os.Signal) {
 			r.log.Warn("config watcher error", zap.Error(err))
 		case <-timer.C:
 			_ = r.reload(false)
-			r.syncWatches(w)
+			wt.set = r.syncWatches(w)
 		}
 	}
 }
