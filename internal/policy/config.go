@@ -37,8 +37,33 @@ type Config struct {
 	// cleartext HTTP/1.1 and h2c.
 	TLS *TLSConfig `mapstructure:"tls"`
 	Log LogConfig  `mapstructure:"log"`
-	// Policies are evaluated in order, coarse to fine. (Required) at least one.
+	// Policies are evaluated in order, coarse to fine. (Required) at least one, unless upstream
+	// is empty and rls is set: then there is no proxy, and no policies either.
 	Policies []PolicyConfig `mapstructure:"policies"`
+
+	// --- Envoy's rate limit service (docs/envoy.md) ---
+
+	// RLS serves envoy.service.ratelimit.v3.RateLimitService on its own gRPC port, from
+	// envoyproxy/ratelimit's configuration files, on the same store. With upstream empty the
+	// gateway serves RLS alone. (Optional) default: off.
+	RLS *RLSConfig `mapstructure:"rls"`
+}
+
+// RLSConfig is the rls block: Envoy's rate limit service.
+type RLSConfig struct {
+	// Listen is the gRPC address (HTTP/2 cleartext, or TLS with the tls block's certificate)
+	// of ShouldRateLimit and of the standard gRPC health service. (Required)
+	Listen string `mapstructure:"listen"`
+	// ConfigDir is a folder of envoyproxy/ratelimit configuration files (*.yaml, *.yml; hidden
+	// files and subfolders skipped), watched and reloaded with the config. (Required)
+	ConfigDir string `mapstructure:"config_dir"`
+	// ResponseHeaders are the headers answered in response_headers_to_add for Envoy to pass to
+	// the client: ietf (RateLimit and RateLimit-Policy), x-ratelimit (X-RateLimit-Limit,
+	// -Remaining, -Reset, as headers.reset says), all (both) or none. (Optional) default ietf.
+	ResponseHeaders string `mapstructure:"response_headers"`
+	// ShadowMode answers OK to every call while counting and labelling as usual, as
+	// envoyproxy/ratelimit's SHADOW_MODE. (Optional) default false.
+	ShadowMode bool `mapstructure:"shadow_mode"`
 }
 
 // IdentityConfig says where API keys and users come from.

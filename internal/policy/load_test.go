@@ -252,13 +252,14 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_STORE_DYNAMODB_MODE", "RATELIMIT_STORE_DYNAMODB_DENY_CACHE", "RATELIMIT_STORE_DYNAMODB_SLOT_LEASE", "RATELIMIT_STORE_DYNAMODB_NAMESPACE",
 		"RATELIMIT_UPSTREAM_PROTOCOL", "RATELIMIT_SERVER_MAX_CONCURRENT_STREAMS",
 		"RATELIMIT_TLS_CERT_FILE", "RATELIMIT_TLS_KEY_FILE", "RATELIMIT_TLS_CLIENT_CA_FILE",
+		"RATELIMIT_RLS_LISTEN", "RATELIMIT_RLS_CONFIG_DIR", "RATELIMIT_RLS_RESPONSE_HEADERS", "RATELIMIT_RLS_SHADOW_MODE",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 44 {
-		t.Errorf("got %d overrides, want 44: a new field needs a line above", len(got))
+	if len(got) != 48 {
+		t.Errorf("got %d overrides, want 48: a new field needs a line above", len(got))
 	}
 }
 

@@ -39,6 +39,7 @@ type Set struct {
 	kinds        []kindSource // the distinct key kinds of the policies, global excepted
 	ipv6Bits     int          // identity.ipv6_prefix: leading bits of an IPv6 client that key it
 	tls          *TLSMaterial // the tls block's files as loaded; nil without one
+	rls          *RLSRules    // rls.config_dir compiled; nil without an rls block
 }
 
 // kindSource is one key kind that the set's policies use, for Plan.Identity.
@@ -80,7 +81,7 @@ type cidrOverride struct {
 // Compile validates cfg (returning its Errors) and builds the immutable Set. cfg is not
 // retained or modified.
 func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
-	errs, keys, tlsm := cfg.check(opts.Getenv)
+	errs, keys, tlsm, rlsRules := cfg.check(opts.Getenv)
 	if err := errs.err(); err != nil {
 		return nil, err
 	}
@@ -88,7 +89,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 	if now == nil {
 		now = time.Now
 	}
-	s := &Set{headers: Headers{Reset: ResetUnix, IETF: cfg.Headers.IETFDraft}, ipv6Bits: cfg.Identity.IPv6Prefix, tls: tlsm}
+	s := &Set{headers: Headers{Reset: ResetUnix, IETF: cfg.Headers.IETFDraft}, ipv6Bits: cfg.Identity.IPv6Prefix, tls: tlsm, rls: rlsRules}
 	if cfg.Headers.Reset == "delta" {
 		s.headers.Reset = ResetDelta
 	}

@@ -132,7 +132,7 @@ func allDigits(s string) bool {
 // variable named by identity.jwt.hs256_secret_env (nil means os.Getenv); the public key file is
 // read too, so a valid Config compiles.
 func (c *Config) Validate(getenv func(string) string) error {
-	errs, _, _ := c.check(getenv)
+	errs, _, _, _ := c.check(getenv)
 	return errs.err()
 }
 
@@ -143,16 +143,20 @@ type jwtKeys struct {
 	rsa    *rsa.PublicKey
 }
 
-// check is Validate, also returning the JWT key material and the loaded tls block (nil without
-// one, or when it is invalid).
-func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMaterial) {
+// check is Validate, also returning the JWT key material, the loaded tls block (nil without
+// one, or when it is invalid) and the compiled rls rules (nil without an rls block).
+func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMaterial, *RLSRules) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	var es Errors
 	var keys jwtKeys
 
-	checkUpstream(&es, c.Upstream)
+	// Without upstream and with rls, the gateway serves RLS alone: no proxy, so no policies.
+	rlsOnly := c.Upstream == "" && c.RLS != nil
+	if !rlsOnly {
+		checkUpstream(&es, c.Upstream)
+	}
 	checkHostPort(&es, "listen", c.Listen)
 	checkHostPort(&es, "admin_listen", c.AdminListen)
 	if c.Listen != "" && c.AdminListen != "" && sameListener(c.Listen, c.AdminListen) {
@@ -228,7 +232,10 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 		}
 	}
 
-	if len(c.Policies) == 0 {
+	switch {
+	case rlsOnly && len(c.Policies) > 0:
+		es.add("policies", "", "set, but upstream is empty: policies limit the proxy, which needs upstream (rls rules live in rls.config_dir)")
+	case !rlsOnly && len(c.Policies) == 0:
 		es.add("policies", "", "at least one policy is required")
 	}
 	seen := make(map[string]int, len(c.Policies))
@@ -249,7 +256,39 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	if c.TLS != nil {
 		tlsm = checkTLS(&es, c.TLS)
 	}
-	return es, keys, tlsm
+	var rls *RLSRules
+	if c.RLS != nil {
+		rls = checkRLS(&es, c, rlsOnly)
+	}
+	return es, keys, tlsm, rls
+}
+
+// --- rls block (Envoy's rate limit service) ---
+
+// checkRLS checks the rls block and loads the files of rls.config_dir (envoy.go).
+func checkRLS(es *Errors, c *Config, rlsOnly bool) *RLSRules {
+	r := c.RLS
+	if r.Listen == "" {
+		es.add("rls.listen", "", "required when rls is set: the gRPC address Envoy calls")
+	} else {
+		checkHostPort(es, "rls.listen", r.Listen)
+		if c.AdminListen != "" && sameListener(r.Listen, c.AdminListen) {
+			es.add("rls.listen", r.Listen, "must differ from admin_listen")
+		}
+		if !rlsOnly && c.Listen != "" && sameListener(r.Listen, c.Listen) {
+			es.add("rls.listen", r.Listen, "must differ from listen: the proxy and the rate limit service each have their port")
+		}
+	}
+	switch r.ResponseHeaders {
+	case "", "ietf", "x-ratelimit", "all", "none":
+	default:
+		es.add("rls.response_headers", r.ResponseHeaders, "must be ietf, x-ratelimit, all or none")
+	}
+	if r.ConfigDir == "" {
+		es.add("rls.config_dir", "", "required when rls is set: the folder of envoyproxy/ratelimit configuration files")
+		return nil
+	}
+	return loadRLSDir(es, r.ConfigDir, c)
 }
 
 // maxReplicas bounds store.replicas: beyond it every divided limit is 1 anyway.

@@ -1,0 +1,448 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+// RLSRules is the compiled content of rls.config_dir: envoyproxy/ratelimit's domains and their
+// descriptor trees. It is immutable and safe for concurrent use; a reload compiles a new one
+// with the rest of the Set. The nil *RLSRules knows no domain.
+type RLSRules struct {
+	domains map[string]*RLSDomain
+	names   []string // sorted domain names
+	files   []string // the files read, sorted
+	rules   int
+}
+
+// Domain returns the domain's rules, or nil when no file names it.
+func (r *RLSRules) Domain(name string) *RLSDomain {
+	if r == nil {
+		return nil
+	}
+	return r.domains[name]
+}
+
+// Domains lists the configured domains, sorted.
+func (r *RLSRules) Domains() []string {
+	if r == nil {
+		return nil
+	}
+	return r.names
+}
+
+// Files lists the configuration files the rules were compiled from, sorted.
+func (r *RLSRules) Files() []string {
+	if r == nil {
+		return nil
+	}
+	return r.files
+}
+
+// Len is the number of rate_limit blocks (unlimited ones included).
+func (r *RLSRules) Len() int {
+	if r == nil {
+		return 0
+	}
+	return r.rules
+}
+
+// RLS returns the compiled rls.config_dir rules, or nil without an rls block.
+func (s *Set) RLS() *RLSRules { return s.rls }
+
+// RLSEntry is one entry of a request's descriptor: Envoy's (key, value) pair.
+type RLSEntry struct {
+	Key, Value string
+}
+
+// RLSDomain is one domain's descriptor tree.
+type RLSDomain struct {
+	Name  string
+	root  rlsNode
+	store string // what the domain's bucket keys hash first (see rlsStoreName)
+}
+
+// rlsNode is one descriptor of the tree.
+type rlsNode struct {
+	children map[RLSEntry]*rlsNode // by (key, value); value "" is the key-only descriptor
+	wild     []rlsWild             // descriptors whose value holds a '*', in file order
+	rule     *RLSRule              // nil: no rate_limit block here
+	hasValue bool                  // the descriptor names a value (exact or wildcard)
+	pattern  string                // the wildcard value; "" when the value holds no '*'
+	share    bool                  // share_threshold: all values matching pattern share a bucket
+	toMetric bool                  // value_to_metric
+	seg      string                // key, or key_value: the descriptor's part of a metric path
+}
+
+type rlsWild struct {
+	key   string
+	parts []string // the value split on '*'
+	node  *rlsNode
+}
+
+// How a descriptor entry was matched, as envoyproxy/ratelimit tells them apart for metrics.
+const (
+	matchExact uint8 = iota + 1
+	matchWildcard
+	matchKey
+)
+
+// RLSRule is one compiled rate_limit block.
+type RLSRule struct {
+	// Name is rate_limit.name; "" when unnamed. Replaces lists the names it drops.
+	Name     string
+	Replaces []string
+	// Unlimited rules are answered OK without the store.
+	Unlimited bool
+	// Shadow (shadow_mode) rules count but never make a request OVER_LIMIT.
+	Shadow bool
+	// Limit is the engine's limit; Lease its lease mode (off unless the file asks).
+	Limit bucket.Limit
+	Lease bucket.Lease
+	// RequestsPerUnit, Unit and UnitMultiplier are the rule as written, for the answer's
+	// current_limit.
+	RequestsPerUnit uint32
+	Unit            RLSUnit
+	UnitMultiplier  uint32
+	// Label is the metric label of the rule: the domain, then its name or else its descriptor
+	// path (`domain.key_value.key`, wildcards as written). Rules with detailed_metric or
+	// value_to_metric label per request instead: see RLSMatch.Label.
+	Label string
+
+	detailed  bool   // detailed_metric on the rule's descriptor
+	toMetric  bool   // some descriptor of the rule's path has value_to_metric
+	keyPrefix []byte // hashed before the descriptor's entries
+}
+
+// RLSMatch is the outcome of matching one descriptor. Reuse one across calls: Match refills it
+// without allocating once its slices have grown.
+type RLSMatch struct {
+	// Rule is the matched rule, nil when none applies.
+	Rule  *RLSRule
+	nodes []*rlsNode
+	how   []uint8
+}
+
+// Match finds the rule of entries as envoyproxy/ratelimit does: level by level, the most
+// specific descriptor wins (the exact value, then the first wildcard value that matches, then
+// the key alone), and a rule applies only to a descriptor with exactly as many entries as its
+// depth in the tree. It returns m.Rule.
+func (d *RLSDomain) Match(entries []RLSEntry, m *RLSMatch) *RLSRule {
+	m.Rule, m.nodes, m.how = nil, m.nodes[:0], m.how[:0]
+	n := &d.root
+	for i := range entries {
+		e := entries[i]
+		next, how := n.children[e], matchExact
+		if next == nil {
+			for j := range n.wild {
+				if w := &n.wild[j]; w.key == e.Key && globMatch(w.parts, e.Value) {
+					next, how = w.node, matchWildcard
+					break
+				}
+			}
+		}
+		if next == nil {
+			next, how = n.children[RLSEntry{Key: e.Key}], matchKey
+		}
+		if next == nil {
+			return nil
+		}
+		if !next.hasValue {
+			how = matchKey
+		}
+		m.nodes, m.how = append(m.nodes, next), append(m.how, how)
+		if i == len(entries)-1 {
+			m.Rule = next.rule
+			return m.Rule
+		}
+		if len(next.children) == 0 {
+			return nil // the request is deeper than the tree: no rule, as envoyproxy/ratelimit
+		}
+		n = next
+	}
+	return nil
+}
+
+// globMatch reports whether value matches the pattern split on '*' (each '*' matches any run
+// of bytes, the empty one included).
+func globMatch(parts []string, value string) bool {
+	if len(parts) == 1 {
+		return parts[0] == value
+	}
+	first, last := parts[0], parts[len(parts)-1]
+	if len(value) < len(first)+len(last) || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
+		return false
+	}
+	rest := value[len(first) : len(value)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return true
+}
+
+// Key is the bucket key of a matched descriptor: a digest of the domain (or the rule's pool),
+// the rule's algorithm and window, and the entries' keys and values, so that every distinct
+// descriptor has its own bucket, as in envoyproxy/ratelimit. An entry matched by a wildcard
+// with share_threshold counts under the wildcard instead of its value. No raw value reaches
+// the store.
+func (m *RLSMatch) Key(entries []RLSEntry) bucket.Key {
+	return hashEntries(m.Rule.keyPrefix, entries, func(i int) (string, bool) {
+		if m.how[i] == matchWildcard && m.nodes[i].share {
+			return m.nodes[i].pattern, true
+		}
+		return "", false
+	})
+}
+
+// Label is the metric label of the matched rule: Rule.Label, except for rules whose
+// descriptors ask for values in metrics. detailed_metric labels with every entry's value
+// (key_value; share_threshold entries with their wildcard); value_to_metric puts the value of
+// its own level in place of a wildcard or of a key-only match. Those allocate per call and
+// make one series per distinct value: see docs/envoy.md on cardinality.
+func (m *RLSMatch) Label(domain string, entries []RLSEntry) string {
+	r := m.Rule
+	if !r.detailed && !r.toMetric {
+		return r.Label
+	}
+	var b strings.Builder
+	b.WriteString(domain)
+	for i, e := range entries {
+		n, how := m.nodes[i], m.how[i]
+		b.WriteByte('.')
+		b.WriteString(e.Key)
+		var v string
+		switch {
+		case how == matchWildcard && n.share:
+			v = n.pattern
+		case r.detailed:
+			v = e.Value
+		case how == matchWildcard && n.toMetric:
+			v = e.Value
+		case how == matchWildcard:
+			v = n.pattern
+		case how == matchExact:
+			v = e.Value
+		case n.toMetric:
+			v = e.Value
+		}
+		if v != "" {
+			b.WriteByte('_')
+			b.WriteString(v)
+		}
+	}
+	return b.String()
+}
+
+// OverrideLimit is the limit of a descriptor that carries its own (Envoy's rate limit
+// override): requests per unit times multiplier, counted in a fixed window as
+// envoyproxy/ratelimit counts it. ok is false for an unknown unit or one out of range.
+func OverrideLimit(requestsPerUnit uint32, unit RLSUnit, multiplier uint32) (l bucket.Limit, ok bool) {
+	mult := max(int64(multiplier), 1)
+	u := unit.Duration()
+	if u == 0 || int64(requestsPerUnit) > maxCount || mult > int64(maxRLSPeriod/u) {
+		return bucket.Limit{}, false
+	}
+	return bucket.Limit{Algorithm: bucket.FixedWindow, Count: int64(requestsPerUnit), Window: time.Duration(mult) * u}, true
+}
+
+// OverrideKey is the bucket key of a descriptor with a limit override l: the key a fixed-window
+// rule of the same window (and no pool) would give the same entries, so that both count alike.
+func (d *RLSDomain) OverrideKey(entries []RLSEntry, l bucket.Limit) bucket.Key {
+	var buf [128]byte
+	return hashEntries(rlsKeyPrefix(buf[:0], d.store, l), entries, nil)
+}
+
+// OverrideLabel is the metric label of an overridden descriptor: the domain and the entries'
+// keys, never their values (Envoy computes overrides from requests).
+func OverrideLabel(domain string, entries []RLSEntry) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, e := range entries {
+		b.WriteByte('.')
+		b.WriteString(e.Key)
+	}
+	return b.String()
+}
+
+// hashEntries digests prefix and the entries, each key and value length-prefixed so that no
+// two descriptors share a digest by moving bytes between their strings. sub, when not nil, may
+// replace entry i's value.
+func hashEntries(prefix []byte, entries []RLSEntry, sub func(int) (string, bool)) bucket.Key {
+	var buf [512]byte
+	b := append(buf[:0], prefix...)
+	for i, e := range entries {
+		v := e.Value
+		if sub != nil {
+			if s, ok := sub(i); ok {
+				v = s
+			}
+		}
+		b = binary.AppendUvarint(b, uint64(len(e.Key)))
+		b = append(b, e.Key...)
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
+	sum := sha256.Sum256(b)
+	var k bucket.Key
+	copy(k[:], sum[:])
+	return k
+}
+
+// rlsStoreName is what an RLS rule's bucket keys start with: its pool, or its domain within the
+// store's namespace. The \x03 marks RLS domains apart from proxy policies (a policy name never
+// starts with a control byte); a pool is shared on purpose, as a proxy policy's.
+func rlsStoreName(cfg *Config, domain, pool string) string {
+	if pool != "" {
+		return "\x02pool\x00" + pool
+	}
+	name := "\x03rls\x00" + domain
+	if d := cfg.Store.DynamoDB; d != nil && d.Namespace != "" {
+		return "\x01ns\x00" + d.Namespace + "\x00" + name
+	}
+	return name
+}
+
+// rlsKeyPrefix appends to b the part of a key before the entries: store name, algorithm with
+// its window (or calendar), and "rls", which no proxy key kind is.
+func rlsKeyPrefix(b []byte, store string, l bucket.Limit) []byte {
+	b = append(b, store...)
+	b = append(b, 0)
+	b = append(b, algorithmName[l.Algorithm]...)
+	switch l.Algorithm {
+	case bucket.FixedWindow, bucket.SlidingWindow:
+		b = append(b, '/')
+		b = strconv.AppendInt(b, int64(l.Window), 10)
+	case bucket.Quota:
+		zone := "UTC"
+		if l.Zone != nil {
+			zone = l.Zone.String()
+		}
+		b = append(b, '/')
+		b = strconv.AppendInt(b, int64(l.Period), 10)
+		b = append(b, "/"+zone+"/"...)
+		b = strconv.AppendInt(b, int64(l.Offset), 10)
+	}
+	return append(b, "\x00rls\x00"...)
+}
+
+// compileRLS builds the rules of the parsed files; problems go to es.
+func compileRLS(es *Errors, files []*rlsFile, cfg *Config) *RLSRules {
+	r := &RLSRules{domains: make(map[string]*RLSDomain)}
+	owner := make(map[string]string)
+	for _, f := range files {
+		r.files = append(r.files, f.name)
+		if f.domain == "" {
+			continue
+		}
+		if first, dup := owner[f.domain]; dup {
+			es.add(f.name+": domain", f.domain, "also the domain of "+first+": each domain is in one file")
+			continue
+		}
+		owner[f.domain] = f.name
+		d := &RLSDomain{Name: f.domain, store: rlsStoreName(cfg, f.domain, "")}
+		p := rlsParser{es: es, file: f.name}
+		r.rules += p.load(&d.root, f.descriptors, cfg, d, f.domain, false)
+		r.domains[f.domain] = d
+		r.names = append(r.names, f.domain)
+	}
+	slices.Sort(r.names)
+	return r
+}
+
+// load compiles descriptors under parent and returns how many rules it made. path is the
+// parent's metric path; toMetric says whether some ancestor has value_to_metric.
+func (p *rlsParser) load(parent *rlsNode, ds []rlsDescriptorConfig, cfg *Config, d *RLSDomain, path string, toMetric bool) int {
+	rules := 0
+	for i := range ds {
+		dc := &ds[i]
+		if dc.key == "" {
+			p.add(dc.at+".key", "", "required")
+			continue
+		}
+		e := RLSEntry{Key: dc.key, Value: dc.value}
+		if parent.children[e] != nil {
+			what := "key " + strconv.Quote(dc.key)
+			if dc.value != "" {
+				what += " with value " + strconv.Quote(dc.value)
+			}
+			p.add(dc.at, "", "duplicate descriptor: "+what+" is already at this level")
+			continue
+		}
+		n := &rlsNode{hasValue: dc.value != "", share: dc.shareThreshold, toMetric: dc.valueToMetric, seg: dc.key}
+		if dc.value != "" {
+			n.seg += "_" + dc.value
+		}
+		if strings.Contains(dc.value, "*") {
+			n.pattern = dc.value
+			parent.wild = append(parent.wild, rlsWild{key: dc.key, parts: strings.Split(dc.value, "*"), node: n})
+		} else if dc.shareThreshold {
+			p.add(dc.at+".share_threshold", "true", "applies to a wildcard value (one holding '*') only")
+		}
+		nodePath := path + "." + n.seg
+		under := toMetric || dc.valueToMetric
+		if rl := dc.rateLimit; rl != nil {
+			if rule := p.rule(rl, dc, cfg, d, nodePath, under); rule != nil {
+				n.rule = rule
+				rules++
+			}
+		}
+		if parent.children == nil {
+			parent.children = make(map[RLSEntry]*rlsNode)
+		}
+		parent.children[e] = n
+		rules += p.load(n, dc.descriptors, cfg, d, nodePath, under)
+	}
+	return rules
+}
+
+// rule compiles one rate_limit block; nil when it has problems (reported).
+func (p *rlsParser) rule(rl *rlsRateLimitConfig, dc *rlsDescriptorConfig, cfg *Config, d *RLSDomain, path string, toMetric bool) *RLSRule {
+	before := len(*p.es)
+	for i, name := range rl.replaces {
+		if name == rl.name {
+			p.add(rl.at+".replaces["+strconv.Itoa(i)+"].name", name, "a rate_limit cannot replace itself")
+		}
+	}
+	if rl.name != "" && strings.TrimSpace(rl.name) == "" {
+		p.add(rl.at+".name", rl.name, "must not be blank")
+	}
+	lim, unit, ok := p.checkRateLimit(rl)
+	if !ok || len(*p.es) != before {
+		return nil
+	}
+	label := path
+	if rl.name != "" {
+		label = d.Name + "." + rl.name
+	}
+	r := &RLSRule{
+		Name:      rl.name,
+		Replaces:  rl.replaces,
+		Unlimited: rl.unlimited,
+		Shadow:    dc.shadowMode,
+		Limit:     lim,
+		Unit:      unit,
+		Label:     label,
+		detailed:  dc.detailedMetric,
+		toMetric:  toMetric,
+	}
+	if rl.unlimited {
+		return r
+	}
+	r.RequestsPerUnit = uint32(rl.requestsPerUnit)
+	r.UnitMultiplier = uint32(max(rl.unitMultiplier, 1))
+	if l := rl.lease; l != nil && l.Enabled {
+		r.Lease = bucket.Lease{Shards: max(l.Shards, 1), TTL: l.TTL}
+	}
+	r.keyPrefix = rlsKeyPrefix(nil, rlsStoreName(cfg, d.Name, rl.pool), lim)
+	return r
+}
