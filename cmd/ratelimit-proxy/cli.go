@@ -36,11 +36,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Command {
 	var configPath string
+	var clockOffset time.Duration
 	serve := func(cmd *cobra.Command, _ []string) error {
 		if configPath == "" {
 			return errors.New("--config is required")
 		}
-		err := server.Run(cmd.Context(), server.Options{ConfigPath: configPath, Getenv: getenv, Log: stderr})
+		err := server.Run(cmd.Context(), server.Options{ConfigPath: configPath, Getenv: getenv, Log: stderr,
+			Now: offsetClock(clockOffset)})
 		if fe := (policy.Errors{}); errors.As(err, &fe) {
 			// The same report as validate's: every problem on its own line.
 			return printInvalid(configPath, fe, stderr)
@@ -65,12 +67,16 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVarP(&configPath, "config", "c", "", "path to the YAML configuration")
 
-	root.AddCommand(&cobra.Command{
+	serveCmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the gateway",
 		Args:  cobra.NoArgs,
 		RunE:  serve,
-	})
+	}
+	root.AddCommand(serveCmd)
+	for _, c := range []*cobra.Command{root, serveCmd} {
+		addTestClockOffset(c, &clockOffset)
+	}
 	root.AddCommand(&cobra.Command{
 		Use:   "validate",
 		Short: "Check a configuration file and print a summary of each policy",
@@ -104,6 +110,27 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 	root.AddCommand(table)
 	root.AddCommand(newReplayCmd(&configPath, getenv, stdout, stderr))
 	return root
+}
+
+// testClockOffsetFlag shifts the gateway's clock: for tests only (see offsetClock).
+const testClockOffsetFlag = "test-clock-offset"
+
+// addTestClockOffset adds the hidden --test-clock-offset flag to c.
+func addTestClockOffset(c *cobra.Command, d *time.Duration) {
+	c.Flags().DurationVar(d, testClockOffsetFlag, 0,
+		"TESTS ONLY: shift the gateway's clock by this duration (e.g. -2s), to run replicas whose clocks disagree")
+	_ = c.Flags().MarkHidden(testClockOffsetFlag) // cannot fail: the flag was just added
+}
+
+// offsetClock is the gateway's clock shifted by d, or nil (time.Now, the fast path) for 0.
+// Multi-process tests run replicas whose clocks disagree with it (docs/development.md): the
+// shift reaches every instant the gateway decides with (decisions, leases, concurrency slots,
+// quotas, JWT expiry), and what the clock-offset estimator measures against DynamoDB's Date.
+func offsetClock(d time.Duration) func() time.Time {
+	if d == 0 {
+		return nil
+	}
+	return func() time.Time { return time.Now().Add(d) }
 }
 
 // newReplayCmd is `replay --config FILE [LOG ...]`; internal/replay does the work.

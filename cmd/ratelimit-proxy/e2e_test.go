@@ -128,6 +128,12 @@ func config(proxyAddr, adminAddr, upstreamURL, rest string) string {
 
 func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gateway {
 	t.Helper()
+	return startGatewayArgs(t, nil, upstreamURL, rest, env...)
+}
+
+// startGatewayArgs is startGateway with more arguments for serve (such as --test-clock-offset).
+func startGatewayArgs(t *testing.T, args []string, upstreamURL, rest string, env ...string) *gateway {
+	t.Helper()
 	if strings.Contains(rest, "fixed_window") {
 		waitOutHourEdge(t, hourEdgeMargin)
 	}
@@ -139,7 +145,7 @@ func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gatewa
 	if err := os.WriteFile(g.configPath, []byte(config(pa, aa, upstreamURL, rest)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g.cmd = exec.Command(binary, "serve", "--config", g.configPath)
+	g.cmd = exec.Command(binary, append([]string{"serve", "--config", g.configPath}, args...)...)
 	g.cmd.Env = append(os.Environ(), env...)
 	g.cmd.Stdout = g.logs
 	g.cmd.Stderr = g.logs

@@ -305,7 +305,7 @@ func (s *Store) renewLoop() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.slotLease/3)
-		_ = s.RenewLeases(ctx, time.Now()) // a failed renewal is retried at the next tick
+		_ = s.RenewLeases(ctx, s.now()) // a failed renewal is retried at the next tick
 		cancel()
 	}
 }

@@ -101,8 +101,9 @@ type Options struct {
 	// its slots every SlotLease/3, so a replica that crashes while holding slots loses them at
 	// most SlotLease after its last renewal (Optional; default 30s). See concurrency.go.
 	SlotLease time.Duration
-	// Now is the clock of the lease sweeper, which gives back the leases of pools that stopped
-	// seeing demand (Optional; default time.Now). Decisions take their instant from Take.
+	// Now is the Store's own clock: the lease sweeper's, which gives back the leases of pools
+	// that stopped seeing demand, and the concurrency slots' renewals (Optional; default
+	// time.Now). Decisions take their instant from Take; give it the same clock.
 	Now func() time.Time
 }
 
@@ -122,7 +123,8 @@ type Store struct {
 	// lateWrites is Options.LateWrites in ns.
 	lateWrites int64
 	slotLease  time.Duration
-	leases     leases // concurrency slots held, renewed until released
+	leases     leases           // concurrency slots held, renewed until released
+	now        func() time.Time // Options.Now
 }
 
 var _ bucket.Releaser = (*Store)(nil)
@@ -167,6 +169,10 @@ func New(api API, o Options) *Store {
 		lateWrites: int64(late),
 		slotLease:  cmp.Or(o.SlotLease, defaultSlotLease),
 		leases:     leases{stop: make(chan struct{})},
+		now:        o.Now,
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	if o.DenyCache {
 		s.deny = newBoundedCache[bucket.Key, denial](size)

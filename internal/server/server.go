@@ -35,6 +35,11 @@ type Options struct {
 	Getenv func(string) string
 	// Log receives the JSON log lines. nil means os.Stderr.
 	Log io.Writer
+	// Now is the host's clock as the gateway reads it: every instant it decides with (the
+	// proxy's decisions, the store's leases and slot renewals, JWT expiry) comes from it.
+	// (Optional) default time.Now; tests shift it (serve --test-clock-offset) to run replicas
+	// whose clocks disagree.
+	Now func() time.Time
 	// Ready, when set, is called once both listeners accept connections, with their addresses.
 	Ready func(proxyAddr, adminAddr net.Addr)
 }
@@ -63,7 +68,7 @@ func Run(ctx context.Context, o Options) error {
 	log := newLogger(o.Log, zapcore.InfoLevel)
 	rl, cfg, err := NewReloader(o.ConfigPath,
 		policy.LoadOptions{Getenv: o.Getenv},
-		policy.CompileOptions{Getenv: o.Getenv},
+		policy.CompileOptions{Getenv: o.Getenv, Now: o.Now},
 		log, reg)
 	if err != nil {
 		return err
@@ -74,7 +79,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	st, closeStore, err := newStore(ctx, cfg, reg, log)
+	st, closeStore, err := newStore(ctx, cfg, reg, log, o.Now)
 	if err != nil {
 		if stopped(ctx, err) {
 			log.Info("shut down before serving")
@@ -113,6 +118,7 @@ func Run(ctx context.Context, o Options) error {
 		AccessLog:           cfg.Log.Access,
 		Pseudonyms:          pseudonyms,
 		Metrics:             proxy.NewMetrics(reg),
+		Now:                 o.Now, // nil: time.Now, and the store timer's start doubles as the instant
 	})
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)

@@ -27,8 +27,9 @@ const warmConns = 4
 // newStore builds the configured backend and wraps it in the circuit breaker and on_error
 // policy of package fallback (every backend, so that readiness and metrics have one shape).
 // Its Ready method is the /readyz probe. closeStore gives back what the backend holds for this
-// replica (the DynamoDB store's unspent leases) at shutdown.
-func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger) (_ *fallback.Store, closeStore func(context.Context) error, _ error) {
+// replica (the DynamoDB store's unspent leases) at shutdown. now is the gateway's clock (nil:
+// time.Now).
+func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) (_ *fallback.Store, closeStore func(context.Context) error, _ error) {
 	var (
 		primary bucket.Store
 		healthy func(error) bool
@@ -74,7 +75,7 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			mode = dynamo.Transaction
 		}
 		ds := dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg,
-			SlotLease: d.SlotLease,
+			SlotLease: d.SlotLease, Now: now,
 			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 			// batch whose deadline is another waiter's: a write can land up to about twice the
 			// timeout after its decision.
