@@ -29,17 +29,27 @@
 // same thing: the forwarded writes of an item in any window never exceed the budget, and the
 // per-window counts in Stats compare directly with it.
 //
+// # A slow store
+//
+// Options.Delay and Options.Jitter make the store slow: every call, read or write, forwarded or
+// throttled, waits Delay plus a uniform random part in [0, Jitter] before the relay decides and
+// forwards it, as if the network or the store took that long. The random part comes from an RNG
+// seeded with Options.Seed, so a run can be repeated. Stats reports the answer times the relay
+// saw (Latency, per operation and overall): the store's latency as its clients see it.
+//
 // The body is forwarded byte for byte, so a SigV4 signature stays valid (DynamoDB Local ignores
 // it anyway).
 package ddbrelay
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -68,6 +78,18 @@ type Options struct {
 	// WindowHistory is how many one-second windows Stats keeps, newest last. (Optional; default
 	// 3600.) Totals and the hottest item cover the relay's whole life regardless.
 	WindowHistory int
+	// Delay is how long every call waits before it is decided and forwarded. (Optional; default
+	// 0.)
+	Delay time.Duration
+	// Jitter is the width of a uniform random wait added to Delay: each call waits Delay + U[0,
+	// Jitter]. (Optional; default 0.)
+	Jitter time.Duration
+	// Seed seeds the relay's random choices (the jitter), so a run can be repeated. (Optional;
+	// default 0, itself a seed.)
+	Seed uint64
+	// Sleep waits d or until ctx is done, whichever comes first. (Optional; default a timer.)
+	// Tests hand in one that advances their clock.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // maxBody bounds the request body the relay reads: DynamoDB's own limit for a request is 16 MB.
@@ -143,6 +165,10 @@ type Stats struct {
 	Hottest Peak
 	// HottestForwarded is the item and window with the most writes forwarded.
 	HottestForwarded Peak
+	// Latency is how long the relay took to answer every call, the injected delay included.
+	Latency Latency
+	// OpLatency is Latency per operation, e.g. "UpdateItem".
+	OpLatency map[string]Latency
 }
 
 // Relay is an http.Handler that forwards to a DynamoDB-API server and throttles writes over
@@ -153,8 +179,16 @@ type Relay struct {
 	keyAttr []string
 	now     func() time.Time
 	history int
+	delay   time.Duration
+	jitter  time.Duration
+	sleep   func(context.Context, time.Duration) error
+
+	rngMu sync.Mutex
+	rng   *rand.Rand
 
 	mu           sync.Mutex
+	latency      histogram
+	opLatency    map[string]*histogram
 	total        Count
 	unattributed int64
 	reads        int64
@@ -178,12 +212,23 @@ func New(target string, o Options) (*Relay, error) {
 	if o.WritesPerItemPerSecond < 0 {
 		return nil, fmt.Errorf("ddbrelay: WritesPerItemPerSecond %d is negative", o.WritesPerItemPerSecond)
 	}
+	if o.Delay < 0 || o.Jitter < 0 {
+		return nil, fmt.Errorf("ddbrelay: Delay %v and Jitter %v must not be negative", o.Delay, o.Jitter)
+	}
 	r := &Relay{
-		budget:  int64(o.WritesPerItemPerSecond),
-		keyAttr: o.KeyAttributes,
-		now:     o.Now,
-		history: o.WindowHistory,
-		ops:     make(map[string]*OpStats),
+		budget:    int64(o.WritesPerItemPerSecond),
+		keyAttr:   o.KeyAttributes,
+		now:       o.Now,
+		history:   o.WindowHistory,
+		delay:     o.Delay,
+		jitter:    o.Jitter,
+		sleep:     o.Sleep,
+		rng:       rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)),
+		ops:       make(map[string]*OpStats),
+		opLatency: make(map[string]*histogram),
+	}
+	if r.sleep == nil {
+		r.sleep = sleepCtx
 	}
 	if len(r.keyAttr) == 0 {
 		r.keyAttr = []string{"pk"}
@@ -218,18 +263,15 @@ func New(target string, o Options) (*Relay, error) {
 	return r, nil
 }
 
-// ServeHTTP forwards the request, or answers it ProvisionedThroughputExceededException when it
-// writes an item over its budget.
+// ServeHTTP waits the configured delay, then forwards the request, or answers it
+// ProvisionedThroughputExceededException when it writes an item over its budget. It records how
+// long the answer took.
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	start := r.now()
 	op := operation(req.Header.Get("X-Amz-Target"))
-	if !isWrite(op) {
-		r.mu.Lock()
-		r.reads++
-		r.opLocked(op).Requests++
-		r.mu.Unlock()
-		r.proxy.ServeHTTP(w, req)
-		return
-	}
+	defer func() { r.observe(op, r.now().Sub(start)) }()
+	// The body is read first: the server notices a client that leaves (and cancels the
+	// request's context) only once the body has been consumed.
 	body, err := io.ReadAll(io.LimitReader(req.Body, maxBody+1))
 	if err != nil {
 		http.Error(w, "ddbrelay: read request: "+err.Error(), http.StatusBadRequest)
@@ -241,6 +283,57 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	req.ContentLength = int64(len(body))
+	if d := r.wait(); d > 0 {
+		if err := r.sleep(req.Context(), d); err != nil {
+			return // the client went away; nothing to answer
+		}
+	}
+	r.serve(w, req, op, body)
+}
+
+// wait draws one call's delay: Delay + U[0, Jitter].
+func (r *Relay) wait() time.Duration {
+	if r.jitter <= 0 {
+		return r.delay
+	}
+	r.rngMu.Lock()
+	j := time.Duration(r.rng.Int64N(int64(r.jitter) + 1))
+	r.rngMu.Unlock()
+	return r.delay + j
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (r *Relay) observe(op string, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.latency.record(d)
+	h := r.opLatency[op]
+	if h == nil {
+		h = &histogram{}
+		r.opLatency[op] = h
+	}
+	h.record(d)
+}
+
+func (r *Relay) serve(w http.ResponseWriter, req *http.Request, op string, body []byte) {
+	if !isWrite(op) {
+		r.mu.Lock()
+		r.reads++
+		r.opLocked(op).Requests++
+		r.mu.Unlock()
+		r.proxy.ServeHTTP(w, req)
+		return
+	}
 	items, perr := writtenItems(op, body, r.keyAttr)
 	if !r.admit(op, items, perr != nil) {
 		writeError(w, throughputExceededType, throughputExceededMsg)
@@ -346,6 +439,11 @@ func (r *Relay) Stats() Stats {
 		Windows:          make([]Window, 0, len(r.windows)),
 		Hottest:          r.hottest,
 		HottestForwarded: r.hottestFwd,
+		Latency:          r.latency.summary(),
+		OpLatency:        make(map[string]Latency, len(r.opLatency)),
+	}
+	for op, h := range r.opLatency {
+		s.OpLatency[op] = h.summary()
 	}
 	for op, st := range r.ops {
 		s.Ops[op] = *st
@@ -374,6 +472,8 @@ func (r *Relay) ResetStats() {
 	clear(r.windows)
 	r.windows = r.windows[:0]
 	r.hottest, r.hottestFwd = Peak{}, Peak{}
+	r.latency = histogram{}
+	clear(r.opLatency)
 }
 
 // writeError answers as DynamoDB answers a client error.

@@ -1,11 +1,13 @@
 package ddbrelay_test
 
 import (
+	"context"
 	"encoding/json"
 	"hash/crc32"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -366,9 +368,177 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}{
 		{"127.0.0.1:8000", 1, `target "127.0.0.1:8000"`},
 		{"http://127.0.0.1:8000", -1, "WritesPerItemPerSecond -1"},
+		{"http://127.0.0.1:8000", -2, "Jitter -1ns"},
 	} {
-		if _, err := ddbrelay.New(tc.target, ddbrelay.Options{WritesPerItemPerSecond: tc.budget}); err == nil || !strings.Contains(err.Error(), tc.want) {
+		o := ddbrelay.Options{WritesPerItemPerSecond: tc.budget}
+		if tc.budget == -2 {
+			o = ddbrelay.Options{Jitter: -1}
+		}
+		if _, err := ddbrelay.New(tc.target, o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%q, %d) error %v, want one naming %s", tc.target, tc.budget, err, tc.want)
 		}
+	}
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// fakeSleep records each wait and advances the clock by it instead of waiting.
+type fakeSleep struct {
+	c     *clock
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (f *fakeSleep) Sleep(_ context.Context, d time.Duration) error {
+	f.mu.Lock()
+	f.waits = append(f.waits, d)
+	f.mu.Unlock()
+	f.c.Add(d)
+	return nil
+}
+
+func TestDelayPlusJitterOnEveryCallSeededAndMeasured(t *testing.T) {
+	const delay, jitter, calls = 10 * time.Millisecond, 20 * time.Millisecond, 400
+	run := func(seed uint64) (*ddbrelay.Relay, []time.Duration) {
+		f := newFakeServer(t)
+		c := &clock{t: t0}
+		fs := &fakeSleep{c: c}
+		r, err := ddbrelay.New(f.URL, ddbrelay.Options{Now: c.Now, Delay: delay, Jitter: jitter, Seed: seed, Sleep: fs.Sleep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(r)
+		defer srv.Close()
+		for i := range calls {
+			op := "UpdateItem"
+			if i%4 == 0 {
+				op = "GetItem"
+			}
+			if code, _, _ := post(t, srv.URL, op, update); code != http.StatusOK {
+				t.Fatalf("call %d: status %d, want 200", i, code)
+			}
+		}
+		if n := len(f.received()); n != calls {
+			t.Fatalf("server got %d calls, want %d", n, calls)
+		}
+		return r, fs.waits
+	}
+	r, waits := run(7)
+	if len(waits) != calls {
+		t.Fatalf("got %d waits, want one per call (%d)", len(waits), calls)
+	}
+	lo, hi := waits[0], waits[0]
+	for _, d := range waits {
+		if d < delay || d > delay+jitter {
+			t.Fatalf("a wait of %v, want within [%v, %v]", d, delay, delay+jitter)
+		}
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	// Uniform over 20 ms: 400 draws all within the lowest or highest 2 ms has probability ~0.
+	if lo > delay+2*time.Millisecond || hi < delay+jitter-2*time.Millisecond {
+		t.Errorf("waits spread over [%v, %v], want the whole [%v, %v]", lo, hi, delay, delay+jitter)
+	}
+	if _, again := run(7); !slices.Equal(again, waits) {
+		t.Errorf("seed 7 twice gave different waits")
+	}
+	if _, other := run(8); slices.Equal(other, waits) {
+		t.Errorf("seeds 7 and 8 gave the same waits")
+	}
+
+	// The fake server answers in no (fake) time, so each answer took exactly its wait.
+	sorted := slices.Clone(waits)
+	slices.Sort(sorted)
+	st := r.Stats()
+	near := func(what string, got, want time.Duration) {
+		t.Helper()
+		if diff := (got - want).Abs(); float64(diff) > float64(want)/64 {
+			t.Errorf("%s got %v, want %v within 1/64", what, got, want)
+		}
+	}
+	if st.Latency.Count != calls || st.Latency.Max != sorted[calls-1] {
+		t.Errorf("latency got %+v, want %d calls, max %v", st.Latency, calls, sorted[calls-1])
+	}
+	near("p50", st.Latency.P50, sorted[calls/2-1])
+	near("p99", st.Latency.P99, sorted[calls*99/100-1])
+	var perOp []time.Duration
+	for i, d := range waits {
+		if i%4 == 0 {
+			perOp = append(perOp, d)
+		}
+	}
+	slices.Sort(perOp)
+	get := st.OpLatency["GetItem"]
+	if get.Count != calls/4 || get.Max != perOp[len(perOp)-1] {
+		t.Errorf("GetItem latency got %+v, want %d calls, max %v", get, calls/4, perOp[len(perOp)-1])
+	}
+	near("GetItem p50", get.P50, perOp[len(perOp)/2-1])
+	if st.OpLatency["UpdateItem"].Count != calls*3/4 {
+		t.Errorf("UpdateItem latency got %+v, want %d calls", st.OpLatency["UpdateItem"], calls*3/4)
+	}
+	r.ResetStats()
+	if st := r.Stats(); st.Latency != (ddbrelay.Latency{}) || len(st.OpLatency) != 0 {
+		t.Errorf("after ResetStats latency got %+v %v, want none", st.Latency, st.OpLatency)
+	}
+}
+
+func TestThrottledCallsAreDelayedToo(t *testing.T) {
+	f := newFakeServer(t)
+	c := &clock{t: t0}
+	fs := &fakeSleep{c: c}
+	r, err := ddbrelay.New(f.URL, ddbrelay.Options{WritesPerItemPerSecond: 1, Now: c.Now, Delay: 300 * time.Millisecond, Sleep: fs.Sleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	post(t, srv.URL, "UpdateItem", update)
+	if code, _, _ := post(t, srv.URL, "UpdateItem", update); code != http.StatusBadRequest {
+		t.Fatalf("second write in the window: status %d, want 400", code)
+	}
+	if st := r.Stats(); st.Latency.Count != 2 || st.Latency.P50 != 300*time.Millisecond || st.Latency.Max != 300*time.Millisecond {
+		t.Errorf("latency got %+v, want 2 calls of exactly 300ms", st.Latency)
+	}
+}
+
+func TestDelayIsRealAndACallerThatLeavesIsNotForwarded(t *testing.T) {
+	f := newFakeServer(t)
+	r, err := ddbrelay.New(f.URL, ddbrelay.Options{Delay: 40 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	start := time.Now()
+	post(t, srv.URL, "GetItem", update)
+	if el := time.Since(start); el < 40*time.Millisecond {
+		t.Errorf("a call took %v, want at least the 40ms delay", el)
+	}
+	if st := r.Stats(); st.Latency.Max < 40*time.Millisecond {
+		t.Errorf("relay's latency got %+v, want at least 40ms", st.Latency)
+	}
+
+	slow, err := ddbrelay.New(f.URL, ddbrelay.Options{Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ssrv := httptest.NewServer(slow)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ssrv.URL, strings.NewReader(update))
+	req.Header.Set("X-Amz-Target", "DynamoDB_20120810.UpdateItem")
+	if res, err := http.DefaultClient.Do(req); err == nil {
+		res.Body.Close()
+		t.Fatalf("a call delayed an hour answered %d within 50ms", res.StatusCode)
+	}
+	ssrv.Close() // waits for the handler
+	if n := len(f.received()); n != 1 {
+		t.Errorf("server got %d calls, want 1 (the abandoned one must not be forwarded)", n)
+	}
+	if st := slow.Stats(); st.Latency.Count != 1 || st.Writes.Attempted() != 0 {
+		t.Errorf("abandoned call: latency %+v, writes %+v; want it timed and not counted as a write", st.Latency, st.Writes)
 	}
 }
