@@ -37,6 +37,14 @@
 // seeded with Options.Seed, so a run can be repeated. Stats reports the answer times the relay
 // saw (Latency, per operation and overall): the store's latency as its clients see it.
 //
+// # Faults
+//
+// Options.Faults injects faults, per operation and per item kind, at configurable rates drawn
+// from the same seeded RNG: a response dropped after the call was applied (so the SDK retries a
+// write that landed), a call delivered twice, a connection reset before forwarding, an extra
+// delay, and a throttle the server never saw. Stats.Faults counts each kind injected. A call
+// gets at most one fault.
+//
 // The body is forwarded byte for byte, so a SigV4 signature stays valid (DynamoDB Local ignores
 // it anyway).
 package ddbrelay
@@ -87,6 +95,8 @@ type Options struct {
 	// Seed seeds the relay's random choices (the jitter), so a run can be repeated. (Optional;
 	// default 0, itself a seed.)
 	Seed uint64
+	// Faults are the faults to inject, tried in order for each call (see Fault). (Optional.)
+	Faults []Fault
 	// Sleep waits d or until ctx is done, whichever comes first. (Optional; default a timer.)
 	// Tests hand in one that advances their clock.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -169,6 +179,9 @@ type Stats struct {
 	Latency Latency
 	// OpLatency is Latency per operation, e.g. "UpdateItem".
 	OpLatency map[string]Latency
+	// Faults counts the faults injected, by kind (see Options.Faults). A call that drew
+	// FaultThrottle or FaultReset was not forwarded and counts in Ops[op].Requests only.
+	Faults map[FaultKind]int64
 }
 
 // Relay is an http.Handler that forwards to a DynamoDB-API server and throttles writes over
@@ -183,10 +196,14 @@ type Relay struct {
 	jitter  time.Duration
 	sleep   func(context.Context, time.Duration) error
 
+	faults       []Fault
+	faultsByItem bool // some rule matches items: calls must be parsed for them
+
 	rngMu sync.Mutex
 	rng   *rand.Rand
 
 	mu           sync.Mutex
+	faultCounts  map[FaultKind]int64
 	latency      histogram
 	opLatency    map[string]*histogram
 	total        Count
@@ -226,6 +243,17 @@ func New(target string, o Options) (*Relay, error) {
 		rng:       rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)),
 		ops:       make(map[string]*OpStats),
 		opLatency: make(map[string]*histogram),
+		faults:    append([]Fault(nil), o.Faults...),
+
+		faultCounts: make(map[FaultKind]int64),
+	}
+	for i, f := range r.faults {
+		if err := f.validate(i); err != nil {
+			return nil, err
+		}
+		if f.Item != nil {
+			r.faultsByItem = true
+		}
 	}
 	if r.sleep == nil {
 		r.sleep = sleepCtx
@@ -283,10 +311,19 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	req.ContentLength = int64(len(body))
-	if d := r.wait(); d > 0 {
+	d := r.wait()
+	f := r.pickFault(op, body)
+	if f != nil && f.Kind == FaultDelay {
+		d += f.Delay
+	}
+	if d > 0 {
 		if err := r.sleep(req.Context(), d); err != nil {
 			return // the client went away; nothing to answer
 		}
+	}
+	if f != nil {
+		r.inject(w, req, op, body, f)
+		return
 	}
 	r.serve(w, req, op, body)
 }
@@ -445,6 +482,10 @@ func (r *Relay) Stats() Stats {
 	for op, h := range r.opLatency {
 		s.OpLatency[op] = h.summary()
 	}
+	s.Faults = make(map[FaultKind]int64, len(r.faultCounts))
+	for k, n := range r.faultCounts {
+		s.Faults[k] = n
+	}
 	for op, st := range r.ops {
 		s.Ops[op] = *st
 	}
@@ -474,6 +515,7 @@ func (r *Relay) ResetStats() {
 	r.hottest, r.hottestFwd = Peak{}, Peak{}
 	r.latency = histogram{}
 	clear(r.opLatency)
+	clear(r.faultCounts)
 }
 
 // writeError answers as DynamoDB answers a client error.
