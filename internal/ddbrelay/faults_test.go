@@ -232,4 +232,3 @@ func TestNewRejectsBadFaults(t *testing.T) {
 		}
 	}
 }
-
