@@ -126,14 +126,16 @@ func TestQuotaCost(t *testing.T) {
 // under the same conditions as one of cost 1, and never more than was counted.
 func TestRefundsGiveTheWholeCost(t *testing.T) {
 	now := t0.UnixNano()
-	// Token bucket, T = 100ms: a cost-3 charge added 300ms; it can be refunded until at+300ms.
+	// Token bucket, T = 100ms: a cost-3 charge added 300ms; while nothing wrote since, all of it
+	// comes back; after another write, none.
 	token := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 5}
 	tat, _ := bucket.GCRAN(0, now, token, 3)
-	if got, ok := bucket.GCRARefundN(tat, now, now+int64(ms(250)), token, 3); !ok || got != now {
-		t.Errorf("token refund within 3T: got %v %v, want %d true", got, ok, now)
+	if got, ok := bucket.GCRARefundN(tat, tat, token, 3); !ok || got != now {
+		t.Errorf("token refund with nothing written since: got %v %v, want %d true", got, ok, now)
 	}
-	if _, ok := bucket.GCRARefundN(tat, now, now+int64(ms(300)), token, 3); ok {
-		t.Errorf("token refund at 3T: got true, want false (the bucket may have refilled)")
+	later, _ := bucket.GCRAN(tat, now+int64(ms(250)), token, 1)
+	if _, ok := bucket.GCRARefundN(later, tat, token, 3); ok {
+		t.Errorf("token refund after another write: got true, want false")
 	}
 	quota := bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Day}
 	s, _ := bucket.QuotaN(bucket.FixedState{}, now, quota, 4)

@@ -235,6 +235,7 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		}
 		next := gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
 		if r.Allowed {
+			r.Token = gcraToken(next)
 			evicted = storeAt(&sh.shard, &sh.gcra, i, existed, &c.Key, &next, now)
 		}
 	case FixedWindow, Quota:
@@ -431,6 +432,9 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending, r *Result
 		}
 		p.existed = ok
 		p.tat = gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
+		if r.Allowed {
+			r.Token = gcraToken(p.tat)
+		}
 	case FixedWindow, Quota:
 		s, ok := sh.fixed.get(&c.Key)
 		if prev != nil {
@@ -633,7 +637,7 @@ func (sh *shard) release(tk *Taken, now int64) {
 	switch c.Limit.Algorithm {
 	case TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
-			sh.gcra.slots[i].st, _ = GCRARefundN(sh.gcra.slots[i].st, tk.At.UnixNano(), now, c.Limit, c.N())
+			sh.gcra.slots[i].st, _ = GCRARefundN(sh.gcra.slots[i].st, int64(tk.Token), c.Limit, c.N())
 		}
 	case FixedWindow:
 		if i, ok := sh.fixed.find(&c.Key); ok {
@@ -650,6 +654,12 @@ func (sh *shard) release(tk *Taken, now int64) {
 		}
 	}
 }
+
+// gcraToken is the Result.Token of an admitted GCRA charge: the tat its write left, which
+// GCRARefundN compares with the state to tell whether anything wrote since. A tat is positive for
+// instants after 1970 and below 2^63 (see maxSpan), so the top bit stays clear for the fallback
+// store's mark; an earlier instant's tat gives 0, "unknown", and its give-back gives nothing.
+func gcraToken(tat int64) uint64 { return uint64(max(tat, 0)) }
 
 // concStored is added to a concurrency key's in-flight count in its table: the table marks an
 // empty slot with the zero state, and a key with nothing in flight stays stored (until a

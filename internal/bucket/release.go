@@ -41,28 +41,33 @@ func concurrentTo(inflight, count int64, r *Result) bool {
 // releases must not push it below).
 func ConcurrentRelease(inflight int64) int64 { return max(inflight-1, 0) }
 
-// GCRARefund undoes one token-bucket charge taken at instant at (Unix ns) on a bucket whose
-// state is now tat, at instant now. It reports false, and changes nothing, when it cannot be
-// sure that the charge still weighs on tat: once now reaches at+T the bucket may have been
-// idle in between (every charge before now-T refilled) and a later request may have started
-// it afresh, so taking T off then could admit one request more than the limit. Before at+T the
-// charge keeps tat >= at+T (exact refunds of other charges cannot take away what this one
-// added), so the bucket cannot have been idle since at, and tat-T is exactly the state without
-// the charge. Leaky-bucket charges are never refunded: their request was held for its turn.
-func GCRARefund(tat, at, now int64, l Limit) (int64, bool) { return GCRARefundN(tat, at, now, l, 1) }
+// GCRARefund gives back one token-bucket charge (see GCRARefundN).
+func GCRARefund(tat, left int64, l Limit) (int64, bool) { return GCRARefundN(tat, left, l, 1) }
 
-// GCRARefundN is GCRARefund for a charge of cost n, which added n*T: the same reasoning holds
-// until at+n*T.
-func GCRARefundN(tat, at, now int64, l Limit, n int64) (int64, bool) {
-	if l.Algorithm != TokenBucket {
+// GCRARefundN gives back a token-bucket charge of cost n to a bucket whose state is now tat. left is the state the charge's own write left (the tat it set: the memory
+// store hands it out as Result.Token), 0 when unknown. It returns the new state and whether the
+// charge was given back: exactly when tat still equals left, i.e. nothing wrote to the bucket
+// since the charge (or everything that wrote since was given back the same way), and then
+// tat-n*T is the state the bucket would have had without the charge.
+//
+// Otherwise nothing is given back. A token bucket forgets idle time (every write sets
+// tat = max(tat, t)+c*T), so a later write that found the bucket without the charge idle, or
+// nearly so, has already absorbed part of it: what is still owed shrinks with every such write
+// (d = min(d, max(0, tat_before-t)) from d = n*T), and the state does not record the writes'
+// instants. A partial give-back computed from left and now looked safe for one give-back but is
+// not once give-backs of earlier charges interleave (the give-back adversary of buckettest found
+// histories where it admitted one request too many), so this gives back all or nothing.
+// docs/algorithms.md ("Give-backs") has the proof. Leaky-bucket charges are never given back:
+// their request was held for its turn.
+//
+// It needs no instant: an exact give-back is exact whenever it comes (once the bucket is idle
+// it changes nothing that matters).
+func GCRARefundN(tat, left int64, l Limit, n int64) (int64, bool) {
+	if l.Algorithm != TokenBucket || left <= 0 || tat != left {
 		return tat, false
 	}
 	t, _ := GCRAParams(l)
-	nt := spend(t, n)
-	if now-at >= nt || tat-nt < at {
-		return tat, false
-	}
-	return tat - nt, true
+	return tat - spend(t, n), true
 }
 
 // FixedRefund undoes one fixed-window charge taken at instant at, if its window is still the

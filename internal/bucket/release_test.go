@@ -52,18 +52,18 @@ func TestGCRARefundSteps(t *testing.T) {
 		name    string
 		l       bucket.Limit
 		tat     int64
-		now     time.Duration // after at
+		left    int64 // what the charge's write left
 		wantTat int64
 		wantOK  bool
 	}{
-		{"within T", l, at + 3*T, ms(50), at + 2*T, true},
-		{"just before T", l, at + 3*T, ms(100) - 1, at + 2*T, true},
-		{"at T: may have refilled", l, at + 3*T, ms(100), at + 3*T, false},
-		{"clock stepped back", l, at + 3*T, -ms(10), at + 2*T, true},
-		{"tat below the charge (evicted and restarted)", l, at + T/2, ms(10), at + T/2, false},
-		{"leaky bucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 10, Burst: 3}, at + 3*T, ms(10), at + 3*T, false},
+		{"nothing wrote since", l, at + 3*T, at + 3*T, at + 2*T, true},
+		{"nothing wrote since, bucket long idle", l, at + T, at + T, at, true},
+		{"a later write", l, at + 3*T, at + 2*T, at + 3*T, false},
+		{"state below the charge's (given back, evicted)", l, at + T/2, at + T, at + T/2, false},
+		{"unknown (token 0)", l, at + 3*T, 0, at + 3*T, false},
+		{"leaky bucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 10, Burst: 3}, at + 3*T, at + 3*T, at + 3*T, false},
 	} {
-		got, ok := bucket.GCRARefund(tc.tat, at, at+tc.now.Nanoseconds(), tc.l)
+		got, ok := bucket.GCRARefund(tc.tat, tc.left, tc.l)
 		if got != tc.wantTat || ok != tc.wantOK {
 			t.Errorf("%s: got tat=at%+d ok=%v, want at%+d %v", tc.name, got-at, ok, tc.wantTat-at, tc.wantOK)
 		}

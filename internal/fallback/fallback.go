@@ -268,8 +268,9 @@ func (s *Store) takeLocal(ctx context.Context, now time.Time, charges []bucket.C
 	}
 	admitted, err := s.local.Take(context.WithoutCancel(ctx), now, divided, results)
 	for i := range charges {
-		// Release must give these back to the local store, not to the primary.
-		results[i].Token = localToken
+		// Release must give these back to the local store, not to the primary, with the
+		// local store's own token (a GCRA write's tat, below 2^63).
+		results[i].Token |= localToken
 	}
 	return admitted, err
 }
@@ -287,7 +288,7 @@ func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken
 	for _, tk := range taken {
 		if tk.Token&localToken != 0 {
 			tk.Charge.Limit = Divide(tk.Charge.Limit, s.replicas)
-			tk.Token = 0
+			tk.Token &^= localToken
 			local = append(local, tk)
 		} else {
 			primary = append(primary, tk)
