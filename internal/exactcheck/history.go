@@ -127,7 +127,9 @@ func prepare(ds []Decision) ([]Decision, []int64) {
 	return s, u
 }
 
-func rank(ends []int64, e int64) int { return sort.Search(len(ends), func(i int) bool { return ends[i] >= e }) }
+func rank(ends []int64, e int64) int {
+	return sort.Search(len(ends), func(i int) bool { return ends[i] >= e })
+}
 
 // checkGCRA: for every t1 = a Start and t2 = an End, the cost of the decisions with Start >= t1
 // and End <= t2, less Rate x (t2 - t1), against Burst + Rate x Skew. Decisions are added in
