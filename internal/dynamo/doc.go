@@ -144,7 +144,7 @@
 //	pk = K#q<start>    count (N)                        ttl   calendar quota period starting at <start> Unix ns
 //	pk = K#c           count (N)          l<id> (N)     ttl   concurrency slots taken, one l<id> lease expiry per slot (see concurrency.go)
 //	pk = K#g#l<i>      tat (N)            since (N)     ttl   shard i of a leased token bucket
-//	pk = K#w<start>#l<i> count (N)                      ttl   shard i of a leased fixed window
+//	pk = K#w<start>#l<i> count (N)        r<id> (N)     ttl   shard i of a leased fixed window; r<id>: a Store's last give-back (see lease_giveback.go)
 //
 // since is the instant of the last write that found the bucket idle; sealed marks a closed
 // slot whose count is final (its item exists, without count, when the slot had no request).

@@ -2,6 +2,7 @@ package dynamo
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,11 @@ type leasePools struct {
 	stop       chan struct{} // closed by close: stops the sweeper
 	started    bool          // the sweeper is running
 	wg         sync.WaitGroup
+
+	// marker is the attribute of a window's item that holds giveSeq of this Store's last
+	// give-back applied to it (see refundGrant): r and a random id, one per Store.
+	marker  string
+	giveSeq atomic.Int64
 }
 
 type leaseKey struct {
@@ -52,7 +58,10 @@ func newLeasePools(s *Store, now func() time.Time) *leasePools {
 	if now == nil {
 		now = time.Now
 	}
-	return &leasePools{s: s, now: now, pools: make(map[leaseKey]*pool), stop: make(chan struct{})}
+	return &leasePools{
+		s: s, now: now, pools: make(map[leaseKey]*pool), stop: make(chan struct{}),
+		marker: fmt.Sprintf("r%016x", rand.Uint64()),
+	}
 }
 
 // pool is the lease state of one bucket on this Store.
@@ -66,14 +75,18 @@ type pool struct {
 	ttl, horizon int64
 	home         int // the shard tried first
 
-	mu       sync.Mutex
-	shards   []shard
-	grants   []grant // live, in the order they were taken
-	units    int64   // unspent units of grants
-	renewing bool
-	done     chan struct{} // closed when the renewal in flight ends
-	waiting  int64         // requests waiting for that renewal
-	err      error         // the last renewal's error, for the requests that waited for it
+	// giveMu makes the pool's give-backs serial, so that their markers reach an item in order.
+	giveMu sync.Mutex
+
+	mu        sync.Mutex
+	forgotten bool // removed from ls.pools by the sweeper: a request that found it looks again
+	shards    []shard
+	grants    []grant // live, in the order they were taken
+	units     int64   // unspent units of grants
+	renewing  bool
+	done      chan struct{} // closed when the renewal in flight ends
+	waiting   int64         // requests waiting for that renewal
+	err       error         // the last renewal's error, for the requests that waited for it
 	// emptyUntil: no shard had a unit to lease before this instant (the last renewal found all
 	// of them empty); requests until then are rejected here.
 	emptyUntil int64
@@ -157,6 +170,12 @@ func newPool(ls *leasePools, k leaseKey, n int64) *pool {
 		}
 	}
 	return p
+}
+
+// hold adds d to the units the pool holds unspent (the caller holds p.mu).
+func (p *pool) hold(d int64) {
+	p.units += d
+	p.ls.s.m.leaseHeld.Add(float64(d))
 }
 
 // usable reports whether the pool can lease at all (a token bucket too small for its TTL is

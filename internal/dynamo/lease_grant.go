@@ -7,14 +7,13 @@ import (
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 )
 
 // Grants: the conditional write that takes units from one shard, and the grant it yields.
 
-// leaseShard leasePools from shard i: want units if the shard has that many, else all it has if
-// that is at least half of want (a smaller lease would cost a write for a few requests; they are
-// rejected until that much has refilled instead, which is no loss while the demand exceeds the
-// rate). nil, nil: the shard is empty until its emptyUntil.
+// leaseShard leases from shard i: want units if the shard has that many, else all it has if that
+// is at least p.least(want). nil, nil: the shard is empty until its emptyUntil.
 func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*grant, error) {
 	p.mu.Lock()
 	sh := p.shards[i]
@@ -25,7 +24,7 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*gr
 		f = n + max(0, min(shift, sh.tauL-want*sh.t))
 	}
 	pk := p.itemKey(i, n)
-	least := max(1, want/2)
+	least := p.least(want)
 	// What the shard holds as far as we know picks the first form; a failed condition tells
 	// what it holds, and the next form fits that.
 	avail := sh.known(p, n)
@@ -48,7 +47,11 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*gr
 	}
 	for round := 0; round < 3; round++ {
 		fm := p.leaseForm(&sh, n, f, want, least, avail)
-		out, err := p.ls.s.updateItem(ctx, opLease, pk, fm.u, fm.rv)
+		// Sent once (noRetry): a lease write is not idempotent (form (b) and a window's ADD take
+		// again; form (a) and a drain fail their condition and the units are lost), so the
+		// SDK must not re-send one whose answer was lost. A throttled write was not applied and
+		// is retried (updateItem).
+		out, err := p.ls.s.updateItem(ctx, opLease, pk, fm.u, fm.rv, noRetry)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
@@ -65,6 +68,11 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*gr
 			return nil, nil
 		default:
 			p.ls.s.m.errors.WithLabelValues(opLease).Inc()
+			if !answered(err) {
+				// It may have been applied: up to what it asked for is held by no one until
+				// its places pass or the window ends.
+				p.ls.s.m.leaseUnits.WithLabelValues(unitsUnanswered).Add(float64(fm.most()))
+			}
 			return nil, fmt.Errorf("update %s: %w", pk, err)
 		}
 	}
@@ -88,8 +96,24 @@ type form struct {
 	rv    types.ReturnValue
 	drain bool  // took everything up to target: units = target - old (ALL_OLD)
 	m     int64 // otherwise: exactly m units (ALL_NEW)
-	// target is where a drain leaves tat (GCRA) or the count (window).
-	target int64
+	// target is where a drain leaves tat (GCRA) or the count (window); want the most it takes.
+	target, want int64
+}
+
+// most is the most units f can take.
+func (f form) most() int64 {
+	if f.drain {
+		return f.want
+	}
+	return f.m
+}
+
+// answered reports whether err is DynamoDB's own answer (the call was decided: a failed
+// condition, throttling, a validation error), rather than a transport error or a deadline, after
+// which the call may or may not have been applied.
+func answered(err error) bool {
+	var ae smithy.APIError
+	return errors.As(err, &ae)
 }
 
 // unknown marks a shard whose content is not known.
@@ -136,7 +160,7 @@ func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64) form {
 			return form{u: leaseGCRA(n, f, sh.t, sh.tauL, want, sh.tat >= f), rv: types.ReturnValueAllNew, m: want}
 		}
 		target := sh.tat + (n+sh.tauL-sh.tat)/sh.t*sh.t
-		return form{drain: true, target: target, rv: types.ReturnValueAllOld, u: update{
+		return form{drain: true, target: target, want: want, rv: types.ReturnValueAllOld, u: update{
 			expr:   "SET #tat = :target, #ttl = :ttl",
 			cond:   "#tat >= :floor AND #tat <= :most AND #tat >= :fewest",
 			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
@@ -147,7 +171,7 @@ func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64) form {
 	if !drain {
 		return form{u: countWrite(sh.count, want, ttl, false), rv: types.ReturnValueAllNew, m: want}
 	}
-	return form{drain: true, target: sh.count, rv: types.ReturnValueAllOld, u: update{
+	return form{drain: true, target: sh.count, want: want, rv: types.ReturnValueAllOld, u: update{
 		expr:   "SET #count = :target, #ttl = :ttl",
 		cond:   "#count <= :most AND #count >= :fewest",
 		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},

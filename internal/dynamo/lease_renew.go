@@ -71,7 +71,7 @@ func (p *pool) renew(ctx context.Context, n, want, shift int64) {
 		p.ls.s.m.leases.WithLabelValues(leaseEmpty).Inc()
 	default:
 		p.grants = append(p.grants, *g)
-		p.units += g.units
+		p.hold(g.units)
 		p.emptyUntil, p.fails = 0, 0
 		p.ls.s.m.leases.WithLabelValues(leaseGranted).Inc()
 		p.ls.s.m.leaseUnits.WithLabelValues(unitsLeased).Add(float64(g.units))
@@ -83,7 +83,7 @@ func (p *pool) renew(ctx context.Context, n, want, shift int64) {
 // lease makes the conditional writes of one renewal. A nil grant and nil error mean every shard
 // is empty; then p.emptyUntil says until when.
 func (p *pool) lease(ctx context.Context, n, want, shift int64) (*grant, error) {
-	least := max(1, want/2)
+	least := p.least(want)
 	// The home shard first, then at most one other that may have room, picked at random:
 	// replicas spread over the shards and stay, so that a shard is polled by few of them, and a
 	// replica whose own shard ran dry while others have room still moves.

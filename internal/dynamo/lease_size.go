@@ -71,6 +71,19 @@ func (p *pool) lifetime(n int64) int64 {
 	return max(p.shards[p.home].tat-n, 0) + p.ttl
 }
 
+// least is the fewest units a lease of want takes from a shard. A token bucket's: half of want:
+// a smaller lease would cost a write for a few requests, and what a shard lacks refills, so
+// they are rejected until that much has, which loses nothing while demand exceeds the rate. A
+// window's: one. Nothing refills a window before it ends, so a remainder smaller than half a
+// lease (units given back late, a window's last few) would otherwise never be leased again and
+// stay stranded for the rest of the window.
+func (p *pool) least(want int64) int64 {
+	if !p.gcra {
+		return 1
+	}
+	return max(1, want/2)
+}
+
 // capacity is the most one lease can take from the smallest shard.
 func (p *pool) capacity() int64 {
 	sh := &p.shards[len(p.shards)-1]

@@ -22,7 +22,7 @@ func (p *pool) expire(n int64) {
 		case g.expires >= n:
 			keep = append(keep, g)
 		case g.units > 0:
-			p.units -= g.units
+			p.hold(-g.units)
 			p.refundLater(g)
 		}
 	}
@@ -59,15 +59,18 @@ func (ls *leasePools) sweep(n int64) {
 		if idle && p.units > 0 {
 			p.releaseAll()
 		}
-		forget := n-p.lastUse > leaseIdle*max(p.ttl, int64(time.Second)) && len(p.grants) == 0 && !p.renewing
-		p.mu.Unlock()
-		if forget {
+		if n-p.lastUse > leaseIdle*max(p.ttl, int64(time.Second)) && len(p.grants) == 0 && !p.renewing {
+			// Marked under p.mu, so that a request that found the pool before it was removed
+			// (and waits for p.mu) looks again rather than lease into a pool nobody sweeps
+			// or closes any more. p.mu before ls.mu, as in startRenewal.
+			p.forgotten = true
 			ls.mu.Lock()
 			if ls.pools[p.key] == p {
 				delete(ls.pools, p.key)
 			}
 			ls.mu.Unlock()
 		}
+		p.mu.Unlock()
 	}
 }
 
@@ -84,12 +87,14 @@ func (ls *leasePools) list() []*pool {
 
 // releaseAll takes every grant out of the pool and gives its units back (the caller holds p.mu).
 func (p *pool) releaseAll() {
+	var gs []grant
 	for _, g := range p.grants {
 		if g.units > 0 {
-			p.units -= g.units
-			p.refundLater(g)
+			p.hold(-g.units)
+			gs = append(gs, g)
 		}
 	}
+	p.refundLater(gs...)
 	clear(p.grants)
 	p.grants = p.grants[:0]
 }
@@ -106,6 +111,20 @@ func (ls *leasePools) close(ctx context.Context) error {
 	close(ls.stop)
 	ls.mu.Unlock()
 	pools := ls.list() // complete: no pool is created once closed
+	// Renewals in flight first (no new one starts once closed): their grants join the pools',
+	// so that each pool's grants go back newest first (see refundLater).
+	for _, p := range pools {
+		p.mu.Lock()
+		done := p.done
+		renewing := p.renewing
+		p.mu.Unlock()
+		if renewing {
+			select {
+			case <-done:
+			case <-ctx.Done():
+			}
+		}
+	}
 	for _, p := range pools {
 		p.mu.Lock()
 		p.releaseAll()
@@ -121,15 +140,14 @@ func (ls *leasePools) close(ctx context.Context) error {
 		for _, p := range pools {
 			p.mu.Lock()
 			grants := p.grants
-			p.grants, p.units = nil, 0
+			p.grants = nil
+			p.hold(-p.units)
 			p.mu.Unlock()
-			for _, g := range grants {
-				if g.units > 0 {
-					rctx, cancel := context.WithTimeout(context.Background(), refundTimeout)
-					p.refundGrant(rctx, g)
-					cancel()
-				}
+			rctx, cancel := context.WithTimeout(context.Background(), refundTimeout)
+			for i := len(grants) - 1; i >= 0; i-- { // newest first, as refundLater
+				p.refundGrant(rctx, grants[i])
 			}
+			cancel()
 		}
 		close(done)
 	}()

@@ -31,17 +31,25 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			ls.s.m.leaseLocal.Observe(time.Since(start).Seconds())
 		}
 	}()
-	p, err := ls.pool(o.c, n)
-	if err == nil && !p.usable() {
-		err = fmt.Errorf("lease: %s has no room for a lease TTL", o.c.Key)
-	}
-	if err != nil {
-		o.err = fmt.Errorf("dynamo: %w", err)
-		return
+	var p *pool
+	for {
+		var err error
+		p, err = ls.pool(o.c, n)
+		if err == nil && !p.usable() {
+			err = fmt.Errorf("lease: %s has no room for a lease TTL", o.c.Key)
+		}
+		if err != nil {
+			o.err = fmt.Errorf("dynamo: %w", err)
+			return
+		}
+		p.mu.Lock()
+		if !p.forgotten {
+			break
+		}
+		p.mu.Unlock() // the sweeper removed it meanwhile: a new one takes its place
 	}
 	o.pool = p
 	cost := o.c.N()
-	p.mu.Lock()
 	p.arrivals += cost
 	p.lastUse = max(p.lastUse, n)
 	if cost > p.capacity() {
@@ -155,6 +163,9 @@ func (ls *leasePools) takeLocal(o *op, n int64) bool {
 	cost := o.c.N()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.forgotten {
+		return false
+	}
 	p.arrivals += cost
 	p.lastUse = max(p.lastUse, n)
 	p.expire(n)
@@ -200,7 +211,7 @@ func (p *pool) spend(n, k int64) (int64, []taken, bool) {
 		}
 		u := min(g.units, k)
 		g.units -= u
-		p.units -= u
+		p.hold(-u)
 		k -= u
 		s = max(s, g.at)
 		from = append(from, taken{g.id, u})
@@ -210,18 +221,28 @@ func (p *pool) spend(n, k int64) (int64, []taken, bool) {
 
 // giveBack returns units that spend took, when the group they were part of was rejected: they
 // were never used, so each grant may spend them again. Only to its own grant: another may expire
-// later than a unit may be held. A grant already expired keeps them (lost, which is stricter).
+// later than a unit may be held. A grant already expired (or given back) keeps them: they are lost,
+// which is stricter, and counted expired, so that every unit leased is accounted for.
 func (p *pool) giveBack(from []taken, n int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var lost int64
 	for _, t := range from {
+		found := false
 		for i := range p.grants {
 			if g := &p.grants[i]; g.id == t.grant && n <= g.expires {
 				g.units += t.units
-				p.units += t.units
+				p.hold(t.units)
+				found = true
 				break
 			}
 		}
+		if !found {
+			lost += t.units
+		}
+	}
+	if lost > 0 {
+		p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(lost))
 	}
 }
 

@@ -34,6 +34,10 @@ const (
 	unitsSpent    = "spent"    // admitted requests
 	unitsRefunded = "refunded" // given back to the table unspent
 	unitsExpired  = "expired"  // unspent and not given back: capacity the pool lost
+	// unitsUnanswered is not part of leased: the units a lease write asked for whose answer
+	// never came (a lost connection, a timeout). It may have taken them; held by no one, they
+	// come back as their places pass (token bucket) or when the window ends.
+	unitsUnanswered = "unanswered"
 )
 
 type metrics struct {
@@ -44,6 +48,7 @@ type metrics struct {
 	leases           *prometheus.CounterVec
 	leaseLocal       prometheus.Histogram
 	leaseUnits       *prometheus.CounterVec
+	leaseHeld        prometheus.Gauge
 	throttled        *prometheus.CounterVec
 }
 
@@ -79,8 +84,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		leaseUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_dynamodb_lease_units_total",
-			Help: "Units of leased capacity, by outcome (leased from the table, spent by admitted requests, refunded unspent, expired unspent: capacity the pool lost).",
+			Help: "Units of leased capacity, by outcome (leased from the table, spent by admitted requests, refunded unspent, expired unspent: capacity the pool lost; unanswered: asked for by a lease write whose answer never came, not part of leased).",
 		}, []string{"outcome"}),
+		leaseHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_dynamodb_lease_units_held",
+			Help: "Units this replica holds in live leases, unspent. Leased = spent + refunded + expired + held, up to the units of decisions in progress.",
+		}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_dynamodb_throttled_total",
 			Help: "DynamoDB calls throttled (ProvisionedThroughputExceeded, ThrottlingException, RequestLimitExceeded), by operation; each is retried with backoff within the decision's deadline.",
@@ -98,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{leaseGranted, leaseEmpty, leaseError} {
 		m.leases.WithLabelValues(r)
 	}
-	for _, o := range []string{unitsLeased, unitsSpent, unitsRefunded, unitsExpired} {
+	for _, o := range []string{unitsLeased, unitsSpent, unitsRefunded, unitsExpired, unitsUnanswered} {
 		m.leaseUnits.WithLabelValues(o)
 	}
 	if reg != nil {
@@ -110,6 +119,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.leases = register(reg, m.leases)
 		m.leaseLocal = register(reg, m.leaseLocal)
 		m.leaseUnits = register(reg, m.leaseUnits)
+		m.leaseHeld = register(reg, m.leaseHeld)
 		m.throttled = register(reg, m.throttled)
 	}
 	return m

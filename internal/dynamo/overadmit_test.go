@@ -105,6 +105,9 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		holds = hasTat && hasSince && since == val(":since")
 	case "attribute_exists(#count)":
 		holds = hasCnt
+	case "attribute_exists(#count) AND (attribute_not_exists(#r) OR #r < :seq)": // a lease's window units given back
+		r, hasR := item[in.ExpressionAttributeNames["#r"]]
+		holds = hasCnt && (!hasR || r < val(":seq"))
 	case "attribute_not_exists(#tat) OR #tat < :floor": // a lease from a bucket idle at its floor
 		holds = !hasTat || tat < val(":floor")
 	case "#tat >= :floor AND #tat <= :last": // a lease from a bucket past its floor
@@ -171,6 +174,9 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		out["count"] = memNum(item["count"])
 	case "ADD #count :minus":
 		item["count"] += val(":minus")
+	case "ADD #count :minus SET #r = :seq":
+		item["count"] += val(":minus")
+		item[in.ExpressionAttributeNames["#r"]] = val(":seq")
 	case "SET #sealed = :true, #ttl = if_not_exists(#ttl, :ttl)":
 		item["sealed"] = 1
 		out["sealed"] = &types.AttributeValueMemberBOOL{Value: true}

@@ -344,6 +344,8 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 		}
 	}
 	if admitted, decided, err := s.takeSlots(ctx, ops, n); decided {
+		// Decided here means refused (or failed): the leased units the group took go back.
+		giveBack(ops)
 		for i := range ops {
 			results[i] = ops[i].result
 		}
