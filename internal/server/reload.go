@@ -54,6 +54,9 @@ type input struct {
 	path  string // as written in the config: policy resolves it against the working directory
 	sum   [sha256.Size]byte
 	ok    bool // the file was readable; an unreadable file never compares equal
+	// folder marks a folder input (rls.config_dir): sum digests the names and contents of the
+	// configuration files in it, and every entry of it matters to the watcher.
+	folder bool
 }
 
 // NewReloader loads and compiles path; it fails when the file is invalid, so a process never
@@ -146,7 +149,34 @@ func referencedFiles(cfg *policy.Config) []input {
 		add("tls.key_file", t.KeyFile)
 		add("tls.client_ca_file", t.ClientCAFile)
 	}
+	if r := cfg.RLS; r != nil && r.ConfigDir != "" {
+		out = append(out, folderInput("rls.config_dir", r.ConfigDir))
+	}
 	return out
+}
+
+// folderInput digests the configuration files of dir as policy reads them (names and
+// contents), so that adding, removing or editing one is a change and anything else is not.
+func folderInput(field, dir string) input {
+	in := input{field: field, path: dir, folder: true}
+	names, err := policy.RLSFiles(dir)
+	if err != nil {
+		return in
+	}
+	h := sha256.New()
+	for _, name := range names {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			return in
+		}
+		sum := sha256.Sum256(data)
+		h.Write([]byte(name))
+		h.Write([]byte{0})
+		h.Write(sum[:])
+	}
+	h.Sum(in.sum[:0])
+	in.ok = true
+	return in
 }
 
 // changedInputs names the inputs of cur that differ from old (a field, or "config" for the file
@@ -242,7 +272,17 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("log", old.Log != cur.Log)
 	// The files of the tls block reload; switching TLS on or off changes the listener.
 	add("tls", (old.TLS == nil) != (cur.TLS == nil))
+	// rls.config_dir and its files reload; the service's port and answer shape do not.
+	add("rls", rlsRestartFields(old.RLS) != rlsRestartFields(cur.RLS))
 	return out
+}
+
+// rlsRestartFields are the rls fields a reload cannot apply; the zero value without an rls block.
+func rlsRestartFields(r *policy.RLSConfig) policy.RLSConfig {
+	if r == nil {
+		return policy.RLSConfig{}
+	}
+	return policy.RLSConfig{Listen: r.Listen, ResponseHeaders: r.ResponseHeaders, ShadowMode: r.ShadowMode}
 }
 
 // watchSet is what the watcher reacts to: the config file and the files the last parsed config
@@ -255,6 +295,10 @@ func (r *Reloader) watchSet() *watchSet {
 	s := newWatchSet()
 	s.addFile(r.path)
 	for _, in := range r.refs {
+		if in.folder {
+			s.addFolder(in.path)
+			continue
+		}
 		s.addFile(in.path)
 	}
 	return s

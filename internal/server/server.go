@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -87,6 +88,9 @@ func Run(ctx context.Context, o Options) error {
 		}
 		return err
 	}
+	// Without upstream the gateway serves Envoy's rate limit service alone (validation
+	// guarantees the rls block then): no proxy handler, no proxy listener.
+	proxyOn := cfg.Upstream != ""
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return fmt.Errorf("upstream: %w", err)
@@ -104,24 +108,28 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err // validated already; only an environment changed since then gets here
 	}
-	handler, err := proxy.New(proxy.Options{
-		Upstream:            upstream,
-		Policies:            rl.Current,
-		Limiter:             st,
-		Backend:             cfg.Store.Backend,
-		OnError:             onError,
-		StoreTimeout:        cfg.Store.Timeout,
-		UpstreamTimeout:     cfg.UpstreamTimeout,
-		GRPCUpstreamTimeout: cfg.GRPCUpstreamTimeout,
-		UpstreamProtocol:    upProto,
-		Logger:              log,
-		AccessLog:           cfg.Log.Access,
-		Pseudonyms:          pseudonyms,
-		Metrics:             proxy.NewMetrics(reg),
-		Now:                 o.Now, // nil: time.Now, and the store timer's start doubles as the instant
-	})
-	if err != nil {
-		return fmt.Errorf("proxy: %w", err)
+	var handler http.Handler
+	if proxyOn {
+		h, err := proxy.New(proxy.Options{
+			Upstream:            upstream,
+			Policies:            rl.Current,
+			Limiter:             st,
+			Backend:             cfg.Store.Backend,
+			OnError:             onError,
+			StoreTimeout:        cfg.Store.Timeout,
+			UpstreamTimeout:     cfg.UpstreamTimeout,
+			GRPCUpstreamTimeout: cfg.GRPCUpstreamTimeout,
+			UpstreamProtocol:    upProto,
+			Logger:              log,
+			AccessLog:           cfg.Log.Access,
+			Pseudonyms:          pseudonyms,
+			Metrics:             proxy.NewMetrics(reg),
+			Now:                 o.Now, // nil: time.Now, and the store timer's start doubles as the instant
+		})
+		if err != nil {
+			return fmt.Errorf("proxy: %w", err)
+		}
+		handler = h
 	}
 
 	if ctx.Err() != nil { // stopped while the store was being built
@@ -129,22 +137,51 @@ func Run(ctx context.Context, o Options) error {
 		return nil
 	}
 	lc := net.ListenConfig{}
-	pl, err := lc.Listen(ctx, "tcp", cfg.Listen)
-	if err != nil {
-		if stopped(ctx, err) {
-			log.Info("shut down before serving")
-			return nil
+	var pl net.Listener // nil without a proxy
+	if proxyOn {
+		pl, err = lc.Listen(ctx, "tcp", cfg.Listen)
+		if err != nil {
+			if stopped(ctx, err) {
+				log.Info("shut down before serving")
+				return nil
+			}
+			return fmt.Errorf("listen: %w", err)
 		}
-		return fmt.Errorf("listen: %w", err)
+	}
+	closeListeners := func(ls ...net.Listener) {
+		for _, l := range ls {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
 	}
 	al, err := lc.Listen(ctx, "tcp", cfg.AdminListen)
 	if err != nil {
-		_ = pl.Close()
+		closeListeners(pl)
 		return fmt.Errorf("admin_listen: %w", err)
+	}
+	var tc *tlsConfigs
+	if cfg.TLS != nil {
+		tc = &tlsConfigs{material: func() *policy.TLSMaterial { return rl.Set().TLS() }}
+	}
+	var rlsSrv *rlsServer
+	if cfg.RLS != nil {
+		var rlsTLS *tls.Config
+		if tc != nil {
+			rlsTLS = tc.serverTLS() // the tls block's certificate, rotated on reload like the proxy's
+		}
+		rlsSrv, err = newRLS(ctx, cfg, rl, st, reg, log, o.Now, rlsTLS)
+		if err != nil {
+			closeListeners(pl, al)
+			return err
+		}
 	}
 	conns, err := newConnTracker(reg)
 	if err != nil {
-		_, _ = pl.Close(), al.Close()
+		closeListeners(pl, al)
+		if rlsSrv != nil {
+			rlsSrv.srv.Stop()
+		}
 		return fmt.Errorf("register connection metrics: %w", err)
 	}
 	errLog, _ := zap.NewStdLogAt(log.Named("http"), zapcore.WarnLevel)
@@ -175,8 +212,7 @@ func Run(ctx context.Context, o Options) error {
 		ErrorLog:          errLog,
 	}
 
-	if cfg.TLS != nil {
-		tc := &tlsConfigs{material: func() *policy.TLSMaterial { return rl.Set().TLS() }}
+	if tc != nil {
 		proxySrv.TLSConfig = tc.serverTLS()
 	}
 
@@ -186,9 +222,14 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		log.Error("config watcher not started; SIGHUP still reloads", zap.Error(err))
 	}
-	errc := make(chan error, 2)
-	go func() { errc <- serve(proxySrv, pl) }()
+	errc := make(chan error, 3)
+	if proxyOn {
+		go func() { errc <- serve(proxySrv, pl) }()
+	}
 	go func() { errc <- serve(adminSrv, al) }()
+	if rlsSrv != nil {
+		go func() { errc <- rlsSrv.serve() }()
+	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -209,23 +250,34 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}()
 
-	log.Info("ratelimit-proxy serving",
-		zap.String("listen", pl.Addr().String()),
-		zap.String("admin_listen", al.Addr().String()),
-		zap.String("upstream", upstream.Redacted()),
+	fields := []zap.Field{zap.String("admin_listen", al.Addr().String())}
+	var proxyAddr net.Addr
+	if proxyOn {
+		proxyAddr = pl.Addr()
+		fields = append(fields, zap.String("listen", proxyAddr.String()), zap.String("upstream", upstream.Redacted()),
+			zap.Int("policies", len(rl.Set().Policies())))
+	}
+	if rlsSrv != nil {
+		fields = append(fields, zap.String("rls_listen", rlsSrv.l.Addr().String()), zap.Int("rls_rules", rl.Set().RLS().Len()),
+			zap.Strings("rls_domains", rl.Set().RLS().Domains()))
+	}
+	fields = append(fields,
 		zap.String("store", cfg.Store.Backend),
 		zap.Bool("tls", cfg.TLS != nil),
-		zap.Int("policies", len(rl.Set().Policies())),
 		zap.Int("gogc", gcPercent),
 		zap.Int64("memory_limit_bytes", memLimit))
+	log.Info("ratelimit-proxy serving", fields...)
 	if o.Ready != nil {
-		o.Ready(pl.Addr(), al.Addr())
+		o.Ready(proxyAddr, al.Addr())
 	}
 
 	var runErr error
 	select {
 	case <-ctx.Done():
 		draining.Store(true)
+		if rlsSrv != nil {
+			rlsSrv.notServing() // the gRPC health service says so, as /readyz does
+		}
 		if d := cfg.Server.ShutdownDelay; d > 0 {
 			// Lame duck: /readyz says 503 while the proxy still serves, so that whoever routes
 			// to this replica stops before its listener closes and refuses connections.
@@ -248,11 +300,20 @@ func Run(ctx context.Context, o Options) error {
 
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.Server.DrainTimeout)
 	defer cancel()
-	// The proxy drains first: the admin port keeps answering /metrics and /readyz while it does.
+	// The proxy and the rate limit service drain first: the admin port keeps answering
+	// /metrics and /readyz while they do.
+	rlsDrained := make(chan struct{})
+	go func() {
+		defer close(rlsDrained)
+		if rlsSrv != nil {
+			rlsSrv.drain(drainCtx)
+		}
+	}()
 	if err := proxySrv.Shutdown(drainCtx); err != nil {
 		log.Warn("drain timeout reached; closing remaining connections", zap.Error(err))
 		_ = proxySrv.Close()
 	}
+	<-rlsDrained
 	// Leased capacity this replica did not spend goes back to the shared pool, so the other
 	// replicas can use it at once rather than after the leases' TTL.
 	closeCtx, cancelClose := context.WithTimeout(context.Background(), closeStoreTimeout)

@@ -1,0 +1,429 @@
+// Package rls serves Envoy's rate limit service, envoy.service.ratelimit.v3.RateLimitService,
+// on the gateway's engine: it matches each descriptor of a ShouldRateLimit call against the
+// rules compiled from rls.config_dir (policy.RLSRules), turns the matches into one group of
+// bucket charges and asks the same bucket.Store as the proxy. It never imports the proxy.
+//
+// A call is one group: when any enforced descriptor is over its limit the answer is OVER_LIMIT
+// and nothing is consumed from the call's other descriptors (envoyproxy/ratelimit goes on
+// counting them). docs/envoy.md describes the protocol as served.
+package rls
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+// OnError is what a call gets when the store cannot decide.
+type OnError uint8
+
+const (
+	// Allow answers OK: the request passes (fail open).
+	Allow OnError = iota
+	// Deny answers the gRPC status UNAVAILABLE, which Envoy treats as a failed call: with the
+	// filter's failure_mode_deny it rejects the request, without it lets it pass.
+	Deny
+)
+
+// Bounds of a call: a request past them is malformed (INVALID_ARGUMENT), not a workload.
+const (
+	maxDescriptors = 256
+	maxEntries     = 64
+)
+
+// Options configure a Service.
+type Options struct {
+	// Rules returns the rules in force; called once per call. (Required)
+	Rules func() *policy.RLSRules
+	// Store decides the charges. (Required) When it is a bucket.Releaser, checks that consume
+	// nothing (hits_addend 0) are given back; otherwise they are refused as INVALID_ARGUMENT.
+	Store bucket.Store
+	// Backend labels the store metrics (memory, dynamodb).
+	Backend string
+	// OnError applies when the store fails (on_error local never fails: the store decides).
+	OnError OnError
+	// StoreTimeout bounds each call's store time (store.timeout); a call whose deadline is
+	// nearer gets less, so that Envoy has the answer before it gives up. (Required)
+	StoreTimeout time.Duration
+	// Headers are the response headers answered.
+	Headers Headers
+	// ShadowMode answers OK to every call, counting as usual.
+	ShadowMode bool
+	// Metrics receives the counts. (Required)
+	Metrics *Metrics
+	// Logger logs store failures; never descriptor values. nil means no logs.
+	Logger *zap.Logger
+	// Now is the clock. nil means time.Now.
+	Now func() time.Time
+}
+
+// Service implements pb.RateLimitServiceServer. Safe for concurrent use.
+type Service struct {
+	pb.UnimplementedRateLimitServiceServer
+	o       Options
+	release bucket.Releaser // nil when the store cannot give back
+	store   *storeCounters
+	scratch sync.Pool // *call
+}
+
+// New returns a Service.
+func New(o Options) (*Service, error) {
+	if o.Rules == nil || o.Store == nil || o.Metrics == nil || o.StoreTimeout <= 0 {
+		return nil, errors.New("rls: Rules, Store, Metrics and StoreTimeout are required")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	s := &Service{o: o, store: o.Metrics.store(o.Backend)}
+	s.release, _ = o.Store.(bucket.Releaser)
+	s.scratch.New = func() any { return new(call) }
+	return s, nil
+}
+
+// call is the scratch space of one call, pooled.
+type call struct {
+	entries []policy.RLSEntry // all descriptors' entries, back to back
+	bounds  []int             // descriptor i's entries are entries[bounds[i]:bounds[i+1]]
+	matches []policy.RLSMatch
+	kinds   []uint8 // per descriptor: what applies
+	charges []bucket.Charge
+	results []bucket.Result
+	of      []int  // charges[j] is for descriptor of[j]
+	probe   []bool // charges[j] is a hits_addend 0 check
+	views   []limitView
+	taken   []bucket.Taken
+}
+
+// What applies to a descriptor.
+const (
+	kindNone      uint8 = iota // no rule (or replaced): OK, no limit
+	kindRule                   // a rule with a limit
+	kindUnlimited              // an unlimited rule: OK without the store
+	kindOverride               // the descriptor's own limit
+)
+
+func (c *call) reset(n int) {
+	c.entries, c.bounds, c.charges, c.of, c.probe, c.views, c.taken = c.entries[:0], c.bounds[:0], c.charges[:0], c.of[:0], c.probe[:0], c.views[:0], c.taken[:0]
+	if cap(c.matches) < n {
+		c.matches = make([]policy.RLSMatch, n)
+	}
+	c.matches = c.matches[:n]
+	if cap(c.kinds) < n {
+		c.kinds = make([]uint8, n)
+	}
+	c.kinds = c.kinds[:n]
+	clear(c.kinds)
+}
+
+func (c *call) entriesOf(i int) []policy.RLSEntry { return c.entries[c.bounds[i]:c.bounds[i+1]] }
+
+// ShouldRateLimit implements pb.RateLimitServiceServer.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	start := time.Now()
+	defer func() { s.o.Metrics.callDuration.Observe(time.Since(start).Seconds()) }()
+	now := s.o.Now()
+	rules := s.o.Rules()
+	dom := rules.Domain(req.GetDomain())
+	domCalls := s.o.Metrics.callCounters("")
+	if dom != nil {
+		domCalls = s.o.Metrics.callCounters(dom.Name)
+	}
+	if err := validRequest(req, s.release != nil); err != nil {
+		domCalls[callInvalid].Inc()
+		return nil, err
+	}
+	n := len(req.Descriptors)
+	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, n)}
+	statuses := make([]pb.RateLimitResponse_DescriptorStatus, n) // one allocation for all
+	for i := range resp.Statuses {
+		statuses[i].Code = pb.RateLimitResponse_OK
+		resp.Statuses[i] = &statuses[i]
+	}
+	if dom == nil {
+		// As envoyproxy/ratelimit: a domain without rules limits nothing.
+		domCalls[callUnmatched].Inc()
+		return resp, nil
+	}
+
+	c := s.scratch.Get().(*call)
+	defer s.scratch.Put(c)
+	c.reset(n)
+	for _, d := range req.Descriptors {
+		c.bounds = append(c.bounds, len(c.entries))
+		for _, e := range d.GetEntries() {
+			c.entries = append(c.entries, policy.RLSEntry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+	}
+	c.bounds = append(c.bounds, len(c.entries))
+
+	// Match every descriptor, then drop the rules that another matched rule replaces.
+	var replacing map[string]struct{}
+	for i, d := range req.Descriptors {
+		if d.GetLimit() != nil {
+			c.kinds[i] = kindOverride
+			continue
+		}
+		r := dom.Match(c.entriesOf(i), &c.matches[i])
+		if r == nil {
+			continue
+		}
+		c.kinds[i] = kindRule
+		if r.Unlimited {
+			c.kinds[i] = kindUnlimited
+		}
+		for _, name := range r.Replaces {
+			if replacing == nil {
+				replacing = make(map[string]struct{})
+			}
+			replacing[name] = struct{}{}
+		}
+	}
+	for i := range c.kinds {
+		if r := c.matches[i].Rule; c.kinds[i] == kindRule && r.Name != "" {
+			if _, ok := replacing[r.Name]; ok {
+				c.kinds[i] = kindNone
+			}
+		}
+	}
+
+	// One charge per limited descriptor.
+	for i, d := range req.Descriptors {
+		es := c.entriesOf(i)
+		var ch bucket.Charge
+		var view limitView
+		switch c.kinds[i] {
+		case kindNone:
+			continue
+		case kindUnlimited:
+			statuses[i].LimitRemaining = math.MaxUint32
+			continue
+		case kindOverride:
+			o := d.GetLimit()
+			l, _ := policy.OverrideLimit(o.GetRequestsPerUnit(), policy.RLSUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
+			ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l}
+			view = limitView{name: policy.OverrideLabel(dom.Name, es), limit: l}
+			view.metric = view.name
+			statuses[i].CurrentLimit = &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: pb.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()}
+		case kindRule:
+			m := &c.matches[i]
+			r := m.Rule
+			ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease}
+			// Headers name the rule by its static label; metrics by m.Label, which holds
+			// values where the rule asks for them (detailed_metric, value_to_metric).
+			view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: r.Limit, shadow: r.Shadow}
+			cl := &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(r.Unit)}
+			if r.UnitMultiplier > 1 {
+				cl.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
+			}
+			statuses[i].CurrentLimit = cl
+		}
+		hits := uint64(max(req.GetHitsAddend(), 1))
+		if h := d.GetHitsAddend(); h != nil {
+			hits = h.GetValue() // replaces the call's, 0 included
+		}
+		probe := hits == 0
+		if probe {
+			// A check that consumes nothing: take one, refundable (never cached as a denial),
+			// straight from the item (no lease), and give it back once the call is decided.
+			ch.Cost, ch.Refundable, ch.Lease = 1, true, bucket.Lease{}
+		} else {
+			// More than the limit holds never conforms; clamping keeps the arithmetic small.
+			ch.Cost = int64(min(hits, uint64(capacity(ch.Limit))+1))
+		}
+		c.charges = append(c.charges, ch)
+		c.of = append(c.of, i)
+		c.probe = append(c.probe, probe)
+		c.views = append(c.views, view)
+	}
+	if len(c.charges) == 0 {
+		domCalls[callUnmatched].Inc()
+		return resp, nil
+	}
+
+	if cap(c.results) < len(c.charges) {
+		c.results = make([]bucket.Result, len(c.charges))
+	}
+	c.results = c.results[:len(c.charges)]
+	clear(c.results)
+	admitted, err := s.take(ctx, now, c.charges, c.results)
+	if err != nil {
+		if s.o.OnError == Deny {
+			domCalls[callStoreErrorDenied].Inc()
+			return nil, status.Error(codes.Unavailable, "rate limit store unavailable")
+		}
+		// Fail open: OK, and no limit in the statuses, since none was decided.
+		domCalls[callStoreErrorAllowed].Inc()
+		for i := range statuses {
+			statuses[i].CurrentLimit, statuses[i].LimitRemaining = nil, 0
+		}
+		return resp, nil
+	}
+
+	pick, pickRemaining := -1, int64(math.MaxInt64)
+	for j := range c.charges {
+		ch, r, i := &c.charges[j], &c.results[j], c.of[j]
+		v := &c.views[j]
+		v.result = *r
+		remaining := r.Remaining
+		if r.Allowed && (c.probe[j] || !admitted) {
+			// Nothing of it stays spent: a check is given back, and a rejected call
+			// commits nothing.
+			remaining = min(remaining+ch.N(), r.Limit)
+		}
+		v.remaining = remaining
+		st := &statuses[i]
+		st.LimitRemaining = uint32(min(max(remaining, 0), math.MaxUint32))
+		reset := r.Reset
+		rc := s.o.Metrics.rule(v.metric)
+		switch {
+		case r.Allowed:
+			if admitted {
+				rc.allowed.Inc()
+			}
+		case ch.Shadow:
+			rc.shadowLimited.Inc()
+		default:
+			st.Code = pb.RateLimitResponse_OVER_LIMIT
+			v.over = true
+			reset = r.RetryAfter
+			rc.limited.Inc()
+		}
+		st.DurationUntilReset = durationpb.New(reset)
+		// The headers describe the enforced limit closest to rejecting: the first one over,
+		// else the one with the least remaining.
+		if !ch.Shadow && closer(v, remaining, pick, c.views, pickRemaining) {
+			pick, pickRemaining = j, remaining
+		}
+	}
+	if !admitted {
+		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		domCalls[callOverLimit].Inc()
+	} else {
+		domCalls[callOK].Inc()
+		s.giveBack(ctx, now, c)
+	}
+	if s.o.ShadowMode {
+		resp.OverallCode = pb.RateLimitResponse_OK
+	}
+	resp.ResponseHeadersToAdd = s.o.Headers.appendHeaders(resp.ResponseHeadersToAdd, now, c.views, pick)
+	return resp, nil
+}
+
+// take asks the store within the call's budget: store.timeout, or nine tenths of what is left
+// of the call's deadline when that is less, so that the answer (on_error's included) reaches
+// Envoy before it gives up on the call.
+func (s *Service) take(ctx context.Context, now time.Time, charges []bucket.Charge, results []bucket.Result) (bool, error) {
+	timeout := s.o.StoreTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl) * 9 / 10; left < timeout {
+			timeout = left
+		}
+	}
+	if timeout <= 0 {
+		s.store.timeout.Inc()
+		return false, context.DeadlineExceeded
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t0 := time.Now()
+	admitted, err := s.o.Store.Take(sctx, now, charges, results)
+	s.store.duration.Observe(time.Since(t0).Seconds())
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			s.store.timeout.Inc()
+		} else {
+			s.store.failure.Inc()
+		}
+		s.o.Logger.Debug("rls: store could not decide", zap.Error(err))
+	}
+	return admitted, err
+}
+
+// giveBack returns the checks (hits_addend 0) of an admitted call.
+func (s *Service) giveBack(ctx context.Context, now time.Time, c *call) {
+	c.taken = c.taken[:0]
+	for j := range c.charges {
+		if c.probe[j] && c.results[j].Allowed {
+			c.taken = append(c.taken, bucket.Taken{Charge: c.charges[j], At: now, Token: c.results[j].Token})
+		}
+	}
+	if len(c.taken) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.o.StoreTimeout)
+	defer cancel()
+	if err := s.release.Release(rctx, now, c.taken); err != nil {
+		s.o.Metrics.releaseErrors.Inc()
+		s.o.Logger.Warn("rls: a hits_addend 0 check was not given back (stricter until its window ends)", zap.Error(err))
+	}
+}
+
+// closer reports whether v (with remaining left) is closer to rejecting than views[pick].
+func closer(v *limitView, remaining int64, pick int, views []limitView, pickRemaining int64) bool {
+	if pick < 0 {
+		return true
+	}
+	if p := &views[pick]; v.over != p.over {
+		return v.over
+	}
+	return !v.over && remaining < pickRemaining
+}
+
+// capacity is the most one charge can take of l.
+func capacity(l bucket.Limit) int64 {
+	if l.Algorithm == bucket.TokenBucket {
+		return l.Burst
+	}
+	return l.Count
+}
+
+// validRequest checks what envoyproxy/ratelimit also refuses (an empty domain or descriptor
+// list), the bounds, overrides, and the hits that cannot be served.
+func validRequest(req *pb.RateLimitRequest, canGiveBack bool) error {
+	if req.GetDomain() == "" {
+		return status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	ds := req.GetDescriptors()
+	if len(ds) == 0 {
+		return status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	if len(ds) > maxDescriptors {
+		return status.Errorf(codes.InvalidArgument, "more than %d descriptors", maxDescriptors)
+	}
+	for _, d := range ds {
+		if len(d.GetEntries()) > maxEntries {
+			return status.Errorf(codes.InvalidArgument, "a descriptor with more than %d entries", maxEntries)
+		}
+		if d.GetIsNegativeHits() {
+			// Adding to a budget could admit more than the limit: the engine gives back only
+			// what it took.
+			return status.Error(codes.InvalidArgument, "is_negative_hits is not supported")
+		}
+		if o := d.GetLimit(); o != nil {
+			if _, ok := policy.OverrideLimit(o.GetRequestsPerUnit(), policy.RLSUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()); !ok {
+				return status.Error(codes.InvalidArgument, "descriptor limit override: unknown unit, or more than 1e9 requests or 366 days")
+			}
+		}
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() == 0 && !canGiveBack {
+			return status.Error(codes.InvalidArgument, "hits_addend 0 needs a store that gives charges back")
+		}
+	}
+	return nil
+}
+
+var _ pb.RateLimitServiceServer = (*Service)(nil)
