@@ -17,6 +17,42 @@ import (
 // still held by the ip limits but drain no other policy's pool.
 var ErrUnauthorized = errors.New("policy: invalid bearer token")
 
+// ErrBadRequest is returned (wrapped, by a *RequestError) by Set.Plan for a request that cannot
+// be judged unambiguously: the upstream might act on another identity or route than the one
+// the gateway would charge. Such a request is never forwarded; as with ErrUnauthorized, Plan
+// leaves in the Plan the charges of its matching ip policies only.
+var ErrBadRequest = errors.New("policy: ambiguous request")
+
+// RequestError says why Set.Plan refused a request (ErrBadRequest).
+type RequestError struct {
+	// Header is the canonical name of the identity header sent on several lines with
+	// different values; "" when the path has a "." or ".." segment.
+	Header string
+}
+
+func (e *RequestError) Error() string {
+	if e.Header == "" {
+		return "policy: the path has a dot segment"
+	}
+	return "policy: header " + e.Header + " has conflicting values"
+}
+
+// Unwrap makes errors.Is(err, ErrBadRequest) hold.
+func (e *RequestError) Unwrap() error { return ErrBadRequest }
+
+// Detail is the explanation for the client.
+func (e *RequestError) Detail() string {
+	if e.Header == "" {
+		return `The path has a "." or ".." segment, which servers resolve differently; send the resolved path.`
+	}
+	return "The header " + e.Header + " was sent several times with different values; send it once."
+}
+
+// errDotSegments is the RequestError of a path with a "." or ".." segment: upstreams disagree
+// on it (Express keeps it, nginx, Tomcat and Go's ServeMux resolve it; Tomcat's `..;` is a
+// known way past path-based rules), and clients resolve them before sending.
+var errDotSegments = &RequestError{}
+
 // ResetFormat says how X-RateLimit-Reset is written.
 type ResetFormat uint8
 
@@ -79,6 +115,10 @@ type Plan struct {
 
 	ip    [64]byte // the ip key value (netip text form) when the set has ip policies
 	ipLen uint8
+
+	route  []byte   // scratch space of the request's canonical paths
+	strip  []string // header names StripUnjudged removes
+	dedupe []string // header names sent on several equal lines: StripUnjudged keeps one
 }
 
 // Reset empties the plan, keeping its capacity and WantIdentity.
@@ -88,6 +128,25 @@ func (p *Plan) Reset() {
 	p.Values = p.Values[:0]
 	p.Identity = p.Identity[:0]
 	p.ipLen = 0
+	p.route = p.route[:0]
+	p.strip = p.strip[:0]
+	p.dedupe = p.dedupe[:0]
+}
+
+// StripUnjudged edits the headers of the request that Set.Plan planned into p, before it is
+// forwarded, so that the upstream receives only what was judged: it removes the user header
+// from a peer that is not trusted, the method-override headers with method_override strip,
+// and the underscore spellings of judged headers, and it reduces an identity header sent on
+// several equal lines to one line. A Plan filled by PlanFields edits nothing.
+func (p *Plan) StripUnjudged(h http.Header) {
+	for _, k := range p.strip {
+		delete(h, k)
+	}
+	for _, k := range p.dedupe {
+		if vs := h[k]; len(vs) > 1 {
+			h[k] = vs[:1:1]
+		}
+	}
 }
 
 // IdentityValue returns the value of p.Identity[i]; it allocates for the ip kind only.

@@ -41,6 +41,14 @@ type Config struct {
 	// is empty and rls is set: then there is no proxy, and no policies either.
 	Policies []PolicyConfig `mapstructure:"policies"`
 
+	// MethodOverride says what happens to the method-override headers (X-HTTP-Method-Override,
+	// X-HTTP-Method, X-Method-Override), which Express, Laravel, Symfony, Rails and ASP.NET
+	// Core can be set to honour, running the handler of the method named there: judge (the
+	// request is charged by the policies that match its method and those that match every
+	// method the headers name, each policy once) or strip (they are removed before forwarding;
+	// only the request's method is judged). (Optional) default judge.
+	MethodOverride string `mapstructure:"method_override"`
+
 	// --- Envoy's rate limit service (docs/envoy.md) ---
 
 	// RLS serves envoy.service.ratelimit.v3.RateLimitService on its own gRPC port, from
@@ -65,6 +73,12 @@ type RLSConfig struct {
 	// envoyproxy/ratelimit's SHADOW_MODE. (Optional) default false.
 	ShadowMode bool `mapstructure:"shadow_mode"`
 }
+
+// Values of method_override.
+const (
+	MethodOverrideJudge = "judge"
+	MethodOverrideStrip = "strip"
+)
 
 // IdentityConfig says where API keys and users come from.
 type IdentityConfig struct {
@@ -285,10 +299,20 @@ type CostConfig struct {
 	Cost int64 `mapstructure:"cost"`
 }
 
-// MatchConfig restricts a policy to some requests; empty matches everything.
+// MatchConfig restricts a policy to some requests; empty matches everything. Requests match by
+// their canonical method and path (docs/algorithms.md): methods and, unless PathCaseSensitive,
+// paths case-insensitively, `;` parameters and repeated slashes ignored, and a PathPrefix that
+// ends in '/' also matches the path without it.
 type MatchConfig struct {
-	Methods    []string `mapstructure:"methods"`
-	PathPrefix string   `mapstructure:"path_prefix"`
+	// Methods are upper-case HTTP methods; GET also matches HEAD. (Optional) default: any.
+	Methods []string `mapstructure:"methods"`
+	// PathPrefix starts with '/', without `;`, '\', repeated slashes, "." or ".." segments.
+	// (Optional) default: any path.
+	PathPrefix string `mapstructure:"path_prefix"`
+	// PathCaseSensitive matches PathPrefix (and the costs' path_prefix) in its case, for an
+	// upstream that routes /Files and /files to different handlers. (Optional) default false:
+	// case-insensitive, as Express and ASP.NET route, so that no spelling escapes the policy.
+	PathCaseSensitive bool `mapstructure:"path_case_sensitive"`
 }
 
 // OverrideConfig replaces a policy's limit for some keys, or exempts them.

@@ -63,6 +63,7 @@ var defaults = []struct {
 	{"log.level", "info"},
 	{"log.access", false},
 	{"log.pseudonym_secret_env", ""},
+	{"method_override", MethodOverrideJudge},
 }
 
 const (

@@ -69,8 +69,9 @@ func TestParseDefaults(t *testing.T) {
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second,
 			DrainTimeout: 30 * time.Second, MaxHeaderBytes: 65536, MaxConcurrentStreams: 250,
 		},
-		Log:      LogConfig{Level: "info"},
-		Policies: []PolicyConfig{{Name: "p", Key: "ip", Algorithm: "token_bucket", Rate: "1/s", Burst: 1, Mode: "enforce"}},
+		Log:            LogConfig{Level: "info"},
+		Policies:       []PolicyConfig{{Name: "p", Key: "ip", Algorithm: "token_bucket", Rate: "1/s", Burst: 1, Mode: "enforce"}},
+		MethodOverride: "judge",
 	}
 	if !reflect.DeepEqual(*cfg, want) {
 		t.Errorf("got  %+v\nwant %+v", *cfg, want)
@@ -253,13 +254,14 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_UPSTREAM_PROTOCOL", "RATELIMIT_SERVER_MAX_CONCURRENT_STREAMS",
 		"RATELIMIT_TLS_CERT_FILE", "RATELIMIT_TLS_KEY_FILE", "RATELIMIT_TLS_CLIENT_CA_FILE",
 		"RATELIMIT_RLS_LISTEN", "RATELIMIT_RLS_CONFIG_DIR", "RATELIMIT_RLS_RESPONSE_HEADERS", "RATELIMIT_RLS_SHADOW_MODE",
+		"RATELIMIT_METHOD_OVERRIDE",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 48 {
-		t.Errorf("got %d overrides, want 48: a new field needs a line above", len(got))
+	if len(got) != 49 {
+		t.Errorf("got %d overrides, want 49: a new field needs a line above", len(got))
 	}
 }
 

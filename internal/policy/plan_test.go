@@ -3,9 +3,11 @@ package policy
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -131,9 +133,14 @@ func TestPlanMatchingAndAbsentKeys(t *testing.T) {
 		{"user on POST /api/", newRequest("POST", "/api/orders", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
 		{"user on PUT /api/", newRequest("PUT", "/api/orders/1", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
 		{"POST outside the prefix", newRequest("POST", "/public/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
-		{"POST /api without slash", newRequest("POST", "/api", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
-		{"dot segments resolved", newRequest("POST", "/public/../api/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
-		{"double slash resolved", newRequest("POST", "//api//x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"POST /api without slash: /api/ matches /api", newRequest("POST", "/api", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"POST /apix is another path", newRequest("POST", "/apix", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
+		{"double slash merged", newRequest("POST", "//api//x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"path case folded", newRequest("POST", "/API/X", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"method case folded", newRequest("post", "/api/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"path parameters ignored", newRequest("POST", "/api;jsessionid=1/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"backslash is a slash", newRequest("POST", `/api\x`, "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"method override judged", newRequest("GET", "/api/x", "10.0.0.1:1", "X-User-Id", "alice", "X-HTTP-Method-Override", "put"), []string{"per-ip", "per-user-writes", "account"}},
 		{"escaped path decoded", newRequest("POST", "/%61pi/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
 		{"POST /api/ without user", newRequest("POST", "/api/x", "10.0.0.1:1"), []string{"per-ip", "account"}},
 		{"user header from an untrusted peer is ignored", newRequest("POST", "/api/orders", "192.0.2.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
@@ -489,39 +496,50 @@ func TestPlanIPv6Prefix(t *testing.T) {
 	}
 }
 
-// A key header sent on several lines is keyed by the lines joined with ", ", as many upstreams
-// join them, for api_key, header:NAME and the user header alike.
+// A key header sent on several lines with different values is refused (ErrBadRequest naming
+// it), and only the ip policies charge; the same value on several lines is that value, and
+// StripUnjudged leaves one line of it. For api_key, header:NAME and the user header alike.
 func TestPlanRepeatedKeyHeaders(t *testing.T) {
 	set := mustCompile(t, `upstream: http://h
 identity: {user_header: X-User-Id}
 policies:
+  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}
   - name: per-key
     key: api_key
     algorithm: token_bucket
     rate: 1/s
     burst: 1
-    overrides:
-      - {key: "`+sha256Key("throwaway-1, real-key")+`", burst: 3}
   - {name: per-tenant, key: 'header:X-Tenant', algorithm: token_bucket, rate: 1/s, burst: 1}
   - {name: per-user, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}
 `)
-	r := newRequest("GET", "/", "192.0.2.1:1",
-		"X-Api-Key", "throwaway-1", "X-Api-Key", "real-key",
-		"X-Tenant", "a", "X-Tenant", "b", "X-Tenant", "c",
-		"X-User-Id", "alice", "X-User-Id", "bob")
-	m := plan(t, set, r)
-	want := map[string]bucket.Key{
-		"per-key":    keyOf("per-key", "token_bucket", "api_key", "throwaway-1, real-key"),
-		"per-tenant": keyOf("per-tenant", "token_bucket", "header:x-tenant", "a, b, c"),
-		"per-user":   userKey("per-user", "token_bucket", "alice, bob"),
-	}
-	for name, k := range want {
-		if got := m[name].Key; got != k {
-			t.Errorf("%s: got key %s, want the joined value's %s", name, got, k)
+	for _, tc := range []struct{ header, a, b string }{
+		{"X-Api-Key", "k1", "junk"}, {"X-Tenant", "a", "b"}, {"X-User-Id", "alice", "bob"}, {"X-Api-Key", "", "k1"},
+	} {
+		var p Plan
+		err := set.Plan(newRequest("GET", "/", "192.0.2.1:1", tc.header, tc.a, tc.header, tc.b), &p)
+		var re *RequestError
+		if !errors.As(err, &re) || !errors.Is(err, ErrBadRequest) || re.Header != tc.header || !strings.Contains(re.Detail(), tc.header) {
+			t.Errorf("%s sent as %q and %q: got error %v, want a RequestError naming it", tc.header, tc.a, tc.b, err)
+		}
+		if len(p.Policies) != 1 || p.Policies[0].Name != "per-ip" {
+			t.Errorf("%s sent as %q and %q: got %d charges, want the ip policy's only", tc.header, tc.a, tc.b, len(p.Policies))
 		}
 	}
-	if got := m["per-key"].Limit.Burst; got != 3 {
-		t.Errorf("got burst %d, want the joined value's override 3", got)
+	r := newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "k1", "X-Api-Key", "k1", "X-Tenant", "t", "X-Tenant", "t", "X-Tenant", "t")
+	var p Plan
+	if err := set.Plan(r, &p); err != nil {
+		t.Fatal(err)
+	}
+	m := plan(t, set, r)
+	if got, want := m["per-key"].Key, keyOf("per-key", "token_bucket", "api_key", "k1"); got != want {
+		t.Errorf("X-Api-Key k1 twice: got key %s, want k1's %s", got, want)
+	}
+	p.StripUnjudged(r.Header)
+	if got := r.Header["X-Api-Key"]; len(got) != 1 || got[0] != "k1" {
+		t.Errorf("after StripUnjudged: got X-Api-Key %q, want one line k1", got)
+	}
+	if got := r.Header["X-Tenant"]; len(got) != 1 || got[0] != "t" {
+		t.Errorf("after StripUnjudged: got X-Tenant %q, want one line t", got)
 	}
 	// One line is keyed as it is.
 	one := plan(t, set, newRequest("GET", "/", "192.0.2.1:1", "X-Api-Key", "real-key"))
@@ -614,7 +632,9 @@ policies:
 		{"HEAD", "/export/all", 20},
 		{"POST", "/export/all", 2},
 		{"GET", "/other", 2},
-		{"POST", "/x/../search", 5}, // the cleaned path is matched too, as for match.path_prefix
+		{"post", "//SEARCH;x/q", 5}, // the canonical route is matched, as for match.path_prefix
+		{"GET", "/Export", 20},
+		{"GET", "/search/q", 3},
 	} {
 		if err := set.Plan(newRequest(tc.method, tc.path, "192.0.2.1:1", "X-Api-Key", "k"), &p); err != nil {
 			t.Fatal(err)

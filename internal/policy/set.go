@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,6 +39,11 @@ type Set struct {
 	ipv6Bits     int          // identity.ipv6_prefix: leading bits of an IPv6 client that key it
 	tls          *TLSMaterial // the tls block's files as loaded; nil without one
 	rls          *RLSRules    // rls.config_dir compiled; nil without an rls block
+
+	// What the upstream must receive exactly as judged (see judgeHeaders).
+	idHeaders     []string // canonical names of the api_key and header:NAME keys of the policies
+	stripOverride bool     // method_override: strip
+	anySensitive  bool     // some matcher has path_case_sensitive
 }
 
 // kindSource is one key kind that the set's policies use, for Plan.Identity.
@@ -53,10 +57,10 @@ type kindSource struct {
 type rule struct {
 	pol     *Policy
 	kind    keyKind
-	header  string     // canonical header name for api_key and header:NAME keys
-	methods []string   // empty: any method
-	prefix  string     // empty: any path
-	costs   []costRule // costs by route, first match wins; the policy's Cost otherwise
+	header  string      // canonical header name for api_key and header:NAME keys
+	methods methodSet   // 0: any method
+	path    pathMatcher // match.path_prefix; empty: any path
+	costs   []costRule  // costs by route, first match wins; the policy's Cost otherwise
 	// keyPrefix is `name 0x00 algorithm 0x00 key-kind 0x00`: the bucket key hashes it before
 	// the value, so two policies never share a bucket.
 	keyPrefix []byte
@@ -131,9 +135,9 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		ru := rule{
 			pol:       pol,
 			kind:      kind,
-			methods:   matchMethods(pc.Match.Methods),
-			costs:     costRules(pc.Costs),
-			prefix:    pc.Match.PathPrefix,
+			methods:   methodsOf(pc.Match.Methods),
+			costs:     costRules(pc.Costs, pc.Match.PathCaseSensitive),
+			path:      newPathMatcher(pc.Match.PathPrefix, pc.Match.PathCaseSensitive),
 			keyPrefix: keyPrefix(cfg, pc, alg, kind, hdr),
 		}
 		if kind == keyGlobal {
@@ -172,30 +176,52 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		if kind != keyGlobal && !slices.ContainsFunc(s.kinds, func(k kindSource) bool { return k.name == pol.KeyKind }) {
 			s.kinds = append(s.kinds, kindSource{name: pol.KeyKind, kind: kind, header: ru.header})
 		}
+		if ru.header != "" && !slices.Contains(s.idHeaders, ru.header) {
+			s.idHeaders = append(s.idHeaders, ru.header)
+		}
+		if pc.Match.PathCaseSensitive {
+			s.anySensitive = true
+		}
 	}
+	s.stripOverride = cfg.MethodOverride == MethodOverrideStrip
 	return s, nil
 }
 
 // costRule is one compiled entry of a policy's costs.
 type costRule struct {
-	methods []string // empty: any method
-	prefix  string   // empty: any path
+	methods methodSet   // 0: any method
+	path    pathMatcher // empty: any path
 	cost    int64
 }
 
-func costRules(cs []CostConfig) []costRule {
+// costRules compiles a policy's costs; their paths follow the policy's path_case_sensitive.
+func costRules(cs []CostConfig, sensitive bool) []costRule {
 	var out []costRule
 	for _, c := range cs {
-		out = append(out, costRule{methods: matchMethods(c.Methods), prefix: c.PathPrefix, cost: c.Cost})
+		out = append(out, costRule{methods: methodsOf(c.Methods), path: newPathMatcher(c.PathPrefix, sensitive), cost: c.Cost})
 	}
 	return out
 }
 
-// cost is what a request with this method and path spends of the rule's policy.
-func (ru *rule) cost(method, reqPath string) int64 {
+// cost is what a request spends of the rule's policy: the first cost entry that matches, else
+// the policy's cost. A request judged by several methods (method_override judge) spends the
+// most that any one of them would.
+func (ru *rule) cost(rt *route) int64 {
+	ms := rt.methods
+	if ms&(ms-1) == 0 {
+		return ru.costFor(ms, rt)
+	}
+	var c int64
+	for ; ms != 0; ms &= ms - 1 {
+		c = max(c, ru.costFor(ms&-ms, rt))
+	}
+	return c
+}
+
+func (ru *rule) costFor(m methodSet, rt *route) int64 {
 	for i := range ru.costs {
 		c := &ru.costs[i]
-		if (len(c.methods) == 0 || slices.Contains(c.methods, method)) && (c.prefix == "" || pathHasPrefix(reqPath, c.prefix)) {
+		if (c.methods == 0 || c.methods&m != 0) && c.path.match(rt) {
 			return c.cost
 		}
 	}
@@ -375,40 +401,67 @@ func ietfPolicy(p *Policy) string {
 // credentials: the upstream might act on another line than the one verified). With
 // identity.user_header the header is read only when trusted_proxies is empty or the request's
 // TCP peer (RemoteAddr) is one of them: from another peer the request has no user, exactly as
-// without the header.
+// without the header, and p.StripUnjudged removes the header before forwarding.
+//
+// The upstream gets what was judged. An identity header (the api_key header and the header of
+// every header:NAME key of the set, the user header when it is read) sent on several lines is
+// one value when the lines are equal (p.StripUnjudged leaves one line), and otherwise refused:
+// upstreams disagree on which line they read (Go's Header.Get and Java's getHeader the first,
+// Node and WSGI servers join them). Headers that CGI-style servers read as an identity or
+// method-override header (X_Api_Key for X-Api-Key) are removed by p.StripUnjudged.
 //
 // Errors. When the bearer token fails verification (or is ambiguous), Plan returns an error
-// wrapping ErrUnauthorized and leaves in p the charges, and Policies entries, of the request's
-// matching ip policies only. The caller takes those charges and answers 429 when they are over
-// their limit, else 401: so a flood of garbage tokens is still held by the ip limits, while the
-// api_key, user, header and global pools, which legitimate traffic shares, are not drained by
-// requests that never reach the upstream. On any other error p is empty.
+// wrapping ErrUnauthorized; when the request cannot be judged unambiguously (an identity header
+// with conflicting values, a path with a "." or ".." segment), one wrapping ErrBadRequest (a
+// *RequestError). Either way it leaves in p the charges, and Policies entries, of the
+// request's matching ip policies only. The caller takes those charges and answers 429 when they
+// are over their limit, else 401 or 400: so a flood of garbage tokens is still held by the ip
+// limits, while the api_key, user, header and global pools, which legitimate traffic shares,
+// are not drained by requests that never reach the upstream. On any other error p is empty.
 //
-// Matching. Policies whose match fails, or whose key the request lacks (no API key, no user, an
-// empty header), are skipped; ip and global keys are always present. An unlimited override
+// Matching. A request matches a policy by its canonical method and path (see CanonicalMethod
+// and CanonicalPath; docs/algorithms.md): methods case-insensitively, and with
+// method_override judge also by the methods its override headers name (each policy charged
+// at most once); paths case-insensitively unless the policy has path_case_sensitive, without
+// `;` parameters and repeated slashes, and a path_prefix ending in '/' also matches the path
+// without it. Policies whose match fails, or whose key the request lacks (no API key, no user,
+// an empty header), are skipped; ip and global keys are always present. An unlimited override
 // skips its policy. A policy whose match.methods lists GET also matches HEAD (see
 // matchMethods).
 //
 // Key values. A key's raw value, hashed into the bucket key and compared with sha256
-// overrides, is the header value as received (several lines of the header joined with ", ",
-// as most upstreams join them), the user id, or for ip keys: an IPv4 client's address text
-// (192.0.2.1; IPv4-mapped IPv6 clients are IPv4 ones), an IPv6 client's prefix of
+// overrides, is the header value as received, the user id, or for ip keys: an IPv4 client's
+// address text (192.0.2.1; IPv4-mapped IPv6 clients are IPv4 ones), an IPv6 client's prefix of
 // identity.ipv6_prefix bits in netip.Prefix text form (2001:db8:1:2::/64), or its address text
 // (2001:db8::1) when ipv6_prefix is 128. CIDR overrides still match the full client address. A
 // request whose RemoteAddr is no address (a Unix socket) has the empty ip value, so all such
 // requests share one ip bucket.
 //
-// Plan does not allocate for ip, api_key, global and header keys when p has capacity, except
-// for key values longer than about 200 bytes and headers sent on several lines.
+// Plan does not allocate for ip, api_key, global and header keys when p has capacity (a Plan
+// reused for many requests), except for key values longer than about 200 bytes.
 func (s *Set) Plan(r *http.Request, p *Plan) error {
 	p.Reset()
 	var peer netip.Addr
 	if s.needIP || (s.userHeader != "" && len(s.trusted) > 0) {
 		peer = peerAddr(r.RemoteAddr)
 	}
+	reqPath := ""
+	if r.URL != nil {
+		reqPath = r.URL.Path
+	}
+	rt, bad := s.route(r.Method, reqPath, r.Header, p)
+	// With trusted_proxies set, only they may speak for a user: a client that reaches the
+	// gateway directly would otherwise pick its own user id (rotating it to escape its limit,
+	// or naming someone else to drain theirs).
+	readUser := s.userHeader != "" && (len(s.trusted) == 0 || s.Trusted(peer))
+	if err := s.judgeHeaders(r.Header, readUser, p); err != nil && bad == nil {
+		bad = err
+	}
 	var user string
 	var authErr error // non-nil: only ip policies charge, and Plan returns ErrUnauthorized
-	if s.jwt != nil {
+	switch {
+	case bad != nil:
+	case s.jwt != nil:
 		tok, ok, err := bearerLines(r.Header["Authorization"])
 		switch {
 		case err != nil:
@@ -416,10 +469,7 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 		case ok:
 			user, authErr = s.jwt.user(tok)
 		}
-	} else if s.userHeader != "" && (len(s.trusted) == 0 || s.Trusted(peer)) {
-		// With trusted_proxies set, only they may speak for a user: a client that reaches the
-		// gateway directly would otherwise pick its own user id (rotating it to escape its
-		// limit, or naming someone else to drain theirs).
+	case readUser:
 		user = headerValue(r.Header, s.userHeader)
 	}
 
@@ -430,14 +480,132 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 		client = ClientIP(peer, r.Header, s.Trusted)
 		ipText = s.appendIPKey(ipBuf[:0], client)
 	}
-	reqPath := ""
-	if r.URL != nil {
-		reqPath = r.URL.Path
+	planRules(s, httpSource{r.Header}, &rt, ipText, client, user, bad != nil || authErr != nil, p)
+	if bad != nil {
+		return bad
 	}
-	planRules(s, httpSource{r.Header}, r.Method, reqPath, ipText, client, user, authErr != nil, p)
 	if authErr != nil {
 		return fmt.Errorf("%w: %w", ErrUnauthorized, authErr)
 	}
+	return nil
+}
+
+// route canonicalizes the request's method and path for matching, writing into p's buffer. It
+// returns errDotSegments for a path with a "." or ".." segment (its route is then the resolved
+// path's, for the ip policies).
+func (s *Set) route(method, reqPath string, h http.Header, p *Plan) (route, error) {
+	rt := route{methods: methodBit(method)}
+	if !s.stripOverride {
+		rt.methods |= overrideMethods(h)
+	}
+	var dots bool
+	rt.folded, dots = canonInto(&p.route, reqPath, true)
+	if s.anySensitive {
+		rt.exact, _ = canonInto(&p.route, reqPath, false)
+	}
+	if dots {
+		return rt, errDotSegments
+	}
+	return rt, nil
+}
+
+// judgeHeaders checks the request's identity headers (see Plan) and records in p what
+// StripUnjudged must remove or reduce before forwarding. readUser says whether the user header
+// is judged (read) or, from an untrusted peer, removed.
+func (s *Set) judgeHeaders(h http.Header, readUser bool, p *Plan) error {
+	var err error
+	for _, name := range s.idHeaders {
+		if e := judgeLines(h, name, p); e != nil && err == nil {
+			err = e
+		}
+	}
+	if s.userHeader != "" {
+		if readUser {
+			if e := judgeLines(h, s.userHeader, p); e != nil && err == nil {
+				err = e
+			}
+		} else if _, ok := h[s.userHeader]; ok {
+			p.strip = append(p.strip, s.userHeader)
+		}
+	}
+	if s.stripOverride {
+		for _, name := range overrideHeaders {
+			if _, ok := h[name]; ok {
+				p.strip = append(p.strip, name)
+			}
+		}
+	}
+	// CGI-style servers (WSGI, PHP, Rack) read X_Api_Key as HTTP_X_API_KEY, as they read
+	// X-Api-Key: a spelling with underscores would carry an identity (or method) past the
+	// judge. Net/http does not fold it, so it is looked for among the request's names.
+	for k := range h {
+		if strings.IndexByte(k, '_') >= 0 && s.underscoreSpelling(k) {
+			p.strip = append(p.strip, k)
+		}
+	}
+	return err
+}
+
+// underscoreSpelling reports whether k, a header name with '_', names a judged header with
+// '_' for '-' (in any case).
+func (s *Set) underscoreSpelling(k string) bool {
+	for _, name := range s.idHeaders {
+		if k != name && sameCGIName(k, name) {
+			return true
+		}
+	}
+	if s.userHeader != "" && k != s.userHeader && sameCGIName(k, s.userHeader) {
+		return true
+	}
+	for _, name := range overrideHeaders {
+		if sameCGIName(k, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameCGIName reports whether header names a and b are the same CGI variable: equal when
+// case is ignored and '_' is '-'.
+func sameCGIName(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == '_' {
+			x = '-'
+		}
+		if y == '_' {
+			y = '-'
+		}
+		if x != y && lowerASCII(x) != lowerASCII(y) {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// judgeLines accepts a header sent on several equal lines (StripUnjudged keeps one) and
+// refuses one whose lines differ.
+func judgeLines(h http.Header, name string, p *Plan) error {
+	vs := h[name]
+	if len(vs) < 2 {
+		return nil
+	}
+	for _, v := range vs[1:] {
+		if v != vs[0] {
+			return &RequestError{Header: name}
+		}
+	}
+	p.dedupe = append(p.dedupe, name)
 	return nil
 }
 
@@ -454,7 +622,7 @@ func (s httpSource) header(canonical string) string { return headerValue(s.h, ca
 // planRules appends to p the charge of every rule that matches, in order. ipOnly keeps the ip
 // policies only (a bearer token failed verification). It is generic so that each source's
 // header method is a direct call.
-func planRules[S keySource](s *Set, src S, method, reqPath string, ipText []byte, client netip.Addr, user string, ipOnly bool, p *Plan) {
+func planRules[S keySource](s *Set, src S, rt *route, ipText []byte, client netip.Addr, user string, ipOnly bool, p *Plan) {
 	if s.needIP {
 		p.setIP(ipText)
 	}
@@ -463,7 +631,7 @@ func planRules[S keySource](s *Set, src S, method, reqPath string, ipText []byte
 		if ipOnly && ru.kind != keyIP {
 			continue
 		}
-		if !ru.matches(method, reqPath) {
+		if !ru.matches(rt) {
 			continue
 		}
 		var c bucket.Charge
@@ -483,7 +651,7 @@ func planRules[S keySource](s *Set, src S, method, reqPath string, ipText []byte
 		}
 		if ok {
 			if ru.costs != nil {
-				c.Cost = ru.cost(method, reqPath)
+				c.Cost = ru.cost(rt)
 			}
 			p.Charges = append(p.Charges, c)
 			p.Policies = append(p.Policies, ru.pol)
@@ -552,7 +720,9 @@ func (s fieldsSource) header(canonical string) string {
 // PlanFields is Plan for a request known from its log line: the same matching, overrides and
 // bucket keys, so that a replay decides exactly as the gateway would have. Key values of an
 // ip policy come from f.IP, or from f.Client; an ip policy of a line with neither is charged
-// with the empty value (one shared bucket), as Plan does for a peer that is no address. It does
+// with the empty value (one shared bucket), as Plan does for a peer that is no address. Log
+// lines hold no method-override headers: the method alone is judged. A path with a "." or
+// ".." segment charges its ip policies only, as the gateway did before refusing it. It does
 // not allocate when p has capacity.
 func (s *Set) PlanFields(f *Fields, p *Plan) {
 	p.Reset()
@@ -565,7 +735,8 @@ func (s *Set) PlanFields(f *Fields, p *Plan) {
 			ipText = s.appendIPKey(ipBuf[:0], f.Client.Unmap())
 		}
 	}
-	planRules(s, fieldsSource{f: f, apiHeader: s.apiKeyHeader}, f.Method, f.Path, ipText, f.Client.Unmap(), f.User, false, p)
+	rt, bad := s.route(f.Method, f.Path, nil, p)
+	planRules(s, fieldsSource{f: f, apiHeader: s.apiKeyHeader}, &rt, ipText, f.Client.Unmap(), f.User, bad != nil, p)
 }
 
 // appendIPKey appends the ip key value of client: an IPv6 client is keyed by its prefix of
@@ -625,42 +796,17 @@ func digest[V string | []byte](prefix []byte, v V) [sha256.Size]byte {
 	return sha256.Sum256(b)
 }
 
-func (ru *rule) matches(method, reqPath string) bool {
-	if len(ru.methods) > 0 && !slices.Contains(ru.methods, method) {
-		return false
-	}
-	return ru.prefix == "" || pathHasPrefix(reqPath, ru.prefix)
+func (ru *rule) matches(rt *route) bool {
+	return (ru.methods == 0 || ru.methods&rt.methods != 0) && ru.path.match(rt)
 }
 
-// pathHasPrefix matches the path as sent and, when it has dot segments or doubled slashes, also
-// as the upstream may resolve it: `/public/../api/x` must not slip past an /api/ policy.
-func pathHasPrefix(p, prefix string) bool {
-	if strings.HasPrefix(p, prefix) {
-		return true
-	}
-	if !strings.Contains(p, "//") && !strings.Contains(p, "/.") {
-		return false
-	}
-	clean := path.Clean(p)
-	if strings.HasSuffix(p, "/") && clean != "/" {
-		clean += "/"
-	}
-	return strings.HasPrefix(clean, prefix)
-}
-
-// headerValue is the value of a header, by canonical name. A header sent on several lines is
-// their values joined with ", ", as Node, WSGI and many proxies join them: keying on the first
-// line only would charge a throw-away first value while the upstream might authenticate the
-// joined or another one. Only that rare case allocates.
+// headerValue is the value of a header, by canonical name: its first line. Plan has refused a
+// request whose identity header has lines that differ, so the first is every line.
 func headerValue(h http.Header, canonical string) string {
-	switch vs := h[canonical]; len(vs) {
-	case 0:
-		return ""
-	case 1:
+	if vs := h[canonical]; len(vs) > 0 {
 		return vs[0]
-	default:
-		return strings.Join(vs, ", ")
 	}
+	return ""
 }
 
 // peerAddr parses http.Request.RemoteAddr. A RemoteAddr that is no address (a Unix socket) gives

@@ -205,6 +205,11 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 		es.add("upstream_protocol", c.UpstreamProtocol, "must be http1, h2c or auto")
 	}
 	positiveInt(&es, "store.max_keys", int64(c.Store.MaxKeys))
+	switch c.MethodOverride {
+	case MethodOverrideJudge, MethodOverrideStrip:
+	default:
+		es.add("method_override", c.MethodOverride, "must be judge or strip")
+	}
 	checkStore(&es, &c.Store)
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
 	positiveDuration(&es, "server.read_timeout", c.Server.ReadTimeout)
@@ -617,9 +622,7 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 			es.add(fmt.Sprintf("%s.match.methods[%d]", at, j), m, "must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE")
 		}
 	}
-	if pp := p.Match.PathPrefix; pp != "" && pp[0] != '/' {
-		es.add(at+".match.path_prefix", pp, `must start with "/"`)
-	}
+	checkPathPrefix(es, at+".match.path_prefix", p.Match.PathPrefix)
 	checkChargeOn(es, at, p.ChargeOn, alg, algOK)
 	checkOverrides(es, at, p, kind, ok, alg, algOK)
 	if p.Pool != "" && (len(p.Pool) > maxNameLen || !validName(p.Pool)) {
@@ -794,6 +797,20 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 	}
 }
 
+// checkPathPrefix checks a path_prefix: requests are matched by their canonical path, so a
+// prefix that is not canonical (but for case) would match nothing it seems to.
+func checkPathPrefix(es *Errors, at, pp string) {
+	switch {
+	case pp == "":
+	case pp[0] != '/':
+		es.add(at, pp, `must start with "/"`)
+	default:
+		if canon, _ := CanonicalPath(pp, false); canon != pp {
+			es.add(at, pp, fmt.Sprintf(`must be a canonical path (%q): requests are matched without ';' parameters, repeated slashes, "." and ".." segments, with '\\' as '/'`, canon))
+		}
+	}
+}
+
 // checkCosts checks the entries of a policy's costs (their costs against the limit are checked
 // with the policy's own cost).
 func checkCosts(es *Errors, at string, costs []CostConfig) {
@@ -808,9 +825,7 @@ func checkCosts(es *Errors, at string, costs []CostConfig) {
 				es.add(fmt.Sprintf("%s.methods[%d]", cat, k), m, "must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE")
 			}
 		}
-		if pp := c.PathPrefix; pp != "" && pp[0] != '/' {
-			es.add(cat+".path_prefix", pp, `must start with "/"`)
-		}
+		checkPathPrefix(es, cat+".path_prefix", c.PathPrefix)
 		switch {
 		case c.Cost == 0:
 			es.add(cat+".cost", "", "required: at least 1")

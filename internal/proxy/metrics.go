@@ -19,11 +19,12 @@ const (
 	decStoreErrorDenied         // limiter failed, answered 503 (on_error deny)
 	decUnmatched                // no policy matched: forwarded without charging
 	decError                    // the policy set failed to plan the request: answered 500
+	decBadRequest               // answered 400: cannot be judged unambiguously (judged.go)
 	numDecisions
 )
 
 var decisionNames = [numDecisions]string{
-	"allowed", "limited", "unauthorized", "store_error_allowed", "store_error_denied", "unmatched", "error",
+	"allowed", "limited", "unauthorized", "store_error_allowed", "store_error_denied", "unmatched", "error", "bad_request",
 }
 
 // Stages at which a client that went away is noticed: ratelimit_client_canceled_total{stage}.

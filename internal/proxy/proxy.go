@@ -379,6 +379,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 			h.unauthorized(w, r, st, pols)
 			return
 		}
+		if errors.Is(err, policy.ErrBadRequest) {
+			h.badRequest(w, r, st, pols, err)
+			return
+		}
 		h.decide(st, decError)
 		h.log.Error("policy plan failed", zap.Error(err))
 		st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemInternal, Status: http.StatusInternalServerError,
@@ -725,6 +729,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, st *reqState, 
 	if st.grpc {
 		rp = h.rpGRPC
 	}
+	st.plan.StripUnjudged(r.Header) // see judged.go
 	if len(r.Header["X-Forwarded-For"]) > 0 || len(r.Header["X-Forwarded-Proto"]) > 0 ||
 		len(r.Header["X-Forwarded-Host"]) > 0 {
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
