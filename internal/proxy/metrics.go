@@ -132,9 +132,10 @@ type policyCounters struct {
 //	ratelimit_upstream_errors_total{reason}      reason: refused|timeout|reset|other|aborted
 //	ratelimit_leaky_wait_seconds                 how long leaky-bucket requests were held
 //	ratelimit_client_canceled_total{stage}       stage: store|wait|upstream
-//	ratelimit_charges_refunded_total{policy}     charge_on: admitted requests whose answer was
-//	    not listed, so their reserved charge was given back (the store may still keep it spent
-//	    where a refund could admit too many; see bucket.Releaser)
+//	ratelimit_charges_refunded_total{policy}     charge_on: admitted requests whose reserved
+//	    charge was given back: the upstream's answer was not listed, or the request never
+//	    reached the upstream and the gateway's answer was not listed (the store may still keep
+//	    it spent where a refund could admit too many; see bucket.Releaser)
 //	ratelimit_release_errors_total               Releaser.Release calls that failed: concurrency
 //	    slots held until their lease expires, refunds lost (stricter)
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -185,7 +186,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		})),
 		refunded: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_charges_refunded_total",
-			Help: "charge_on policies: admitted requests whose answer status was not listed, so their reserved charge was given back.",
+			Help: "charge_on policies: admitted requests whose reserved charge was given back (the upstream answered with a status not listed, or the request never reached it).",
 		}, []string{"policy"})),
 		releaseErrors: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_release_errors_total",

@@ -227,6 +227,8 @@ type reqState struct {
 	// grpc-timeout), not at StoreTimeout.
 	callExpired bool
 
+	fw forwardWriter // the writer of the forward, once there is one: its fate decides refunds
+
 	// For the access log.
 	decision int    // index into decisionLabels, or decNone while undecided
 	rejector string // the policy named in a 429
@@ -346,6 +348,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.grpc = grpc
 	st.proto = protocolOf(r, grpc)
 	st.decision, st.rejector, st.now = decNone, "", time.Time{}
+	st.fw = forwardWriter{}
 	st.plan.WantIdentity = h.access != nil
 	if h.access == nil {
 		h.serve(w, r, st)
@@ -428,11 +431,14 @@ func (st *reqState) mustGiveBack() bool {
 
 // giveBack releases what an admitted group must give back now that its answer, of this status
 // (0: none was sent), is over: every concurrency slot, and the reservation of every charge_on
-// policy whose list does not hold the status. It runs within store.timeout of its own, not
-// the request's context, which has ended when the client went away; a failure is counted (the
-// store keeps the charge: a DynamoDB slot until its lease expires, a refund never).
+// policy whose list does not hold the status, unless the request may have reached the upstream
+// without an answer from it (see forwardFate.refundable): then every reservation stays spent.
+// It runs within store.timeout of its own, not the request's context, which has ended when the
+// client went away; a failure is counted (the store keeps the charge: a DynamoDB slot until its
+// lease expires, a refund never).
 func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
 	st.taken = st.taken[:0]
+	refundable := st.fw.fate.refundable()
 	for i, c := range st.plan.Charges {
 		if !st.results[i].Allowed {
 			continue
@@ -440,7 +446,7 @@ func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
 		pol := st.plan.Policies[i]
 		switch {
 		case c.Limit.Algorithm == bucket.Concurrency:
-		case pol.ChargeOn != nil && !pol.ChargeOn.Has(status):
+		case pol.ChargeOn != nil && refundable && !pol.ChargeOn.Has(status):
 			h.policy(pol.Name).counters.refunded.Inc()
 		default:
 			continue
@@ -734,25 +740,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, st *reqState, 
 		len(r.Header["X-Forwarded-Host"]) > 0 {
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		rp.ServeHTTP(w, r)
-		return
-	}
-	// A body that stops before its end (server.read_timeout cut a slow client off) also cancels
-	// the request's context, so the reverse proxy takes it for a client that left and writes
-	// nothing, and net/http would then send an empty 200. A client still there is owed a 408; to
-	// a client that really left, the write is lost, which costs nothing. (Telling the two apart
-	// from here would race with the transport's writer goroutine.)
-	body := &partialBody{ReadCloser: r.Body}
-	r.Body = body
-	ww := &wroteWriter{ResponseWriter: w}
-	rp.ServeHTTP(ww, r)
-	if !ww.wrote && !body.done.Load() && r.Context().Err() != nil {
-		h.m.bodyTimeouts.Inc()
-		w.Header().Set("Connection", "close")
-		writeAnswer(w, r, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
-			Detail: "The request body was not received in full."})
-	}
+	h.send(w, r, st, rp)
 }
 
 // logKey is the "key" field of a log line about charge i of p: the pseudonym of its key value

@@ -259,3 +259,128 @@ func TestWebSocket_SlotHeldAndChargedOn101(t *testing.T) {
 		})
 	}
 }
+
+// chargeOnHarness is releaseHarness with a fixed window of 1 request an hour, charged on 401,
+// and edit applied to the options.
+func chargeOnHarness(t *testing.T, up *countingUpstream, edit func(*Options)) *harness {
+	t.Helper()
+	one := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}
+	set, err := policy.ParseStatusSet([]string{"401"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := &fakePolicies{policies: []*policy.Policy{{Name: "p", Limit: one, ChargeOn: set}},
+		charges: []bucket.Charge{{Key: testKey(1), Limit: one, Refundable: true}}}
+	return newHarness(t, pol, newFakeLimiter(true), up, func(o *Options) {
+		o.Limiter = bucket.NewMemory(bucket.MemoryOptions{})
+		o.Now = nil
+		if edit != nil {
+			edit(o)
+		}
+	})
+}
+
+// A client that hangs up while the upstream works on its request keeps its charge: the upstream
+// may have done what charge_on guards (a password check), and a client that could always leave
+// before the answer would never pay.
+func TestChargeOn_ClientLeavesKeepsCharge(t *testing.T) {
+	entered := make(chan struct{})
+	var once sync.Once
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hang" {
+			once.Do(func() { close(entered) })
+			<-r.Context().Done()
+		}
+	})
+	hs := chargeOnHarness(t, up, nil)
+	hs.cancelWhenEntered(t, "/hang", entered)
+	if res := hs.served("/after"); res.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("after a client left while the upstream worked: status %d, want 429 (its charge kept)", res.StatusCode)
+	}
+	wantCounter(t, hs.reg, 0, "ratelimit_charges_refunded_total", "policy", "p")
+	wantCounter(t, hs.reg, 1, "ratelimit_client_canceled_total", "stage", "upstream")
+}
+
+// The upstream received the request and did not answer in time: 504, and the charge is kept
+// whatever charge_on lists (the upstream may have done the work).
+func TestChargeOn_UpstreamTimeoutKeepsCharge(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hang" {
+			<-r.Context().Done()
+		}
+	})
+	hs := chargeOnHarness(t, up, func(o *Options) {
+		tr := NewTransport(50 * time.Millisecond)
+		t.Cleanup(tr.CloseIdleConnections)
+		o.Transport = tr
+	})
+	if res := hs.served("/hang"); res.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("upstream silent: status %d, want 504", res.StatusCode)
+	}
+	if res := hs.served("/after"); res.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("after a 504: status %d, want 429 (its charge kept)", res.StatusCode)
+	}
+	wantCounter(t, hs.reg, 0, "ratelimit_charges_refunded_total", "policy", "p")
+}
+
+// A request that never reached the upstream (nothing listens) is answered 502 by the gateway
+// and that answer decides: not listed, so refunded; every attempt gets its 502, not a 429.
+func TestChargeOn_UndeliveredDecidedByGatewayAnswer(t *testing.T) {
+	dead := newUpstream(t, nil)
+	dead.Close()
+	hs := chargeOnHarness(t, dead, nil)
+	for i := range 3 {
+		if res := hs.served("/"); res.StatusCode != http.StatusBadGateway {
+			t.Errorf("request %d to a dead upstream: status %d, want 502", i, res.StatusCode)
+		}
+	}
+	wantCounter(t, hs.reg, 3, "ratelimit_charges_refunded_total", "policy", "p")
+}
+
+// The upstream answered 200 (not listed) and the client left while the body streamed: the
+// upstream did answer, with a status not listed, so the charge is given back.
+func TestChargeOn_ClientLeavesDuringBodyOfUnlistedAnswer(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("welcome"))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	hs := chargeOnHarness(t, up, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hs.srv.URL+"/stream", nil)
+	res, err := hs.client.Do(req)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %v, %v; want 200", res, err)
+	}
+	cancel()
+	res.Body.Close()
+	hs.waitServed(1)
+	wantCounter(t, hs.reg, 1, "ratelimit_charges_refunded_total", "policy", "p")
+}
+
+// A request held by a leaky bucket whose client leaves before its turn never reached the
+// upstream: its charge_on reservation is given back.
+func TestChargeOn_LeakyWaitAbandonedRefunded(t *testing.T) {
+	entered := make(chan struct{})
+	var once sync.Once
+	hs := chargeOnHarness(t, nil, func(o *Options) {
+		o.Wait = func(ctx context.Context, d time.Duration) error {
+			once.Do(func() { close(entered) })
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	})
+	leaky := bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1.0 / 3600, Burst: 5}
+	hs.pol.policies = append(hs.pol.policies, &policy.Policy{Name: "shape", Limit: leaky})
+	hs.pol.charges = append(hs.pol.charges, bucket.Charge{Key: testKey(2), Limit: leaky})
+	if res := hs.served("/first"); res.StatusCode != http.StatusOK { // no wait: forwarded
+		t.Fatalf("first request: status %d, want 200", res.StatusCode)
+	}
+	hs.cancelWhenEntered(t, "/second", entered)
+	if got := hs.up.hits.Load(); got != 1 {
+		t.Errorf("upstream hits = %d, want 1", got)
+	}
+	wantCounter(t, hs.reg, 1, "ratelimit_client_canceled_total", "stage", "wait")
+	wantCounter(t, hs.reg, 2, "ratelimit_charges_refunded_total", "policy", "p")
+}

@@ -214,6 +214,11 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		return
 	}
 	reason := classifyUpstream(err)
+	if undelivered(err) {
+		gatewayAnswers(w, fateUndelivered)
+	} else {
+		gatewayAnswers(w, fateUnanswered)
+	}
 	h.m.upstreamErr[reason].Inc()
 	// Transport errors name the upstream, not the client; url.Error (if a custom Transport
 	// returns one) would add the request URL and its query, which may hold credentials.
@@ -234,6 +239,116 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		Detail: "The upstream could not be reached."})
 }
 
+// forwardFate is what became of a request handed to the reverse proxy, as far as the upstream
+// is concerned. It decides whether a charge_on reservation may be given back.
+type forwardFate uint8
+
+const (
+	// fateNone: the request was not forwarded (the gateway answered it itself, or the client
+	// left before its turn in a leaky bucket). The zero value.
+	fateNone forwardFate = iota
+	// fateForwarded: handed to the upstream, which has not answered (yet). A request that ends
+	// so was abandoned by its client while the upstream worked on it.
+	fateForwarded
+	// fateAnswered: the upstream sent its answer's status.
+	fateAnswered
+	// fateUnanswered: the upstream may have received the request but did not answer it (a
+	// timeout, a reset), or the client's body failed: the gateway answered itself.
+	fateUnanswered
+	// fateUndelivered: the request never reached the upstream (its connection could not be
+	// made); the gateway answered 502.
+	fateUndelivered
+)
+
+// refundable reports whether a charge_on reservation may be given back when the answer is not
+// listed: when the answer that counts is the upstream's own (fateAnswered), or when the upstream
+// never saw the request (fateNone, fateUndelivered), whose answer is then the gateway's. A
+// request that may have reached the upstream and got no answer from it keeps its charge, since
+// the upstream may have done the work that charge_on guards (checked a password, counted a
+// lockout, sent an SMS): otherwise a client could hang up before every answer and never pay.
+func (f forwardFate) refundable() bool {
+	return f == fateNone || f == fateAnswered || f == fateUndelivered
+}
+
+// forwardWriter is the writer the reverse proxy answers a forwarded request through. It records
+// whether a final answer was written, and whether the upstream's answer arrived (fateAnswered,
+// its status written) or the gateway answered itself, which the error handler marks before it
+// writes. Unwrap keeps http.ResponseController (flushes, hijacks) working through it.
+type forwardWriter struct {
+	http.ResponseWriter
+	fate  forwardFate
+	wrote bool // a final status (or a body) was written
+}
+
+func (w *forwardWriter) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		w.wrote = true
+		if w.fate == fateForwarded {
+			w.fate = fateAnswered
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *forwardWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	if w.fate == fateForwarded {
+		w.fate = fateAnswered
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *forwardWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands the connection over for a protocol switch: the reverse proxy writes the
+// upstream's 101 to it past WriteHeader, so the upstream's answer is recorded here.
+func (w *forwardWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.wrote = true
+		if w.fate == fateForwarded {
+			w.fate = fateAnswered
+		}
+	}
+	return c, brw, err
+}
+
+// gatewayAnswers marks the answer about to be written as the gateway's own, with the fate f.
+// w is the writer the reverse proxy handed its error handler: a *forwardWriter when the request
+// went through send.
+func gatewayAnswers(w http.ResponseWriter, f forwardFate) {
+	if fw, ok := w.(*forwardWriter); ok && fw.fate == fateForwarded {
+		fw.fate = f
+	}
+}
+
+// send hands r to the reverse proxy rp through st.fw, which records the forward's fate.
+func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp *httputil.ReverseProxy) {
+	st.fw = forwardWriter{ResponseWriter: w, fate: fateForwarded}
+	// Cleared also when the reverse proxy aborts the response with a panic: the pool must not
+	// keep the response alive. The fate stays for giveBack.
+	defer func() { st.fw.ResponseWriter = nil }()
+	if r.Body == nil || r.Body == http.NoBody {
+		rp.ServeHTTP(&st.fw, r)
+		return
+	}
+	// A body that stops before its end (server.read_timeout cut a slow client off) also cancels
+	// the request's context, so the reverse proxy takes it for a client that left and writes
+	// nothing, and net/http would then send an empty 200. A client still there is owed a 408; to
+	// a client that really left, the write is lost, which costs nothing. (Telling the two apart
+	// from here would race with the transport's writer goroutine.)
+	body := &partialBody{ReadCloser: r.Body}
+	r.Body = body
+	rp.ServeHTTP(&st.fw, r)
+	if !st.fw.wrote && !body.done.Load() && r.Context().Err() != nil {
+		h.m.bodyTimeouts.Inc()
+		gatewayAnswers(&st.fw, fateUnanswered)
+		w.Header().Set("Connection", "close")
+		writeAnswer(w, r, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
+			Detail: "The request body was not received in full."})
+	}
+}
+
 // partialBody records whether a request body was read to its end.
 type partialBody struct {
 	io.ReadCloser
@@ -247,25 +362,6 @@ func (b *partialBody) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// wroteWriter records whether anything was written to the client. Unwrap keeps
-// http.ResponseController (flushes, hijacks for WebSocket upgrades) working through it.
-type wroteWriter struct {
-	http.ResponseWriter
-	wrote bool
-}
-
-func (w *wroteWriter) WriteHeader(code int) {
-	w.wrote = true
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *wroteWriter) Write(b []byte) (int, error) {
-	w.wrote = true
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *wroteWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // statusWriter records the status of the answer: the first final status written (a 101 for a
 // protocol upgrade counts: it is the answer of a WebSocket request), or 200 for a body written
@@ -300,6 +396,15 @@ func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		w.status = http.StatusSwitchingProtocols
 	}
 	return c, brw, err
+}
+
+// undelivered reports whether a transport error means that the request never reached the
+// upstream: the connection to it could not be made (refused, no route, a dial timeout).
+// Anything later (TLS, a reset, a timeout waiting for the answer) may have followed a request
+// the upstream received.
+func undelivered(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // classifyUpstream maps a transport error onto the fixed reason set of the metric.

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -413,15 +414,18 @@ func (r *Replayer) keyLabel(rec *record, i int) string {
 
 // giveBackLater schedules what the gateway gives back when an admitted request's answer ends
 // (proxy.Handler.giveBack): every concurrency slot, and the reservation of every charge_on
-// policy whose list does not hold the answer's status. The answer ends the logged duration after
-// the decision; without a duration in the log, at once.
+// policy whose list does not hold the answer's status, unless the upstream did not answer a
+// request it got (the gateway keeps those charges): no status (0: the client hung up, as the
+// gateway logs it; 499 in nginx's log) or 504 (the upstream's answer did not come in time). The
+// answer ends the logged duration after the decision; without a duration in the log, at once.
 func (r *Replayer) giveBackLater(rec *record, now int64, results []bucket.Result) {
+	unanswered := rec.status == 0 || rec.status == 499 || rec.status == http.StatusGatewayTimeout
 	for i, c := range r.plan.Charges {
 		if !results[i].Allowed {
 			continue
 		}
 		pol := r.plan.Policies[i]
-		if c.Limit.Algorithm != bucket.Concurrency && (pol.ChargeOn == nil || pol.ChargeOn.Has(rec.status)) {
+		if c.Limit.Algorithm != bucket.Concurrency && (pol.ChargeOn == nil || unanswered || pol.ChargeOn.Has(rec.status)) {
 			continue
 		}
 		r.releases.push(release{at: now + rec.duration, taken: bucket.Taken{Charge: c, At: time.Unix(0, now), Token: results[i].Token}})

@@ -290,13 +290,15 @@ policies:
 		gatewayLine(t0.Add(1060*ms), "/slow", 200, time.Second, "a") + // limited: the second ends at 1.1s
 		gatewayLine(t0.Add(2*time.Second), "/err", 200, ms, "a") + // not a 5xx: refunded
 		gatewayLine(t0.Add(3*time.Second), "/err", 503, ms, "a") + // kept
-		gatewayLine(t0.Add(4*time.Second), "/err", 200, ms, "a") // limited
+		gatewayLine(t0.Add(4*time.Second), "/err", 200, ms, "a") + // limited
+		gatewayLine(t0.Add(61*time.Second), "/err", 0, ms, "a") + // the client hung up: kept
+		gatewayLine(t0.Add(62*time.Second), "/err", 200, ms, "a") // limited
 	rep := replayText(t, Options{Set: set}, log)
 	slots, errs := rep.Policies[0], rep.Policies[1]
 	if slots.Admitted != 3 || slots.Limited != 2 {
 		t.Errorf("slots: admitted %d limited %d, want 3 and 2", slots.Admitted, slots.Limited)
 	}
-	if errs.Admitted != 2 || errs.Limited != 1 {
-		t.Errorf("errors: admitted %d limited %d, want 2 and 1", errs.Admitted, errs.Limited)
+	if errs.Admitted != 3 || errs.Limited != 2 {
+		t.Errorf("errors: admitted %d limited %d, want 3 and 2", errs.Admitted, errs.Limited)
 	}
 }
