@@ -5,8 +5,11 @@ package main
 // DYNAMODB_ENDPOINT is unset.
 
 import (
+	"fmt"
+	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -77,5 +80,136 @@ func TestTestClockOffsetIsHidden(t *testing.T) {
 	code, _, stderr = runCLI(t, "serve", "--config", "x.yaml", "--test-clock-offset", "soon")
 	if code == 0 || !strings.Contains(stderr, "test-clock-offset") {
 		t.Errorf("--test-clock-offset soon: exit %d, stderr %q; want a failure naming the flag", code, stderr)
+	}
+}
+
+// clockGauges reads a gateway's clock gauges: the measured offset, its uncertainty and the
+// correction, in seconds (NaN until measured).
+func clockGauges(t *testing.T, g *gateway) (offset, uncertainty, correction float64) {
+	t.Helper()
+	_, body := get(t, g.admin+"/metrics")
+	fams := parseFamilies(t, body)
+	val := func(name string) float64 {
+		f := fams[name]
+		if f == nil || len(f.GetMetric()) != 1 {
+			t.Fatalf("%s: not on %s/metrics", name, g.admin)
+		}
+		return f.GetMetric()[0].GetGauge().GetValue()
+	}
+	return val("ratelimit_clock_offset_seconds"), val("ratelimit_clock_offset_uncertainty_seconds"), val("ratelimit_clock_correction_seconds")
+}
+
+// measured polls until the gateway knows its clock's offset within 50ms, and returns the gauges.
+func measured(t *testing.T, g *gateway) (offset, uncertainty, correction float64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		offset, uncertainty, correction = clockGauges(t, g)
+		if uncertainty <= 0.05 { // false for NaN
+			return offset, uncertainty, correction
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s: offset %v ± %v, want an uncertainty within 50ms", offset, uncertainty)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a process with a deadline
+	}
+}
+
+// skewPolicy is a token bucket of burst 10 at 5/s: a replica 2s ahead sees 10 more tokens.
+const skewPolicy = `identity:
+  user_header: X-User-Id
+policies:
+  - name: tb
+    key: user
+    algorithm: token_bucket
+    rate: 5/s
+    burst: 10
+`
+
+// TestClockCorrectionAcrossReplicas: replicas started 2s ahead (--test-clock-offset=2s) measure
+// their offset against DynamoDB Local's Date header (the host's clock, so -2s), export it, warn,
+// and, with store.dynamodb.clock.correct (the default), decide on the corrected clock. A burst
+// of 10 at 5/s spent on an in-sync replica and then asked of the corrected one admits at most
+// burst + rate × (the real time it took + both replicas' clock errors); asked of a replica that
+// does not correct, 10 more: the refill of its 2s.
+func TestClockCorrectionAcrossReplicas(t *testing.T) {
+	endpoint := dynamoEndpoint(t)
+	table := "e2e-skew-" + randomSuffix()
+	up := newUpstream(t, nil)
+	store := func(clock string) string {
+		return dynamoStore(table, endpoint, true, "5s", "  on_error: deny\n") + clock + skewPolicy
+	}
+	inSync := startGateway(t, up.URL, store(""), awsEnv()...)
+	corrected := startGatewayArgs(t, []string{"--test-clock-offset=2s"}, up.URL, store(""), awsEnv()...)
+	uncorrected := startGatewayArgs(t, []string{"--test-clock-offset=2s"}, up.URL, store("    clock: {correct: false}\n"), awsEnv()...)
+
+	_, uIn, cIn := measured(t, inSync)
+	off, u, c := measured(t, corrected)
+	offU, uU, cU := measured(t, uncorrected)
+	t.Logf("in sync: ± %.4fs, correction %.4fs; 2s ahead, corrected: %.4fs ± %.4fs, correction %.4fs; 2s ahead, not corrected: %.4fs ± %.4fs",
+		uIn, cIn, off, u, c, offU, uU)
+	for _, g := range []struct {
+		name                   string
+		off, u, corr, wantCorr float64
+	}{{"corrected", off, u, c, -2}, {"not corrected", offU, uU, cU, 0}} {
+		if math.Abs(g.off+2) > g.u+0.001 {
+			t.Errorf("%s: offset %v ± %v, want -2s within the uncertainty", g.name, g.off, g.u)
+		}
+		if math.Abs(g.corr-g.wantCorr) > 2*g.u+0.001 {
+			t.Errorf("%s: correction %v, want %v within the interval's width %v", g.name, g.corr, g.wantCorr, 2*g.u)
+		}
+	}
+	if math.Abs(cIn) > 2*uIn+0.001 {
+		t.Errorf("in sync: correction %v, want 0 within %v", cIn, 2*uIn)
+	}
+	for _, g := range []*gateway{corrected, uncorrected} {
+		if !strings.Contains(g.logs.String(), "clock is off") {
+			t.Errorf("a replica 2s ahead logged no warning:\n%s", g.logs.String())
+		}
+	}
+	if strings.Contains(inSync.logs.String(), "clock is off") {
+		t.Errorf("the in-sync replica warned:\n%s", inSync.logs.String())
+	}
+
+	// Each replica's decision clock is off by at most its correction's distance to the interval's
+	// far end: |offset - correction| + uncertainty.
+	errOf := func(off, u, corr float64) float64 { return math.Abs(off-corr) + u }
+	burst := func(g *gateway, user string) int {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		n := 0
+		for range 10 {
+			wg.Go(func() {
+				if statusOf(g.proxy+"/x", user) == http.StatusOK {
+					mu.Lock()
+					n++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return n
+	}
+	for _, c := range []struct {
+		name     string
+		second   *gateway
+		errSum   float64
+		overFrom int // admitted at least this many shows the over-admission (0: check the bound)
+	}{
+		{"corrected", corrected, errOf(0, uIn, cIn) + errOf(off, u, c), 0},
+		{"not corrected", uncorrected, 0, 20},
+	} {
+		user := fmt.Sprintf("skew-%s-%s", strings.ReplaceAll(c.name, " ", "-"), randomSuffix())
+		start := time.Now()
+		got := burst(inSync, user) + burst(c.second, user)
+		elapsed := time.Since(start).Seconds()
+		bound := 10 + int(math.Floor(5*(elapsed+c.errSum)))
+		t.Logf("%s: %d admitted in %.3fs (bound with the measured errors: %d)", c.name, got, elapsed, bound)
+		if c.overFrom == 0 && got > bound {
+			t.Errorf("%s: %d admitted, want at most burst + rate × (%.3fs + %.3fs) = %d", c.name, got, elapsed, c.errSum, bound)
+		}
+		if c.overFrom > 0 && got < c.overFrom {
+			t.Errorf("%s: %d admitted in %.3fs, want at least %d: the 2s of refill a clock ahead sees", c.name, got, elapsed, c.overFrom)
+		}
 	}
 }

@@ -23,6 +23,11 @@ type ClientOptions struct {
 	// ConfigOptions are passed to config.LoadDefaultConfig after ours (Optional), e.g. static
 	// credentials for DynamoDB Local, which accepts only letters and digits in the access key id.
 	ConfigOptions []func(*config.LoadOptions) error
+	// Dates receives every answer's Date header with the attempt's timing, read with Now
+	// (Optional; see DateObserver). The gateway measures its clock's offset with it.
+	Dates DateObserver
+	// Now is the clock Dates' instants are read with (Optional; default time.Now).
+	Now func() time.Time
 }
 
 // Retry bounds. The decision's context deadline (store.timeout) is the real bound on a call; the
@@ -75,6 +80,9 @@ func NewClient(ctx context.Context, o ClientOptions) (*dynamodb.Client, error) {
 			// DynamoDB Local's error responses carry no X-Amz-Crc32 header, so validation would
 			// log a warning on every conditional-check failure, our normal rejection path.
 			do.DisableValidateResponseChecksum = true
+		}
+		if o.Dates != nil {
+			WithDates(o.Now, o.Dates)(do)
 		}
 	}), nil
 }

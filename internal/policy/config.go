@@ -172,6 +172,26 @@ type DynamoDBConfig struct {
 	// ignore it: a pool is shared on purpose. (Optional) default "": keys as without it.
 	// Letters, digits, '-', '_', '.', at most 64.
 	Namespace string `mapstructure:"namespace"`
+	// Clock is how the gateway measures its clock against DynamoDB's and corrects it. (Optional)
+	Clock ClockConfig `mapstructure:"clock"`
+}
+
+// ClockConfig is store.dynamodb.clock. Every replica measures its clock's offset from the Date
+// header of DynamoDB's answers (bracketed to about the round trip; see internal/clockref).
+type ClockConfig struct {
+	// Correct makes decisions use the clock corrected by the measured offset: the least change
+	// that agrees with every measurement, so a clock in sync is never moved. (Optional)
+	// default true.
+	Correct bool `mapstructure:"correct"`
+	// MaxCorrection bounds the correction's magnitude. (Optional) default 5s, from 1ms to 1h.
+	MaxCorrection time.Duration `mapstructure:"max_correction"`
+	// WarnOffset: a warning is logged (once a minute) while this host's clock is off by more
+	// than it for certain. (Optional) default 100ms, from 1ms to 1h.
+	WarnOffset time.Duration `mapstructure:"warn_offset"`
+	// MaxOffset: /readyz answers 503 while the clock decisions use is off by more than it for
+	// certain (after the correction). (Optional) default 0s: the clock never makes a replica
+	// unready; else from 1ms to 1h.
+	MaxOffset time.Duration `mapstructure:"max_offset"`
 }
 
 // ServerConfig holds the proxy listener's timeouts.

@@ -32,6 +32,12 @@ const EnvPrefix = "RATELIMIT_"
 // defaultSlotLease is store.dynamodb.slot_lease's default.
 const defaultSlotLease = 30 * time.Second
 
+// Defaults of store.dynamodb.clock (correct defaults to true).
+const (
+	defaultMaxCorrection = 5 * time.Second
+	defaultWarnOffset    = 100 * time.Millisecond
+)
+
 // defaults are the documented defaults of config.go for the fields that exist whatever the file
 // says. They are viper defaults, so a field written explicitly (even as 0) keeps its value and
 // is validated. identity.jwt.claim, policies[i].mode, store.dynamodb.mode and
@@ -162,6 +168,15 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 		}
 		if !v.IsSet("store.dynamodb.slot_lease") {
 			d.SlotLease = defaultSlotLease
+		}
+		if !v.IsSet("store.dynamodb.clock.correct") {
+			d.Clock.Correct = true
+		}
+		if !v.IsSet("store.dynamodb.clock.max_correction") {
+			d.Clock.MaxCorrection = defaultMaxCorrection
+		}
+		if !v.IsSet("store.dynamodb.clock.warn_offset") {
+			d.Clock.WarnOffset = defaultWarnOffset
 		}
 	}
 	return cfg, nil

@@ -255,19 +255,22 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_TLS_CERT_FILE", "RATELIMIT_TLS_KEY_FILE", "RATELIMIT_TLS_CLIENT_CA_FILE",
 		"RATELIMIT_RLS_LISTEN", "RATELIMIT_RLS_CONFIG_DIR", "RATELIMIT_RLS_RESPONSE_HEADERS", "RATELIMIT_RLS_SHADOW_MODE",
 		"RATELIMIT_METHOD_OVERRIDE",
+		"RATELIMIT_STORE_DYNAMODB_CLOCK_CORRECT", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_CORRECTION",
+		"RATELIMIT_STORE_DYNAMODB_CLOCK_WARN_OFFSET", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_OFFSET",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 49 {
-		t.Errorf("got %d overrides, want 49: a new field needs a line above", len(got))
+	if len(got) != 53 {
+		t.Errorf("got %d overrides, want 53: a new field needs a line above", len(got))
 	}
 }
 
 func TestParseDynamoDBDefaults(t *testing.T) {
 	cfg := mustParse(t, minimal+"store: {backend: dynamodb, dynamodb: {table: rate-limits}}\n", noEnv)
-	want := DynamoDBConfig{Table: "rate-limits", Mode: "refund", DenyCache: true, SlotLease: 30 * time.Second}
+	want := DynamoDBConfig{Table: "rate-limits", Mode: "refund", DenyCache: true, SlotLease: 30 * time.Second,
+		Clock: ClockConfig{Correct: true, MaxCorrection: 5 * time.Second, WarnOffset: 100 * time.Millisecond}}
 	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
 		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
 	}
@@ -278,8 +281,10 @@ func TestParseDynamoDBDefaults(t *testing.T) {
 
 func TestParseDynamoDBExplicitValuesKept(t *testing.T) {
 	cfg := mustParse(t, minimal+"store:\n  backend: dynamodb\n  on_error: local\n  replicas: 3\n  dynamodb:\n"+
-		"    table: t-1\n    region: us-east-1\n    endpoint: http://127.0.0.1:8000\n    create_table: true\n    mode: transaction\n    deny_cache: false\n    slot_lease: 2m\n", noEnv)
-	want := DynamoDBConfig{Table: "t-1", Region: "us-east-1", Endpoint: "http://127.0.0.1:8000", CreateTable: true, Mode: "transaction", DenyCache: false, SlotLease: 2 * time.Minute}
+		"    table: t-1\n    region: us-east-1\n    endpoint: http://127.0.0.1:8000\n    create_table: true\n    mode: transaction\n    deny_cache: false\n    slot_lease: 2m\n"+
+		"    clock: {correct: false, max_correction: 1s, warn_offset: 20ms, max_offset: 250ms}\n", noEnv)
+	want := DynamoDBConfig{Table: "t-1", Region: "us-east-1", Endpoint: "http://127.0.0.1:8000", CreateTable: true, Mode: "transaction", DenyCache: false, SlotLease: 2 * time.Minute,
+		Clock: ClockConfig{Correct: false, MaxCorrection: time.Second, WarnOffset: 20 * time.Millisecond, MaxOffset: 250 * time.Millisecond}}
 	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
 		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
 	}
@@ -303,9 +308,12 @@ func TestEnvOverridesDynamoDB(t *testing.T) {
 		"RATELIMIT_STORE_DYNAMODB_TABLE", "from-env",
 		"RATELIMIT_STORE_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000",
 		"RATELIMIT_STORE_DYNAMODB_DENY_CACHE", "false",
+		"RATELIMIT_STORE_DYNAMODB_CLOCK_CORRECT", "false",
+		"RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_OFFSET", "1s",
 	)
 	cfg := mustParse(t, minimal, getenv)
-	want := DynamoDBConfig{Table: "from-env", Endpoint: "http://127.0.0.1:8000", Mode: "refund", DenyCache: false, SlotLease: 30 * time.Second}
+	want := DynamoDBConfig{Table: "from-env", Endpoint: "http://127.0.0.1:8000", Mode: "refund", DenyCache: false, SlotLease: 30 * time.Second,
+		Clock: ClockConfig{Correct: false, MaxCorrection: 5 * time.Second, WarnOffset: 100 * time.Millisecond, MaxOffset: time.Second}}
 	if cfg.Store.DynamoDB == nil || *cfg.Store.DynamoDB != want {
 		t.Errorf("got %+v, want %+v", cfg.Store.DynamoDB, want)
 	}

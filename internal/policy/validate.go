@@ -349,6 +349,22 @@ func checkStore(es *Errors, st *StoreConfig) {
 	if ns := d.Namespace; ns != "" && (len(ns) > maxNameLen || !validName(ns)) {
 		es.add("store.dynamodb.namespace", ns, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
 	}
+	checkClock(es, &d.Clock)
+}
+
+// checkClock checks store.dynamodb.clock. Below a millisecond is below what a round trip to
+// DynamoDB can measure; above an hour is a clock no correction should trust.
+func checkClock(es *Errors, c *ClockConfig) {
+	inRange := func(d time.Duration) bool { return d >= time.Millisecond && d <= time.Hour }
+	if !inRange(c.MaxCorrection) {
+		es.add("store.dynamodb.clock.max_correction", shortDuration(c.MaxCorrection), "must be from 1ms to 1h")
+	}
+	if !inRange(c.WarnOffset) {
+		es.add("store.dynamodb.clock.warn_offset", shortDuration(c.WarnOffset), "must be from 1ms to 1h")
+	}
+	if c.MaxOffset != 0 && !inRange(c.MaxOffset) {
+		es.add("store.dynamodb.clock.max_offset", shortDuration(c.MaxOffset), "must be 0s (off) or from 1ms to 1h")
+	}
 }
 
 // validTableName follows DynamoDB's naming rules for tables.

@@ -80,13 +80,16 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	st, closeStore, err := newStore(ctx, cfg, reg, log, o.Now)
+	st, closeStore, now, clock, err := newStore(ctx, cfg, reg, log, o.Now)
 	if err != nil {
 		if stopped(ctx, err) {
 			log.Info("shut down before serving")
 			return nil
 		}
 		return err
+	}
+	if clock != nil {
+		defer clock.stop() // whichever way Run returns
 	}
 	// Without upstream the gateway serves Envoy's rate limit service alone (validation
 	// guarantees the rls block then): no proxy handler, no proxy listener.
@@ -124,7 +127,7 @@ func Run(ctx context.Context, o Options) error {
 			AccessLog:           cfg.Log.Access,
 			Pseudonyms:          pseudonyms,
 			Metrics:             proxy.NewMetrics(reg),
-			Now:                 o.Now, // nil: time.Now, and the store timer's start doubles as the instant
+			Now:                 now, // nil: time.Now, and the store timer's start doubles as the instant
 		})
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
@@ -170,7 +173,7 @@ func Run(ctx context.Context, o Options) error {
 		if tc != nil {
 			rlsTLS = tc.serverTLS() // the tls block's certificate, rotated on reload like the proxy's
 		}
-		rlsSrv, err = newRLS(ctx, cfg, rl, st, reg, log, o.Now, rlsTLS)
+		rlsSrv, err = newRLS(ctx, cfg, rl, st, reg, log, now, rlsTLS)
 		if err != nil {
 			closeListeners(pl, al)
 			return err
@@ -203,6 +206,11 @@ func Run(ctx context.Context, o Options) error {
 	ready := func(ctx context.Context) error {
 		if draining.Load() {
 			return errors.New("shutting down")
+		}
+		if clock != nil {
+			if err := clock.monitor.Ready(); err != nil {
+				return err // store.dynamodb.clock.max_offset
+			}
 		}
 		return st.Ready(ctx)
 	}

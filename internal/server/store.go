@@ -27,13 +27,18 @@ const warmConns = 4
 // newStore builds the configured backend and wraps it in the circuit breaker and on_error
 // policy of package fallback (every backend, so that readiness and metrics have one shape).
 // Its Ready method is the /readyz probe. closeStore gives back what the backend holds for this
-// replica (the DynamoDB store's unspent leases) at shutdown. now is the gateway's clock (nil:
-// time.Now).
-func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) (_ *fallback.Store, closeStore func(context.Context) error, _ error) {
+// replica (the DynamoDB store's unspent leases) at shutdown. now is the host's clock (nil:
+// time.Now); decide is the clock decisions must use: now, or with the DynamoDB backend the clock
+// corrected by the offset measured against DynamoDB's (store.dynamodb.clock). clock is nil
+// unless the backend is DynamoDB.
+func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) (
+	_ *fallback.Store, closeStore func(context.Context) error, decide func() time.Time, clock *storeClock, _ error,
+) {
 	var (
 		primary bucket.Store
 		healthy func(error) bool
 	)
+	decide = now
 	closeStore = func(context.Context) error { return nil }
 	switch cfg.Store.Backend {
 	case "memory":
@@ -49,7 +54,7 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			}, func() float64 { return float64(m.Evicted()) })),
 		)
 		if err != nil {
-			return nil, nil, fmt.Errorf("register store metrics: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("register store metrics: %w", err)
 		}
 		primary = m
 		// The memory store fails only for a request whose client has gone (it decides even past
@@ -60,13 +65,18 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		d := cfg.Store.DynamoDB // Validate guarantees it with a table
 		sctx, cancel := context.WithTimeout(ctx, StartupTimeout)
 		defer cancel()
-		client, err := NewDynamoClient(sctx, d)
+		var err error
+		if clock, err = newStoreClock(d.Clock, now, log, reg); err != nil {
+			return nil, nil, nil, nil, err
+		}
+		decide = clock.decide
+		client, err := newDynamoClient(sctx, d, clock.local, clock.est.Observe)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		if d.CreateTable {
 			if err := dynamo.CreateTable(sctx, client, d.Table); err != nil {
-				return nil, nil, fmt.Errorf("store.dynamodb.create_table: %w", err)
+				return nil, nil, nil, nil, fmt.Errorf("store.dynamodb.create_table: %w", err)
 			}
 			log.Info("dynamodb table ready", zap.String("table", d.Table))
 		}
@@ -75,7 +85,7 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			mode = dynamo.Transaction
 		}
 		ds := dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg,
-			SlotLease: d.SlotLease, Now: now,
+			SlotLease: d.SlotLease, Now: decide,
 			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 			// batch whose deadline is another waiter's: a write can land up to about twice the
 			// timeout after its decision.
@@ -92,15 +102,23 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		closeStore = func(ctx context.Context) error {
 			err := ds.CloseLeases(ctx)
 			_ = ds.Close() // stop renewing concurrency slots: the drain released them
+			clock.stop()
 			return err
 		}
+		// The clock's probe is the warm-up read: one item never written, no rights beyond the
+		// decisions'. Started last: nothing below can fail and leave it running.
+		defer func() {
+			if clock != nil {
+				clock.start(func(ctx context.Context) error { return ds.Warm(ctx, 1) })
+			}
+		}()
 		// Contention on one hot key, or DynamoDB throttling one, is the store working as
 		// designed, not an outage: the decision follows on_error, the breaker stays closed.
 		healthy = func(err error) bool {
 			return errors.Is(err, dynamo.ErrContention) || errors.Is(err, dynamo.ErrThrottled)
 		}
 	default:
-		return nil, nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
+		return nil, nil, nil, nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
 	}
 
 	onError := fallback.Allow
@@ -131,15 +149,21 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		Registerer: reg,
 	})
 	if err != nil {
-		return nil, nil, err
+		clock = nil // not started: the deferred start sees nil
+		return nil, nil, nil, nil, err
 	}
-	return fb, closeStore, nil
+	return fb, closeStore, decide, clock, nil
 }
 
 // NewDynamoClient builds the DynamoDB client for the store.dynamodb block from the standard AWS
 // chain. It fails when neither the block nor the chain names a region.
 func NewDynamoClient(ctx context.Context, d *policy.DynamoDBConfig) (*dynamodb.Client, error) {
-	client, err := dynamo.NewClient(ctx, dynamo.ClientOptions{Region: d.Region, Endpoint: d.Endpoint})
+	return newDynamoClient(ctx, d, nil, nil)
+}
+
+// newDynamoClient is NewDynamoClient whose answers' Date headers go to dates, timed with now.
+func newDynamoClient(ctx context.Context, d *policy.DynamoDBConfig, now func() time.Time, dates dynamo.DateObserver) (*dynamodb.Client, error) {
+	client, err := dynamo.NewClient(ctx, dynamo.ClientOptions{Region: d.Region, Endpoint: d.Endpoint, Now: now, Dates: dates})
 	if err != nil {
 		return nil, fmt.Errorf("store.dynamodb: %w", err)
 	}
