@@ -62,8 +62,13 @@
 //
 // # Clock skew and late writes
 //
-// Replicas take now from their own clocks. GCRA and fixed windows stay exact with skewed clocks
-// (skew only shifts when one replica thinks a window rolls or a token refills). The sliding
+// Replicas take now from their own clocks, and the store is exact for one clock only. A replica
+// whose clock runs ahead by d refills a GCRA bucket d early (rate × d more than burst + rate ×
+// elapsed across the fleet) and starts the next fixed window or quota period d early (around a
+// boundary, up to a window's count more within less than a window). The gateway measures each
+// replica's offset against the Date header of DynamoDB's answers (WithDates, package clockref)
+// and by default decides on the corrected clock; docs/dynamodb.md states the bound per algorithm
+// in terms of the measured error. The sliding
 // window caches closed slots, which is exact only if no write lands in a slot after a replica
 // took its count. Sealing guarantees that for slots taken within Options.LateWrites (H) of their
 // end: a write decided in such a slot that lands after the seal, late on the network or from a
@@ -73,8 +78,8 @@
 // clock lags by more than that, or one whose clock steps back by more, can still add to a slot
 // that others have read and cached, and exceed the bound by what it admits in that time. A
 // replica whose clock runs ahead by d seals slots d early, so in-sync replicas reject the
-// requests of the last d of each slot for the keys it touched. Keep clocks in sync (NTP:
-// milliseconds against H of seconds).
+// requests of the last d of each slot for the keys it touched, and it stops counting the oldest
+// d of the window d early: the limit then holds over any window − d.
 //
 // # Group semantics
 //
