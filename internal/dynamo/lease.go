@@ -95,11 +95,12 @@ type pool struct {
 	arrivals   int64   // requests since estAt
 	estAt      int64
 	lastUse    int64
-	rtt        int64        // smoothed round trip of a lease write
-	nextID     uint64       // of the next grant
-	fails      uint         // renewals in a row that found every shard empty
-	lastEmpty  int64        // instant of the last renewal that found every shard empty
-	throttled  atomic.Int64 // throttled calls of this pool's renewals
+	// rtt is the smoothed round trip of a renewal, rttDev its mean deviation (see rto).
+	rtt, rttDev int64
+	nextID      uint64       // of the next grant
+	fails       uint         // renewals in a row that found every shard empty
+	lastEmpty   int64        // instant of the last renewal that found every shard empty
+	throttled   atomic.Int64 // throttled calls of this pool's renewals
 }
 
 // shard is one item of a pool.
@@ -112,13 +113,17 @@ type shard struct {
 	empty        bool  // the last try found it empty: poll it with a read first
 }
 
-// grant is one lease: units reserved by one write, spendable until expires.
+// grant is units reserved by one lease write, spendable until expires. A token bucket's write
+// is cut into several grants, its chunks (see chunks), each expiring with its own first unit.
 type grant struct {
 	id      uint64 // unique in the pool
 	shard   int
-	units   int64
+	units   int64 // unspent
+	size    int64 // units at the start
 	at      int64 // instant of the write: a unit is never spent before it
 	expires int64
+	write   uint64 // id of the write's first chunk
+	last    bool   // the write's last chunk (a window's one grant)
 	// GCRA: the tat our write left, and since, for giving units back while nobody wrote after
 	// us, and tail, the place of our last unit (a drain may leave tat a fraction of T past it);
 	// fixed window: the window's item.
@@ -157,6 +162,7 @@ func newPool(ls *leasePools, k leaseKey, n int64) *pool {
 		// the first renewal is placed and sized like the later ones.
 		rtt: ls.s.live.rtt.Load(),
 	}
+	p.rttDev = p.rtt / 2 // as RFC 6298 starts: nothing known of the spread yet
 	// Replicas start on different shards (the key's digest and this Store's address would do;
 	// a random start spreads them without coordination).
 	p.home = rand.IntN(shards)

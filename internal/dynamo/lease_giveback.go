@@ -29,11 +29,24 @@ func (p *pool) refundLater(gs ...grant) {
 	if !p.ls.goTracked(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), refundTimeout)
 		defer cancel()
-		for i := len(gs) - 1; i >= 0; i-- {
-			p.refundGrant(ctx, gs[i])
-		}
+		p.refundAll(ctx, gs)
 	}) {
 		p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(units))
+	}
+}
+
+// refundAll gives the unspent units of gs (in the order they were taken) back, newest first. A
+// chunk that is not its write's last can go back only once the chunk after it went back whole
+// (its places then end where tat is): otherwise it is counted expired without a write.
+func (p *pool) refundAll(ctx context.Context, gs []grant) {
+	next := map[uint64]bool{} // write -> the chunk after the one at hand went back whole
+	for i := len(gs) - 1; i >= 0; i-- {
+		g := gs[i]
+		if !g.last && !next[g.write] {
+			p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
+			continue
+		}
+		next[g.write] = p.refundGrant(ctx, g) && g.units == g.size
 	}
 }
 
@@ -59,9 +72,9 @@ const (
 // lower than its own (a pool's give-backs are serial: p.giveMu). A re-sent give-back whose first
 // attempt landed then fails its condition, and the item it returns (ALL_OLD) shows whether ours
 // landed: the marker is our number (window), tat is where we set it with our since (token bucket).
-func (p *pool) refundGrant(ctx context.Context, g grant) {
+func (p *pool) refundGrant(ctx context.Context, g grant) bool {
 	if g.units <= 0 {
-		return
+		return true
 	}
 	p.giveMu.Lock()
 	defer p.giveMu.Unlock()
@@ -112,17 +125,17 @@ func (p *pool) refundGrant(ctx context.Context, g grant) {
 				}
 				p.mu.Unlock()
 			}
-			return
+			return true
 		case errors.As(err, &ccf):
 			m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
-			return
+			return false
 		}
 		m.errors.WithLabelValues(opLeaseRefund).Inc()
 		if attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
 			// Never lost silently: counted as expired (it may have landed: then the table is
 			// roomier than we count, never the other way) and as an error.
 			m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
-			return
+			return false
 		}
 	}
 }

@@ -202,6 +202,45 @@ func (p *pool) learn(sh *shard, old map[string]types.AttributeValue, n, f int64)
 	return max(sh.count-c, 0), nil
 }
 
+// chunkSpan is how much of a token bucket's schedule one chunk of a lease spans, in TTLs.
+const chunkSpan = 4
+
+// chunks cuts g, a lease write's grant, into the grants the pool spends from (the caller holds
+// p.mu). A token bucket's unit j (place base + j*T) may be spent until its place - T + ttl: one
+// grant for the whole write would have to die with its first unit, and on a slow store, whose
+// leases arrive late in their first units' lives, its later units with it. So the write is cut
+// into chunks spanning a quarter TTL of places each, and each chunk expires with its own first
+// unit: a lease lives as long as its units, to within a quarter TTL. Within a chunk any unit
+// may stand for any other (all live until the chunk expires), so spending and giving back
+// count units. A window's units all live until its end: one grant.
+func (p *pool) chunks(g grant) []grant {
+	g.size, g.write, g.last = g.units, g.id, true
+	if !p.gcra || g.units <= 1 {
+		return []grant{g}
+	}
+	t := p.shards[g.shard].t
+	c := max(1, p.ttl/(chunkSpan*t)) // units per chunk
+	base := g.tail - g.units*t       // the place before the first unit
+	out := make([]grant, 0, (g.units+c-1)/c)
+	for off := int64(0); off < g.units; off += c {
+		k := g
+		if off > 0 {
+			p.nextID++
+			k.id = p.nextID
+		}
+		k.units = min(c, g.units-off)
+		k.size = k.units
+		k.tail = base + (off+k.units)*t
+		k.expires = base + off*t + p.ttl
+		k.last = off+k.units == g.units
+		if !k.last {
+			k.end = k.tail // a refund of this chunk needs the later ones back first
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
 // granted builds the grant of lease write f, applied at n, from the item it returned.
 func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.AttributeValue) (*grant, error) {
 	p.mu.Lock()

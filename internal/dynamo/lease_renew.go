@@ -30,9 +30,11 @@ func (p *pool) startRenewal(ctx context.Context, n int64) {
 	// recycle its context once Take returns (the proxy's does). Its deadline is longer than the
 	// decision's: a store slower than store.timeout fails the requests waiting for the renewal
 	// (they follow on_error), but the lease it brings back still serves the next ones.
-	budget := renewTimeout
+	// At least renewSlack measured round trips (rto, a high percentile): a renewal cut short
+	// on a slow store brings nothing, and, sent once, may leave its units to no one.
+	budget := max(renewTimeout, renewSlack*time.Duration(p.rto()))
 	if d, ok := ctx.Deadline(); ok {
-		budget = max(renewSlack*time.Until(d), renewFloor)
+		budget = max(renewSlack*time.Until(d), renewFloor, renewSlack*time.Duration(p.rto()))
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), budget)
 	rctx = context.WithValue(rctx, throttleCounter{}, &p.throttled)
@@ -54,13 +56,7 @@ func (p *pool) renew(ctx context.Context, n, want, shift int64) {
 	rtt := int64(time.Since(start))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if rtt > 0 {
-		if p.rtt == 0 {
-			p.rtt = rtt
-		} else {
-			p.rtt += (rtt - p.rtt) / 4
-		}
-	}
+	p.sample(rtt)
 	switch {
 	case err != nil:
 		p.err = fmt.Errorf("dynamo: lease %s: %w", p.base, err)
@@ -70,7 +66,7 @@ func (p *pool) renew(ctx context.Context, n, want, shift int64) {
 		p.lastEmpty = max(p.lastEmpty, n)
 		p.ls.s.m.leases.WithLabelValues(leaseEmpty).Inc()
 	default:
-		p.grants = append(p.grants, *g)
+		p.grants = append(p.grants, p.chunks(*g)...)
 		p.hold(g.units)
 		p.emptyUntil, p.fails = 0, 0
 		p.ls.s.m.leases.WithLabelValues(leaseGranted).Inc()

@@ -9,11 +9,35 @@ import (
 // Sizing: how many units a renewal asks for, how long they last, where they are placed, and
 // when the next renewal starts.
 
-// live is the units that can still be spent after the next round trip.
+// sample adds a renewal's round trip to the pool's estimates (the caller holds p.mu): the mean
+// and the mean deviation, with gains of 1/4, as TCP's retransmission timer (RFC 6298) does.
+func (p *pool) sample(rtt int64) {
+	if rtt <= 0 {
+		return
+	}
+	if p.rtt == 0 {
+		p.rtt, p.rttDev = rtt, rtt/2
+		return
+	}
+	d := rtt - p.rtt
+	if d < 0 {
+		d = -d
+	}
+	p.rttDev += (d - p.rttDev) / 4
+	p.rtt += (rtt - p.rtt) / 4
+}
+
+// rto is the round trip a renewal is expected to stay within: the mean plus four mean
+// deviations, a high percentile of the store's round trips however they are spread (a store
+// that answers in 20 ms to 320 ms has a mean of 170 ms and an rto near 470 ms).
+func (p *pool) rto() int64 { return p.rtt + 4*p.rttDev }
+
+// live is the units that can still be spent once a renewal started now has come back.
 func (p *pool) live(n int64) int64 {
 	var u int64
+	horizon := n + p.rto()
 	for _, g := range p.grants {
-		if g.expires > n+2*p.rtt {
+		if g.expires > horizon {
 			u += g.units
 		}
 	}
@@ -21,13 +45,14 @@ func (p *pool) live(n int64) int64 {
 }
 
 // prefetch starts a renewal when the units that outlive the next round trip would last less
-// than about two round trips at the demand seen, so that a steady stream never waits.
+// than that round trip (rto, and a millisecond) at the demand seen, so that a steady stream
+// never waits, however slow the store.
 func (p *pool) prefetch(ctx context.Context, n int64) {
 	if p.renewing || p.emptyUntil > n {
 		return
 	}
-	low := int64(math.Ceil(p.rate*float64(2*p.rtt+int64(time.Millisecond)))) + 1
-	if p.live(n) <= low && p.anyReady(n, max(1, p.want(n)/2)) {
+	low := int64(math.Ceil(p.rate*float64(p.rto()+int64(time.Millisecond)))) + 1
+	if p.live(n) <= low && p.anyReady(n, p.least(p.want(n))) {
 		p.startRenewal(ctx, n)
 	}
 }
@@ -48,13 +73,25 @@ func (p *pool) estimate(n int64) {
 
 // want is the size of the next lease: the demand over one horizon, plus the requests already
 // waiting, at least one, and no more than a shard can ever hold.
+//
+// The horizon is half the lease's lifetime, and at least two round trips (rto: one while the
+// lease is on its way, one while the next one is), never past the lifetime. A token bucket's
+// units die one after the other (see chunks): unit j at its place - T + ttl. A replica that
+// spends faster than the shard's rate (1/T) spends each unit before it dies as long as the
+// first is alive when the lease arrives; one that spends slower falls behind by 1/rate - T per
+// unit, so its lease is cut to what it can spend in the lifetime left after the round trip.
 func (p *pool) want(n int64) int64 {
 	p.estimate(n)
-	// A lease should last half its lifetime, and at least two round trips of a slow store
-	// (while the next one is on its way), never past its lifetime.
 	life := p.lifetime(n)
-	horizon := min(max(life/2, 2*p.rtt), life)
+	rto := p.rto()
+	horizon := min(max(life/2, 2*rto), life)
 	w := int64(math.Ceil(p.rate*float64(horizon))) + p.waiting
+	if p.gcra && p.rate > 0 {
+		if behind := 1/p.rate - float64(p.shards[p.home].t); behind > 0 {
+			spendable := int64(float64(max(life-p.rtt, 0))/behind) + p.waiting
+			w = min(w, max(spendable, 1))
+		}
+	}
 	return max(1, min(w, p.capacity()))
 }
 
@@ -94,8 +131,8 @@ func (p *pool) capacity() int64 {
 }
 
 // shift is how far past the decision's instant a token bucket's renewal places its first unit
-// (the caller holds p.mu): the store's smoothed round trip, at most half of what a lease may
-// span. A unit may be held ttl past its place, so a lease taken from an idle bucket whose answer
+// (the caller holds p.mu): the store's smoothed round trip, or rto - ttl when that is more, at
+// most half of what a lease may span. A unit may be held ttl past its place, so a lease taken from an idle bucket whose answer
 // takes longer than ttl would arrive with its first units dead, and a store that stays that
 // slow would never lease anything usable; placed a round trip later, the lease arrives alive.
 // The places skipped are lost, which costs an idle bucket a round trip of its refill, and a
@@ -107,5 +144,8 @@ func (p *pool) shift() int64 {
 	if p.ls.forced {
 		return p.ls.forceShift
 	}
-	return min(p.rtt, p.shards[len(p.shards)-1].tauL/2)
+	// A unit may be held ttl past its place, so a first unit placed rto - ttl ahead is alive
+	// when the lease arrives, however slow the store, within reason: at most half of what a
+	// lease may span.
+	return min(max(p.rtt, p.rto()-p.ttl), p.shards[len(p.shards)-1].tauL/2)
 }

@@ -21,6 +21,11 @@ func (p *pool) expire(n int64) {
 		switch {
 		case g.expires >= n:
 			keep = append(keep, g)
+		case g.units > 0 && !g.last:
+			// A chunk with later ones of its write still live: their places follow its
+			// own, so its units cannot go back.
+			p.hold(-g.units)
+			p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
 		case g.units > 0:
 			p.hold(-g.units)
 			p.refundLater(g)
@@ -143,10 +148,14 @@ func (ls *leasePools) close(ctx context.Context) error {
 			p.grants = nil
 			p.hold(-p.units)
 			p.mu.Unlock()
-			rctx, cancel := context.WithTimeout(context.Background(), refundTimeout)
-			for i := len(grants) - 1; i >= 0; i-- { // newest first, as refundLater
-				p.refundGrant(rctx, grants[i])
+			var gs []grant
+			for _, g := range grants {
+				if g.units > 0 {
+					gs = append(gs, g)
+				}
 			}
+			rctx, cancel := context.WithTimeout(context.Background(), refundTimeout)
+			p.refundAll(rctx, gs)
 			cancel()
 		}
 		close(done)

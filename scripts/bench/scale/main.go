@@ -63,9 +63,12 @@ type options struct {
 	shift        time.Duration
 	conns        int // keep-alive connections per replica
 	storeTimeout time.Duration
-	bin          string
-	out          string
-	timeout      time.Duration
+	// storeDelay and storeJitter slow every call of the store: the relay waits storeDelay + U[0,
+	// storeJitter] before it forwards it.
+	storeDelay, storeJitter time.Duration
+	bin                     string
+	out                     string
+	timeout                 time.Duration
 }
 
 func envOr(name, def string) string {
@@ -92,6 +95,8 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.shift, "shift", dur(envOr("BENCH_SCALE_SHIFT", "10s")), "load-shift phase (BENCH_SCALE_SHIFT)")
 	fs.IntVar(&o.conns, "conns", atoi(envOr("BENCH_SCALE_CONNS", "128")), "keep-alive connections per replica (BENCH_SCALE_CONNS)")
 	fs.DurationVar(&o.storeTimeout, "store-timeout", dur(envOr("BENCH_SCALE_STORE_TIMEOUT", "200ms")), "the replicas' store.timeout (BENCH_SCALE_STORE_TIMEOUT)")
+	fs.DurationVar(&o.storeDelay, "store-delay", dur(envOr("BENCH_SCALE_STORE_DELAY", "0s")), "the relay delays every call to the store by this much, plus -store-jitter (BENCH_SCALE_STORE_DELAY)")
+	fs.DurationVar(&o.storeJitter, "store-jitter", dur(envOr("BENCH_SCALE_STORE_JITTER", "0s")), "and by a uniform random part in [0, this] (BENCH_SCALE_STORE_JITTER)")
 	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
 	fs.StringVar(&o.out, "out", ".cache/bench", "where scale.json, scale-phases.json and the replicas' logs go")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the whole run")
@@ -112,6 +117,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-rate %v, -burst %v, -load %v: want positive numbers", o.rate, o.burst, o.load)
 	case o.itemCap < 1 || o.shards < 1 || o.conns < 1:
 		return o, fmt.Errorf("-item-cap %d, -shards %d, -conns %d: want at least 1", o.itemCap, o.shards, o.conns)
+	case o.storeDelay < 0 || o.storeJitter < 0:
+		return o, fmt.Errorf("-store-delay %v, -store-jitter %v: want no negative duration", o.storeDelay, o.storeJitter)
 	case o.steady <= 0 || o.shift < 0 || o.warmup < 0 || o.pause < 0:
 		return o, fmt.Errorf("-steady %v, -shift %v, -warmup %v, -pause %v: want a positive steady phase and no negative one", o.steady, o.shift, o.warmup, o.pause)
 	}
@@ -221,7 +228,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		}
 	}
 
-	relay, err := ddbrelay.New(ddb.Endpoint, ddbrelay.Options{WritesPerItemPerSecond: o.itemCap})
+	relay, err := ddbrelay.New(ddb.Endpoint, ddbrelay.Options{
+		WritesPerItemPerSecond: o.itemCap, Delay: o.storeDelay, Jitter: o.storeJitter, Seed: uint64(time.Now().UnixNano()),
+	})
 	if err != nil {
 		return err
 	}
@@ -278,6 +287,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	}
 	fmt.Fprintf(stdout, "%d replicas ready; pool %.0f/s burst %.0f, item cap %d writes/s, %s; offering %.0f/s for %v warm-up (not counted), %v pause, %v steady + %v shift\n",
 		o.replicas, o.rate, o.burst, o.itemCap, mode, o.load*o.rate, o.warmup, o.pause, o.steady, o.shift)
+	fmt.Fprintf(stdout, "store: every call delayed %v + U[0, %v] by the relay; store.timeout %v\n", o.storeDelay, o.storeJitter, o.storeTimeout)
 
 	cpuBefore := cpuSeconds(reps, ddb)
 	loadBefore := loadAvg()
@@ -319,6 +329,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		return err
 	}
 	hs, leaseHs, counters := after.minus(before)
+	storeLat := relay.Stats().Latency // the measurement's, before the shutdown's give-backs
 	// Stop the replicas before reading the relay: the writes of a clean shutdown (lease
 	// refunds) are part of the cost.
 	stopAll()
@@ -334,7 +345,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		}
 	}
 	res := result(o.replicas, o.rate, o.burst, o.itemCap, counts,
-		relayCounts{forwarded: st.Writes.Forwarded, throttled: st.Writes.Throttled, hottest: st.Hottest.Attempted()}, p99)
+		relayCounts{forwarded: st.Writes.Forwarded, throttled: st.Writes.Throttled, hottest: st.Hottest.Attempted(),
+			storeP50: storeLat.P50, storeP99: storeLat.P99}, p99)
 	ph := phases(o.rate, o.burst, counts)
 
 	if err := writeJSON(filepath.Join(o.out, "scale.json"), res); err != nil {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"sort"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -30,6 +31,13 @@ type Result struct {
 	HottestItemWritesPerS int64   `json:"hottest_item_writes_per_s"`
 	ThrottledWrites       int64   `json:"throttled_writes"`
 	P99DecisionMs         float64 `json:"p99_decision_ms"`
+	// StoreP50Ms and StoreP99Ms are the store's answer times as the relay saw them (every call,
+	// the injected BENCH_SCALE_STORE_DELAY and _JITTER included), over the measurement.
+	StoreP50Ms float64 `json:"store_p50_ms"`
+	StoreP99Ms float64 `json:"store_p99_ms"`
+	// Non200429 counts the answers that were neither 200 nor 429 (503s of on_error: deny,
+	// timeouts, transport errors): a good run has none.
+	Non200429 int64 `json:"non_200_429"`
 }
 
 // Phase is one phase's numbers in .cache/bench/scale-phases.json.
@@ -99,16 +107,19 @@ func phases(rate, burst float64, counts []phaseCounts) []Phase {
 // relayCounts is what the result needs from the relay's statistics.
 type relayCounts struct {
 	forwarded, throttled, hottest int64
+	// storeP50 and storeP99 are the relay's answer times.
+	storeP50, storeP99 time.Duration
 }
 
 // result builds the whole run's record.
 func result(replicas int, rate, burst float64, itemCap int, counts []phaseCounts, relay relayCounts, p99Seconds float64) Result {
 	var dur float64
-	var offered, admitted int64
+	var offered, admitted, other int64
 	for _, c := range counts {
 		dur += c.durationS
 		offered += c.offered
 		admitted += c.ok
+		other += c.other
 	}
 	bound := burst + rate*dur
 	over, under := bounds(bound, admitted)
@@ -118,6 +129,8 @@ func result(replicas int, rate, burst float64, itemCap int, counts []phaseCounts
 		ExactBound: round(bound, 1), OverAdmits: round(over, 1), UnderAdmitRatio: round(under, 5),
 		Writes: relay.forwarded, HottestItemWritesPerS: relay.hottest, ThrottledWrites: relay.throttled,
 		P99DecisionMs: round(p99Seconds*1000, 4),
+		StoreP50Ms:    round(relay.storeP50.Seconds()*1000, 2), StoreP99Ms: round(relay.storeP99.Seconds()*1000, 2),
+		Non200429: other,
 	}
 	if admitted > 0 {
 		r.WritesPerAdmitted = round(float64(relay.forwarded)/float64(admitted), 5)

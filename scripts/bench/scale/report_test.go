@@ -6,15 +6,17 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The field set of scale.json is a contract other tools check: exactly these, all numbers.
 func TestResultJSONFieldsExactly(t *testing.T) {
 	counts := []phaseCounts{
 		{name: "steady", durationS: 20, offered: 80000, ok: 40500, limited: 39500},
-		{name: "shift", durationS: 10, offered: 40000, ok: 19000, limited: 21000},
+		{name: "shift", durationS: 10, offered: 40000, ok: 19000, limited: 20993, other: 7},
 	}
-	res := result(8, 2000, 1000, 200, counts, relayCounts{forwarded: 1200, throttled: 3, hottest: 40}, 0.000812)
+	res := result(8, 2000, 1000, 200, counts, relayCounts{forwarded: 1200, throttled: 3, hottest: 40,
+		storeP50: 4500 * time.Microsecond, storeP99: 318250 * time.Microsecond}, 0.000812)
 	b, err := json.Marshal(res)
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +27,7 @@ func TestResultJSONFieldsExactly(t *testing.T) {
 	}
 	want := []string{"replicas", "pool_rate", "pool_burst", "item_write_cap_per_s", "duration_s", "offered",
 		"admitted", "exact_bound", "over_admits", "under_admit_ratio", "writes", "writes_per_admitted",
-		"hottest_item_writes_per_s", "throttled_writes", "p99_decision_ms"}
+		"hottest_item_writes_per_s", "throttled_writes", "p99_decision_ms", "store_p50_ms", "store_p99_ms", "non_200_429"}
 	var got []string
 	for k, v := range m {
 		got = append(got, k)
@@ -43,6 +45,7 @@ func TestResultJSONFieldsExactly(t *testing.T) {
 		"duration_s": 30, "offered": 120000, "admitted": 59500, "exact_bound": 61000, "over_admits": 0,
 		"under_admit_ratio": 0.02459, "writes": 1200, "writes_per_admitted": 0.02017,
 		"hottest_item_writes_per_s": 40, "throttled_writes": 3, "p99_decision_ms": 0.812,
+		"store_p50_ms": 4.5, "store_p99_ms": 318.25, "non_200_429": 7,
 	} {
 		if m[k] != v {
 			t.Errorf("%s got %v, want %v", k, m[k], v)

@@ -1,0 +1,124 @@
+package dynamo_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+)
+
+// Leases on a slow store (issue 17, class 5), against DynamoDB Local on simulated instants.
+
+// heldLease makes s hold units of c leased at at: a group of cost units that a spent gate
+// rejects leases them, and gives them back to the grant unspent.
+func heldLease(t *testing.T, s *dynamo.Store, at time.Time, c bucket.Charge, units int64) {
+	t.Helper()
+	gate := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}}
+	if !takeAt(t, s, at, gate) {
+		t.Fatal("the gate's only request was rejected")
+	}
+	big := c
+	big.Cost = units
+	if takeAt(t, s, at, big, gate) {
+		t.Fatal("the gated group was admitted")
+	}
+	dynamo.Settle(s)
+}
+
+// TestLeaseLaterUnitsOutliveTheFirst: a token bucket's leased unit j may be spent until its own
+// place - T + ttl, so a lease's later units outlive its first. A lease that died whole with its
+// first unit would lose most of itself on a store slow enough that leases arrive late in their
+// first units' lives. 60 units at 10 ms apart, ttl 200 ms: at +400 ms units 21 to 60 are alive.
+func TestLeaseLaterUnitsOutliveTheFirst(t *testing.T) {
+	api, table := localTable(t)
+	leakCheck(t)
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 100, Burst: 100}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, Lease: bucket.Lease{Shards: 1, TTL: 200 * time.Millisecond}}
+	reg := prometheus.NewRegistry()
+	s := dynamo.New(api, dynamo.Options{Table: table, Now: frozen, Registerer: reg})
+	t.Cleanup(func() { closeLeases(t, s) })
+	dynamo.SetLeaseShift(s, 0)
+	heldLease(t, s, t0, c, 60)
+	// Spending may have started a renewal ahead of need: its units sit after the 60.
+	extra := int(units(t, reg, "leased")) - 60
+	at := t0.Add(400 * time.Millisecond)
+	admitted := 0
+	for range 60 {
+		ok, decided := s.TakeLocal(at, []bucket.Charge{c}, make([]bucket.Result, 1))
+		if decided && ok {
+			admitted++
+		}
+	}
+	// Chunks of a quarter TTL (5 units): the chunk of units 21-25 expires at exactly +400 ms.
+	if admitted < 40 || admitted > 40+extra {
+		t.Errorf("at +400 ms, %d units spent, want the 40 of the 60 still alive (units 21 to 60) and at most the %d leased after them",
+			admitted, extra)
+	}
+}
+
+// slowAPI forwards to a real table; while shut, lease writes wait for open (a slow store), and
+// once failing is set they fail instead.
+type slowAPI struct {
+	dynamo.API
+	shut, failing atomic.Bool
+	open          chan struct{}
+}
+
+var errStore = errors.New("store: internal server error")
+
+func (s *slowAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if s.shut.Load() && isLeaseWrite(in) {
+		select {
+		case <-s.open:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if s.failing.Load() {
+			return nil, errStore
+		}
+	}
+	return s.API.UpdateItem(ctx, in, o...)
+}
+
+// TestHeldUnitsServeWhileRenewalIsSlowOrFails: while a renewal is on its way (slowly), and after
+// it failed, every request the units already held can serve is admitted, at once and without an
+// error: neither a renewal in flight nor a store error rejects what the lease holds.
+func TestHeldUnitsServeWhileRenewalIsSlowOrFails(t *testing.T) {
+	api, table := localTable(t)
+	leakCheck(t)
+	slow := &slowAPI{API: api, open: make(chan struct{})}
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 100, Burst: 100}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, Lease: bucket.Lease{Shards: 1, TTL: 500 * time.Millisecond}}
+	s := dynamo.New(slow, dynamo.Options{Table: table, Now: frozen})
+	t.Cleanup(func() { closeLeases(t, s) })
+	dynamo.SetLeaseShift(s, 0)
+	heldLease(t, s, t0, c, 40)
+	slow.shut.Store(true)
+	at := t0.Add(10 * time.Millisecond)
+	take := func(i int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		ok, err := s.Take(ctx, at, []bucket.Charge{c}, make([]bucket.Result, 1))
+		if !ok || err != nil {
+			t.Fatalf("request %d, with units held: admitted=%v err=%v, want admitted", i, ok, err)
+		}
+	}
+	// Spending the lease starts a renewal ahead of need, which the store holds.
+	for i := range 20 {
+		take(i)
+	}
+	slow.failing.Store(true)
+	close(slow.open) // the renewal fails
+	dynamo.Settle(s)
+	for i := 20; i < 40; i++ {
+		take(i)
+	}
+}
