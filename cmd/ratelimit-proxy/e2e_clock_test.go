@@ -213,3 +213,49 @@ func TestClockCorrectionAcrossReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestClockMaxOffsetReadiness: with store.dynamodb.clock.max_offset, a replica 2s ahead that does
+// not correct its clock answers /readyz 503 naming the clock, while one that corrects it is ready
+// (its decision clock is within the bound) and an in-sync one too.
+func TestClockMaxOffsetReadiness(t *testing.T) {
+	endpoint := dynamoEndpoint(t)
+	table := "e2e-skew-ready-" + randomSuffix()
+	up := newUpstream(t, nil)
+	store := func(clock string) string {
+		return dynamoStore(table, endpoint, true, "5s", "  on_error: deny\n") + clock + skewPolicy
+	}
+	// Started first: it creates the table, and the readiness of the others is about the clock.
+	inSync := startGateway(t, up.URL, store("    clock: {max_offset: 500ms}\n"), awsEnv()...)
+	corrected := startGatewayArgs(t, []string{"--test-clock-offset=2s"}, up.URL, store("    clock: {max_offset: 500ms}\n"), awsEnv()...)
+	unready := launchGateway(t, []string{"--test-clock-offset=2s"}, up.URL, store("    clock: {correct: false, max_offset: 500ms}\n"), awsEnv()...)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(unready.admin + "/readyz")
+		if err == nil {
+			body := make([]byte, 512)
+			n, _ := resp.Body.Read(body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body[:n]), "max_offset") {
+				t.Logf("/readyz of the uncorrected replica: %d %s", resp.StatusCode, body[:n])
+				break
+			}
+			if resp.StatusCode == http.StatusOK {
+				t.Fatalf("/readyz of a replica 2s off with max_offset 500ms: 200, want 503")
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 503 naming max_offset from /readyz after 30s:\n%s", unready.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling a process with a deadline
+	}
+	for name, g := range map[string]*gateway{"in sync": inSync, "2s ahead, corrected": corrected} {
+		if resp, body := get(t, g.admin+"/readyz"); resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: /readyz %d %q, want 200", name, resp.StatusCode, body)
+		}
+	}
+	// Unready for the load balancer, but it still decides (on its own clock) if asked.
+	if code := statusOf(unready.proxy+"/x", "someone"); code != http.StatusOK {
+		t.Errorf("the unready replica answered %d, want 200: readiness routes traffic away, it does not refuse it", code)
+	}
+}

@@ -134,6 +134,32 @@ func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gatewa
 // startGatewayArgs is startGateway with more arguments for serve (such as --test-clock-offset).
 func startGatewayArgs(t *testing.T, args []string, upstreamURL, rest string, env ...string) *gateway {
 	t.Helper()
+	g := launchGateway(t, args, upstreamURL, rest, env...)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(g.admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return g
+			}
+		}
+		select {
+		case <-g.exited:
+			t.Fatalf("gateway exited before it was ready: %v\n%s", g.exitErr, g.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not ready after 20s:\n%s", g.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
+	}
+}
+
+// launchGateway starts the gateway process (serve with args) and stops it at the test's end,
+// without waiting for it to be ready.
+func launchGateway(t *testing.T, args []string, upstreamURL, rest string, env ...string) *gateway {
+	t.Helper()
 	if strings.Contains(rest, "fixed_window") {
 		waitOutHourEdge(t, hourEdgeMargin)
 	}
@@ -160,25 +186,7 @@ func startGatewayArgs(t *testing.T, args []string, upstreamURL, rest string, env
 			t.Logf("gateway logs:\n%s", g.logs.String())
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(g.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return g
-			}
-		}
-		select {
-		case <-g.exited:
-			t.Fatalf("gateway exited before it was ready: %v\n%s", g.exitErr, g.logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway not ready after 20s:\n%s", g.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
-	}
+	return g
 }
 
 // waitListenerClosed polls until the proxy port refuses connections (shutdown has begun).

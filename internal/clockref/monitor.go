@@ -150,13 +150,22 @@ func (m *Monitor) Update(now time.Time) Estimate {
 	}
 	// The clock of Now is off by offset − corr, somewhere in [Lo − corr, Hi − corr].
 	if mo := m.o.MaxOffset; mo > 0 && est.Known && (est.Lo-s.corr > mo || est.Hi-s.corr < -mo) {
-		s.notReady = fmt.Errorf("clock off by %v ± %v from %s (after a correction of %v): more than store.dynamodb.clock.max_offset %v",
-			(est.Offset() - s.corr).Round(time.Microsecond), est.Uncertainty().Round(time.Microsecond), m.o.Subject, s.corr, mo)
+		s.notReady = fmt.Errorf("the decision clock is %s %s's by %v ± %v (host clock corrected by %v): more than store.dynamodb.clock.max_offset %v",
+			aheadOrBehind(est.Offset()-s.corr), m.o.Subject, (est.Offset() - s.corr).Abs().Round(time.Microsecond),
+			est.Uncertainty().Round(time.Microsecond), s.corr, mo)
 	}
 	m.corr.Store(int64(s.corr))
 	m.last.Store(s)
 	m.warn(now, s)
 	return est
+}
+
+// aheadOrBehind says how a clock relates to the reference for an offset (reference minus clock).
+func aheadOrBehind(offset time.Duration) string {
+	if offset < 0 {
+		return "ahead of"
+	}
+	return "behind"
 }
 
 // warn logs while the local clock is off by more than WarnOffset for certain: once, then once a
@@ -171,7 +180,7 @@ func (m *Monitor) warn(now time.Time, s *state) {
 	switch {
 	case off && (!m.warning || now.Sub(m.warnedAt) >= warnEvery):
 		m.o.Log.Warn("this host's clock is off; fix its time synchronization (NTP)",
-			zap.String("reference", m.o.Subject),
+			zap.String("reference", m.o.Subject), zap.String("host_clock", aheadOrBehind(est.Offset())),
 			zap.Duration("offset", est.Offset()), zap.Duration("uncertainty", est.Uncertainty()),
 			zap.Duration("warn_offset", wo), zap.Duration("correction", s.corr), zap.Bool("correct", m.o.Correct))
 		m.warning, m.warnedAt = true, now
