@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit test-faults soak bench bench-scale profile-c profile-d schema clean
+.PHONY: all build run test check unit test-faults soak bench bench-scale check-exact profile-c profile-d schema clean
 
 all: build
 
@@ -53,6 +53,15 @@ bench:
 ## BENCH_SCALE_LEASE=0 for the baseline without leases; other knobs: go run ./scripts/bench/scale -h
 bench-scale: build
 	$(GO) run ./scripts/bench/scale
+
+## check-exact: the adversary of the shared store: 3 gateway processes on one DynamoDB Local table
+## behind a fault relay (dropped responses, duplicates, resets, delays, throttles), a replica
+## SIGKILLed and restarted, offset clocks, every algorithm with leases on and off, both group
+## modes; checks the exact bound over every interval of the recorded history and writes
+## .cache/check/exact.json (minutes). CHECK_EXACT_DURATION=30s per run; other knobs:
+## go run ./scripts/check/exact -h. `make test` runs a short version (TestCheckExactShort).
+check-exact: build
+	$(GO) run ./scripts/check/exact
 
 ## profile-c / profile-d: pprof CPU and allocation profiles of the gateway under load (c) / (d).
 profile-c:

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+)
+
+var local dynamolocal.Lazy
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	local.Stop()
+	os.Exit(code)
+}
+
+// shortExcluded are the policies the short run leaves out, each with why: a class whose fix
+// has not landed yet. `make check-exact` checks them all; never weaken a bound instead.
+var shortExcluded = map[string]string{
+	"tbl":         "leased token bucket: units_unaccounted > 0 on main (leased units neither spent, refunded nor expired 15 s after the load stops; class 4 of issue 17, helper lease)",
+	"fwl":         "leased fixed window: units_unaccounted > 0 on main, as tbl",
+	"gate@refund": "over-admission on main: a token bucket given back after its group was rejected in refund mode admits one unit over the bound (class 1 of issue 17, give-backs; helper dynwrites)",
+}
+
+// TestCheckExactShort is `make check-exact` in small: the same orchestrator, 3 real gateway
+// processes on DynamoDB Local behind the fault relay, a SIGKILL and restart, offset clocks,
+// every algorithm with leases on and off, both group modes, a few seconds each. It fails on any
+// over-admission, any leased unit unaccounted, or a fault kind never injected, and names the
+// seed that reproduces it (go run ./scripts/check/exact -seed N, see docs/development.md).
+func TestCheckExactShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the check starts 6 gateway processes")
+	}
+	ddb, err := local.Get()
+	if err != nil {
+		dynamolocal.Unavailable(t, err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "ratelimit-proxy")
+	build := exec.Command("go", "build", "-o", bin, "../../../cmd/ratelimit-proxy")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the gateway: %v\n%s", err, out)
+	}
+	o, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.endpoint = ddb.Endpoint
+	o.bin = bin
+	o.out = filepath.Join(dir, "check")
+	o.duration = 4 * time.Second
+	o.repeats = 1
+	o.warmRounds = 2
+	o.settle = 5 * time.Second
+	// A few seconds of calls: a higher rate makes every kind show up in each run.
+	o.faultRate = 0.04
+	o.seed = uint64(time.Now().UnixNano()) % 1e9
+	o.logf = t.Logf
+	for _, p := range slices.Sorted(maps.Keys(shortExcluded)) {
+		why := shortExcluded[p]
+		o.exclude = append(o.exclude, p)
+		t.Logf("EXCLUDED from the short run: policy %s: %s", p, why)
+	}
+	t.Logf("seed %d (reproduce: CHECK_EXACT_SEED=%d make check-exact)", o.seed, o.seed)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sum, runs, err := check(ctx, o, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sum.verdict(o.faultKinds); err != nil {
+		for _, r := range runs {
+			t.Logf("run seed %d mode %s: checks %+v, lease units by replica %v", r.Seed, r.Mode, r.Checks, r.UnitsByReplica)
+		}
+		t.Errorf("seed %d: %v", o.seed, err)
+	}
+	if sum.Runs != 2 || sum.Decisions == 0 {
+		t.Errorf("got %d runs, %d decisions; want 2 runs with decisions", sum.Runs, sum.Decisions)
+	}
+	for _, k := range ddbrelay.FaultKinds {
+		if sum.FaultsInjected[k] == 0 {
+			t.Errorf("fault %s never injected", k)
+		}
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
+)
+
+func TestParseLeaseUnits(t *testing.T) {
+	page := `# HELP ratelimit_dynamodb_lease_units_total Units of leased capacity
+# TYPE ratelimit_dynamodb_lease_units_total counter
+ratelimit_dynamodb_lease_units_total{outcome="expired"} 2
+ratelimit_dynamodb_lease_units_total{outcome="leased"} 17
+ratelimit_dynamodb_lease_units_total{outcome="refunded"} 5
+ratelimit_dynamodb_lease_units_total{outcome="spent"} 9
+ratelimit_dynamodb_leases_total{result="granted"} 4
+`
+	u := parseLeaseUnits([]byte(page))
+	if u["leased"] != 17 || u["spent"] != 9 || u["refunded"] != 5 || u["expired"] != 2 || len(u) != 4 {
+		t.Fatalf("got %v, want leased 17, spent 9, refunded 5, expired 2", u)
+	}
+	if got := outstanding(u); got != 1 {
+		t.Errorf("outstanding got %v, want 17-9-5-2 = 1", got)
+	}
+}
+
+func TestVerdictFailsOnEachClass(t *testing.T) {
+	kinds := ddbrelay.FaultKinds
+	ok := Summary{FaultsInjected: map[ddbrelay.FaultKind]int64{}}
+	for _, k := range kinds {
+		ok.FaultsInjected[k] = 1
+	}
+	if err := ok.verdict(kinds); err != nil {
+		t.Fatalf("a clean summary: %v", err)
+	}
+	over := ok
+	over.OverAdmits = 1
+	lost := ok
+	lost.UnitsUnaccounted = 3
+	missing := ok
+	missing.FaultsInjected = map[ddbrelay.FaultKind]int64{ddbrelay.FaultReset: 1}
+	for _, tc := range []struct {
+		s    Summary
+		want string
+	}{{over, "over_admits 1"}, {lost, "units_unaccounted 3"}, {missing, "fault drop_response was never injected"}} {
+		if err := tc.s.verdict(kinds); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("verdict got %v, want one saying %q", err, tc.want)
+		}
+	}
+}
+
+// TestJudgeCatchesAnOverAdmissionInARecordedHistory feeds judge what the generator and the
+// upstream record: the fixed window of 30 per 2 s admitting 31 inside one window is caught,
+// and a decision the upstream never saw (a 503, a request lost) never counts.
+func TestJudgeCatchesAnOverAdmissionInARecordedHistory(t *testing.T) {
+	base := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC) // a window starts here
+	var recs []*record
+	for i := range 31 {
+		sent := base.Add(100*time.Millisecond + time.Duration(i)*50*time.Millisecond)
+		recs = append(recs, &record{id: int64(i), policy: "fw", cost: 1, sent: sent, recv: sent.Add(5 * time.Millisecond),
+			status: 200, enter: sent.Add(2 * time.Millisecond), exit: sent.Add(3 * time.Millisecond)})
+	}
+	recs = append(recs, &record{id: 99, policy: "fw", cost: 1, sent: base.Add(time.Second), recv: base.Add(time.Second), status: 503})
+	var ps []policy
+	for _, p := range policies() {
+		if p.name == "fw" {
+			ps = append(ps, p)
+		}
+	}
+	reps := []*replica{{offset: 0}, {offset: 100 * time.Millisecond}, {offset: -100 * time.Millisecond}}
+	var res runResult
+	res.Other = map[int]int{}
+	judge(&res, ps, recs, reps)
+	if len(res.Checks) != 1 || res.Checks[0].Excess != 1 || res.Checks[0].Admitted != 31 {
+		t.Fatalf("checks got %+v, want fw with 31 admitted, excess 1", res.Checks)
+	}
+	if res.Decisions != 31 || res.Other[503] != 1 {
+		t.Errorf("decisions %d, other %v; want 31 and one 503", res.Decisions, res.Other)
+	}
+	// The same 31 with the last one sent before the window's sure part: within ±100 ms of
+	// skew the checker cannot place it, and says nothing.
+	recs[0].sent, recs[0].enter = base.Add(50*time.Millisecond), base.Add(60*time.Millisecond)
+	res = runResult{Other: map[int]int{}}
+	judge(&res, ps, recs, reps)
+	if res.Checks[0].Excess != 0 {
+		t.Errorf("with one decision in the skew margin: excess %d, want 0", res.Checks[0].Excess)
+	}
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactcheck"
+)
+
+// policy is one algorithm under test: a path prefix of its own, one global bucket, a limit the
+// checker knows, and the load offered to it.
+type policy struct {
+	name string // also the path prefix: /name/
+	yaml string // the policy's body in the gateway's config
+	// limit is the bound the checker holds it to (its kind; the offsets are filled per run).
+	limit exactcheck.Limit
+	// concurrency: the in-flight limit, checked at the upstream; 0 for the others.
+	concurrency int64
+	// offered is the open-loop rate (requests/s) at load 1.
+	offered float64
+	// postCost is the cost of a POST (a `costs` route); 0: the generator sends only GETs.
+	postCost int64
+	lease    bool
+}
+
+// The gate policy (left out with -exclude gate): a token bucket per X-Gate value, which a part of the requests
+// carries. Most of those it rejects after the other policy of their group has charged, so every
+// run exercises the group's give-back (refund mode) or transaction (transaction mode).
+const (
+	gateRate   = 2.0
+	gateBurst  = 3.0
+	gateValues = 5
+	gateShare  = 0.3
+)
+
+// policies are every algorithm, with leases on and off where leases apply (token bucket and
+// fixed window). Limits are small so that a loaded 2-core machine drives them well past their
+// bound.
+func policies() []policy {
+	const w = 2 * time.Second
+	return []policy{
+		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 40, Burst: 20}, offered: 80, postCost: 3, yaml: `
+    algorithm: token_bucket
+    rate: 40/s
+    burst: 20
+    costs: [{methods: [POST], cost: 3}]`},
+		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 40, Burst: 20}, offered: 80, yaml: `
+    algorithm: token_bucket
+    rate: 40/s
+    burst: 20
+    pool: check-tbl
+    lease: {enabled: true, shards: 2}`},
+		// A leaky bucket's decisions are GCRA with tau = (burst + 1) x T: burst waiting behind the
+		// one served.
+		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 20, Burst: 6}, offered: 40, yaml: `
+    algorithm: leaky_bucket
+    rate: 20/s
+    burst: 5`},
+		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 30, Window: w}, offered: 30, postCost: 2, yaml: `
+    algorithm: fixed_window
+    limit: 30
+    window: 2s
+    costs: [{methods: [POST], cost: 2}]`},
+		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 30, Window: w}, offered: 30, yaml: `
+    algorithm: fixed_window
+    limit: 30
+    window: 2s
+    pool: check-fwl
+    lease: {enabled: true, shards: 2}`},
+		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 30, Window: w}, offered: 30, yaml: `
+    algorithm: sliding_window
+    limit: 30
+    window: 2s`},
+		// One UTC day: the whole run is one period (a run that crosses midnight UTC checks two).
+		{name: "q", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 60, Window: 24 * time.Hour}, offered: 20, yaml: `
+    algorithm: quota
+    limit: 60
+    period: day`},
+		{name: "cc", concurrency: 3, offered: 120, yaml: `
+    algorithm: concurrency
+    limit: 3`},
+	}
+}
+
+// concurrencyHold is how long the upstream holds a request of a concurrency policy.
+const concurrencyHold = 30 * time.Millisecond
+
+// gatewayConfig is one replica's configuration.
+func gatewayConfig(proxy, admin, upstream, table, endpoint, mode string, storeTimeout time.Duration, ps []policy, gate bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `listen: %s
+admin_listen: %s
+upstream: %s
+log:
+  level: warn
+store:
+  backend: dynamodb
+  on_error: deny          # an error must never count as admitted
+  timeout: %s
+  dynamodb: {table: %s, endpoint: %s, region: us-east-1, create_table: false, mode: %s, slot_lease: 3s}
+policies:
+`, proxy, admin, upstream, storeTimeout, table, endpoint, mode)
+	if gate {
+		fmt.Fprintf(&b, "  - name: gate\n    key: header:X-Gate\n    algorithm: token_bucket\n    rate: %v/s\n    burst: %v\n", gateRate, gateBurst)
+	}
+	for _, p := range ps {
+		fmt.Fprintf(&b, "  - name: %s\n    key: global\n    match: {path_prefix: /%s/}%s\n", p.name, p.name, p.yaml)
+	}
+	return b.String()
+}
