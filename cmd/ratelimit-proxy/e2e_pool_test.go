@@ -78,15 +78,33 @@ func TestTwoServicesShareOnePool(t *testing.T) {
 		hammer(2)
 	}
 	hammer(20) // and then nothing more
-	// Where the leased units went, per gateway: a unit leased and neither spent nor refunded
+	// Where the leased units went, per gateway: every unit leased is spent, refunded or expired
+	// once the gateway's idle pools have given their units back (after their 200ms TTL), and
+	// the spent ones are the upstream's hits. A unit leased and neither spent nor refunded
 	// (expired, or a give-back that failed) is capacity the pool lost.
+	var spent float64
 	for i, g := range gws {
 		units := map[string]float64{}
-		for _, o := range []string{"leased", "spent", "refunded", "expired"} {
-			units[o] = metric(t, g.admin, fmt.Sprintf(`ratelimit_dynamodb_lease_units_total{outcome=%q}`, o))
+		settled := time.Now().Add(10 * time.Second)
+		for {
+			for _, o := range []string{"leased", "spent", "refunded", "expired"} {
+				units[o] = metric(t, g.admin, fmt.Sprintf(`ratelimit_dynamodb_lease_units_total{outcome=%q}`, o))
+			}
+			units["held"] = metric(t, g.admin, `ratelimit_dynamodb_lease_units_held`)
+			if units["held"] == 0 && units["leased"] == units["spent"]+units["refunded"]+units["expired"] || time.Now().After(settled) {
+				break
+			}
+			<-tick.C
 		}
 		t.Logf("gateway %d: lease units %v; lease_refund errors %v", i, units,
 			metric(t, g.admin, `ratelimit_dynamodb_errors_total{op="lease_refund"}`))
+		if units["held"] != 0 || units["leased"] != units["spent"]+units["refunded"]+units["expired"] {
+			t.Errorf("gateway %d: lease units %v: want none held and leased = spent + refunded + expired", i, units)
+		}
+		spent += units["spent"]
+	}
+	if spent != 40 {
+		t.Errorf("lease units spent %v across the gateways, want the 40 admitted", spent)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -127,10 +127,19 @@
 // A charge whose Lease is on is served from units this Store reserved from the shared item in
 // one conditional write (lease*.go): a token bucket's units are places of its schedule taken
 // within now + tau - ttl (from a floor a round trip past now: leaseGCRA), each spent within ttl
-// of its place (so the units spent in any interval are no more than one exact bucket admits); a
-// fixed window's are part of its count, spent in its window. The bucket may be split over shards (rate/k and the burst's parts each, adding up to the
-// whole). Unspent units go back where that is exact (a window's count at any time; a token
-// bucket's only while no lease came after them). See docs/shared-pools.md.
+// of its place (so the units spent in any interval are no more than one exact bucket admits;
+// a lease is kept as chunks that expire with their own first units, so its later units outlive
+// its first); a fixed window's are part of its count, spent in its window. The bucket may be
+// split over shards (rate/k and the burst's parts each, adding up to the whole). Sizes,
+// placement and renewals follow each pool's measured round trip (mean + 4 mean deviations).
+//
+// Unspent units go back exactly or not at all: a window's count at any time; a token bucket's
+// only while no write came after them (tat and since unchanged), since moving tat back after
+// another write could return refill the bucket lost to its cap. A lease write is sent once (not
+// idempotent); give-backs are idempotent (conditional on the tat they replace; a window's carries
+// a per-Store marker attribute r<id>) and retried within a bound. A rejected group gives its
+// units back to their grants. Every unit leased is counted spent, refunded or expired. See
+// docs/shared-pools.md.
 //
 // # Throttling
 //
