@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,8 +23,9 @@ type Monitor struct {
 	last atomic.Pointer[state]
 	corr atomic.Int64 // ns added to the local clock by Now
 
-	warnedAt time.Time // Update's goroutine only
-	warning  bool
+	mu       sync.Mutex // serializes Update
+	warnedAt time.Time  // guarded by mu
+	warning  bool       // guarded by mu
 }
 
 // state is what the last Update found.
@@ -141,8 +143,10 @@ func (m *Monitor) Correction() time.Duration { return time.Duration(m.corr.Load(
 func (m *Monitor) Ready() error { return m.last.Load().notReady }
 
 // Update recomputes the estimate at local instant now, the correction, the gauges, the
-// readiness and the warning. Run calls it every second; tests call it directly. Not concurrently.
+// readiness and the warning. Run calls it every second; tests call it directly.
 func (m *Monitor) Update(now time.Time) Estimate {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	est := m.o.Estimator.Estimate(now)
 	s := &state{est: est}
 	if m.o.Correct {
