@@ -79,18 +79,16 @@ func methodsOf(listed []string) methodSet {
 // request's own.
 var overrideHeaders = [...]string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
-// overrideMethods is the set of methods that the request's override headers name: every line
-// and every comma-separated element of each (frameworks differ on which one they take).
-func overrideMethods(h map[string][]string) methodSet {
+// overrideMethods is the set of methods that the lines of an override header name: every line
+// and every comma-separated element (frameworks differ on which one they take).
+func overrideMethods(lines []string) methodSet {
 	var s methodSet
-	for _, name := range overrideHeaders {
-		for _, line := range h[name] {
-			for line != "" {
-				var elem string
-				elem, line, _ = strings.Cut(line, ",")
-				if elem = trimOWS(elem); elem != "" {
-					s |= methodBit(elem)
-				}
+	for _, line := range lines {
+		for line != "" {
+			var elem string
+			elem, line, _ = strings.Cut(line, ",")
+			if elem = trimOWS(elem); elem != "" {
+				s |= methodBit(elem)
 			}
 		}
 	}

@@ -370,3 +370,31 @@ func FuzzCanonicalRoute(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkPlanRoute is BenchmarkPlan's request spelled in ways the canonical route folds: the
+// fast path (already canonical) against the folding one, and a method override.
+func BenchmarkPlanRoute(b *testing.B) {
+	set := mustCompile(b, planConfig)
+	for _, bc := range []struct{ name, method, target, override string }{
+		{"canonical", "POST", "/api/orders", ""},
+		{"folded", "post", "/API//Orders;jsessionid=1", ""},
+		{"override", "POST", "/api/orders", "GET"},
+	} {
+		r := newRequest(bc.method, bc.target, "10.0.0.1:1234", "X-Forwarded-For", "203.0.113.7, 10.0.0.2",
+			"X-Api-Key", "premium", "X-User-Id", "alice", "X-Tenant", "acme")
+		if bc.override != "" {
+			r.Header.Set("X-HTTP-Method-Override", bc.override)
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				var p Plan
+				for pb.Next() {
+					if err := set.Plan(r, &p); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}

@@ -41,9 +41,11 @@ type Set struct {
 	rls          *RLSRules    // rls.config_dir compiled; nil without an rls block
 
 	// What the upstream must receive exactly as judged (see judgeHeaders).
-	idHeaders     []string // canonical names of the api_key and header:NAME keys of the policies
-	stripOverride bool     // method_override: strip
-	anySensitive  bool     // some matcher has path_case_sensitive
+	idHeaders     []string     // canonical names of the api_key and header:NAME keys of the policies
+	names         []judgedName // idHeaders, the user header and the override headers
+	nameLens      uint64       // bit n: some name of names has n bytes
+	stripOverride bool         // method_override: strip
+	anySensitive  bool         // some matcher has path_case_sensitive
 }
 
 // kindSource is one key kind that the set's policies use, for Plan.Identity.
@@ -184,6 +186,7 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		}
 	}
 	s.stripOverride = cfg.MethodOverride == MethodOverrideStrip
+	s.judgedNames(s.userHeader)
 	return s, nil
 }
 
@@ -449,12 +452,13 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 	if r.URL != nil {
 		reqPath = r.URL.Path
 	}
-	rt, bad := s.route(r.Method, reqPath, r.Header, p)
 	// With trusted_proxies set, only they may speak for a user: a client that reaches the
 	// gateway directly would otherwise pick its own user id (rotating it to escape its limit,
 	// or naming someone else to drain theirs).
 	readUser := s.userHeader != "" && (len(s.trusted) == 0 || s.Trusted(peer))
-	if err := s.judgeHeaders(r.Header, readUser, p); err != nil && bad == nil {
+	overrides, bad := s.scanHeaders(r.Header, readUser, p)
+	rt, err := s.route(r.Method, reqPath, overrides, p)
+	if bad == nil {
 		bad = err
 	}
 	var user string
@@ -490,14 +494,12 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 	return nil
 }
 
-// route canonicalizes the request's method and path for matching, writing into p's buffer. It
-// returns errDotSegments for a path with a "." or ".." segment (its route is then the resolved
-// path's, for the ip policies).
-func (s *Set) route(method, reqPath string, h http.Header, p *Plan) (route, error) {
-	rt := route{methods: methodBit(method)}
-	if !s.stripOverride {
-		rt.methods |= overrideMethods(h)
-	}
+// route canonicalizes the request's method and path for matching, writing into p's buffer;
+// overrides are the methods the override headers name (see scanHeaders). It returns
+// errDotSegments for a path with a "." or ".." segment (its route is then the resolved path's,
+// for the ip policies).
+func (s *Set) route(method, reqPath string, overrides methodSet, p *Plan) (route, error) {
+	rt := route{methods: methodBit(method) | overrides}
 	var dots bool
 	rt.folded, dots = canonInto(&p.route, reqPath, true)
 	if s.anySensitive {
@@ -509,56 +511,85 @@ func (s *Set) route(method, reqPath string, h http.Header, p *Plan) (route, erro
 	return rt, nil
 }
 
-// judgeHeaders checks the request's identity headers (see Plan) and records in p what
-// StripUnjudged must remove or reduce before forwarding. readUser says whether the user header
-// is judged (read) or, from an untrusted peer, removed.
-func (s *Set) judgeHeaders(h http.Header, readUser bool, p *Plan) error {
-	var err error
-	for _, name := range s.idHeaders {
-		if e := judgeLines(h, name, p); e != nil && err == nil {
-			err = e
-		}
-	}
-	if s.userHeader != "" {
-		if readUser {
-			if e := judgeLines(h, s.userHeader, p); e != nil && err == nil {
-				err = e
-			}
-		} else if _, ok := h[s.userHeader]; ok {
-			p.strip = append(p.strip, s.userHeader)
-		}
-	}
-	if s.stripOverride {
-		for _, name := range overrideHeaders {
-			if _, ok := h[name]; ok {
-				p.strip = append(p.strip, name)
-			}
-		}
-	}
-	// CGI-style servers (WSGI, PHP, Rack) read X_Api_Key as HTTP_X_API_KEY, as they read
-	// X-Api-Key: a spelling with underscores would carry an identity (or method) past the
-	// judge. Net/http does not fold it, so it is looked for among the request's names.
-	for k := range h {
-		if strings.IndexByte(k, '_') >= 0 && s.underscoreSpelling(k) {
-			p.strip = append(p.strip, k)
-		}
-	}
-	return err
+// Kinds of the header names scanHeaders looks for.
+const (
+	nameIdentity uint8 = iota + 1 // api_key or header:NAME key
+	nameUser                      // identity.user_header
+	nameOverride                  // a method-override header
+)
+
+// judgedName is a header name that scanHeaders looks for.
+type judgedName struct {
+	name string // canonical
+	kind uint8
 }
 
-// underscoreSpelling reports whether k, a header name with '_', names a judged header with
-// '_' for '-' (in any case).
-func (s *Set) underscoreSpelling(k string) bool {
-	for _, name := range s.idHeaders {
-		if k != name && sameCGIName(k, name) {
-			return true
+// judgedNames lists the names scanHeaders looks for, and the set of their lengths (bit n: some
+// name has n bytes), which rules out most of a request's headers at the cost of a shift.
+func (s *Set) judgedNames(userHeader string) {
+	add := func(name string, kind uint8) {
+		s.names = append(s.names, judgedName{name: name, kind: kind})
+		if len(name) < 64 {
+			s.nameLens |= 1 << len(name)
 		}
 	}
-	if s.userHeader != "" && k != s.userHeader && sameCGIName(k, s.userHeader) {
-		return true
+	for _, h := range s.idHeaders {
+		add(h, nameIdentity)
 	}
-	for _, name := range overrideHeaders {
-		if sameCGIName(k, name) {
+	if userHeader != "" {
+		add(userHeader, nameUser)
+	}
+	for _, h := range overrideHeaders {
+		add(h, nameOverride)
+	}
+}
+
+// scanHeaders walks the request's headers once (a walk costs less than a lookup per name) and
+// judges those the upstream could act on (see Plan): it refuses an identity header sent with
+// conflicting values and records in p what StripUnjudged must remove or reduce before
+// forwarding: the user header when it is not read (readUser false: an untrusted peer), the
+// override headers with method_override strip, and the underscore spellings of all these.
+// With method_override judge it returns the methods the override headers name.
+func (s *Set) scanHeaders(h http.Header, readUser bool, p *Plan) (overrides methodSet, err error) {
+	for k, vs := range h {
+		if len(k) >= 64 || s.nameLens&(1<<len(k)) == 0 {
+			continue
+		}
+		for i := range s.names {
+			n := &s.names[i]
+			if len(n.name) != len(k) {
+				continue
+			}
+			if k != n.name {
+				// CGI-style servers (WSGI, PHP, Rack) read X_Api_Key as HTTP_X_API_KEY, as
+				// they read X-Api-Key: a spelling with underscores would carry an identity
+				// (or a method) past the judge. Net/http does not fold it.
+				if strings.IndexByte(k, '_') >= 0 && sameCGIName(k, n.name) && !s.isName(k) {
+					p.strip = append(p.strip, k)
+					break
+				}
+				continue
+			}
+			switch {
+			case n.kind == nameOverride && s.stripOverride, n.kind == nameUser && !readUser:
+				p.strip = append(p.strip, k)
+			case n.kind == nameOverride:
+				overrides |= overrideMethods(vs)
+			default:
+				if e := judgeLines(k, vs, p); e != nil && err == nil {
+					err = e
+				}
+			}
+			break
+		}
+	}
+	return overrides, err
+}
+
+// isName reports whether k is one of the judged names itself.
+func (s *Set) isName(k string) bool {
+	for i := range s.names {
+		if s.names[i].name == k {
 			return true
 		}
 	}
@@ -595,8 +626,7 @@ func lowerASCII(c byte) byte {
 
 // judgeLines accepts a header sent on several equal lines (StripUnjudged keeps one) and
 // refuses one whose lines differ.
-func judgeLines(h http.Header, name string, p *Plan) error {
-	vs := h[name]
+func judgeLines(name string, vs []string, p *Plan) error {
 	if len(vs) < 2 {
 		return nil
 	}
@@ -735,7 +765,7 @@ func (s *Set) PlanFields(f *Fields, p *Plan) {
 			ipText = s.appendIPKey(ipBuf[:0], f.Client.Unmap())
 		}
 	}
-	rt, bad := s.route(f.Method, f.Path, nil, p)
+	rt, bad := s.route(f.Method, f.Path, 0, p)
 	planRules(s, fieldsSource{f: f, apiHeader: s.apiKeyHeader}, &rt, ipText, f.Client.Unmap(), f.User, bad != nil, p)
 }
 
