@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit test-faults soak bench bench-scale check-exact profile-c profile-d schema clean
+.PHONY: all build run test check unit test-faults soak bench bench-scale bench-rls check-exact profile-c profile-d schema clean
 
 all: build
 
@@ -62,6 +62,13 @@ bench-scale: build
 ## go run ./scripts/check/exact -h. `make test` runs a short version (TestCheckExactShort).
 check-exact: build
 	$(GO) run ./scripts/check/exact
+
+## bench-rls: Envoy's rate limit service: BenchmarkDecision (the proxy's decision beside the RLS's,
+## in process and over loopback gRPC) then the binary under a Go load generator over a pool of gRPC
+## connections, 3 descriptors per call from 10,000 values, on memory and DynamoDB Local; writes
+## .cache/bench/rls.md (~2 minutes). Knobs: go run ./scripts/bench/rls -h
+bench-rls: build
+	$(GO) run ./scripts/bench/rls
 
 ## profile-c / profile-d: pprof CPU and allocation profiles of the gateway under load (c) / (d).
 profile-c:
