@@ -54,6 +54,11 @@ func TestExchangesAtRandomPhasesNarrowToTheRoundTrip(t *testing.T) {
 				if est.Lo > theta || est.Hi < theta {
 					t.Fatalf("after %d exchanges: [%v, %v] does not hold the offset %v", i+1, est.Lo, est.Hi, theta)
 				}
+				// The correction never overshoots: it lies between 0 and the offset, so the
+				// corrected clock is off by no more than the host's, and in the same direction.
+				if c := est.Correction(); c < min(0, theta) || c > max(0, theta) {
+					t.Fatalf("after %d exchanges: correction %v, not between 0 and the offset %v", i+1, c, theta)
+				}
 			}
 			est := e.Estimate(now.Add(rtt))
 			if w := est.Hi - est.Lo; w > rtt+20*time.Millisecond {
