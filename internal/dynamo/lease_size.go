@@ -88,7 +88,10 @@ func (p *pool) want(n int64) int64 {
 	w := int64(math.Ceil(p.rate*float64(horizon))) + p.waiting
 	if p.gcra && p.rate > 0 {
 		if behind := 1/p.rate - float64(p.shards[p.home].t); behind > 0 {
-			spendable := int64(float64(max(life-p.rtt, 0))/behind) + p.waiting
+			// The first unit lives until its place (at least the shift past n) + ttl; the
+			// lease arrives a round trip after n.
+			left := max(life, p.shift()+p.ttl) - p.rtt
+			spendable := int64(float64(max(left, 0))/behind) + p.waiting
 			w = min(w, max(spendable, 1))
 		}
 	}
