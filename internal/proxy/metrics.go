@@ -74,6 +74,20 @@ const (
 
 var upstreamReasonNames = [numUpstreamReasons]string{"refused", "timeout", "reset", "other", "aborted"}
 
+// Client error reasons: ratelimit_client_errors_total{reason}. Faults of the client's own
+// request, answered 4xx by the gateway: never upstream errors, whatever the transport saw.
+const (
+	// The body did not arrive in full within server.read_timeout (HTTP/1.1 and HTTP/2): 408.
+	clientBodyTimeout = iota
+	// The body broke its framing: bad chunked encoding, fewer bytes than its Content-Length
+	// before its end (HTTP/2 END_STREAM; HTTP/1.1 a half-closed connection), an HTTP/2 stream
+	// reset or frames against the stream's rules while it was read: 400.
+	clientBodyMalformed
+	numClientReasons
+)
+
+var clientReasonNames = [numClientReasons]string{"body_timeout", "body_malformed"}
+
 // Metrics are the proxy's Prometheus collectors. Labels hold only values from a small fixed set
 // or policy names from the configuration; never anything that identifies a client. Safe for
 // concurrent use; one Metrics may be shared by several Handlers (for instance across reloads).
@@ -87,7 +101,8 @@ type Metrics struct {
 	upstreamErrors   *prometheus.CounterVec
 	leakyWait        prometheus.Histogram
 	clientCanceled   *prometheus.CounterVec
-	bodyTimeouts     prometheus.Counter
+	clientErrors     *prometheus.CounterVec
+	bodyTimeouts     prometheus.Counter // deprecated: clientErrors{reason="body_timeout"}
 	refunded         *prometheus.CounterVec
 	releaseErrors    prometheus.Counter
 
@@ -96,6 +111,7 @@ type Metrics struct {
 	byProto     [numProtocols][numDecisions]prometheus.Counter
 	upstreamErr [numUpstreamReasons]prometheus.Counter
 	canceled    [numStages]prometheus.Counter
+	clientErr   [numClientReasons]prometheus.Counter
 
 	mu       sync.RWMutex
 	byPolicy map[string]*policyCounters
@@ -131,7 +147,12 @@ type policyCounters struct {
 //	ratelimit_upstream_duration_seconds          time until the upstream's response headers
 //	ratelimit_upstream_errors_total{reason}      reason: refused|timeout|reset|other|aborted
 //	ratelimit_leaky_wait_seconds                 how long leaky-bucket requests were held
-//	ratelimit_client_canceled_total{stage}       stage: store|wait|upstream
+//	ratelimit_client_canceled_total{stage}       stage: store|wait|upstream; clients that left
+//	    before their answer (nobody to answer)
+//	ratelimit_client_errors_total{reason}        reason: body_timeout (408)|body_malformed (400);
+//	    forwarded requests whose body failed, the client's doing: never an upstream error
+//	ratelimit_proxy_body_timeouts_total          deprecated, the same count as
+//	    ratelimit_client_errors_total{reason="body_timeout"}; kept for existing dashboards
 //	ratelimit_charges_refunded_total{policy}     charge_on: admitted requests whose reserved
 //	    charge was given back: the upstream's answer was not listed, or the request never
 //	    reached the upstream and the gateway's answer was not listed (the store may still keep
@@ -180,9 +201,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_client_canceled_total",
 			Help: "Requests abandoned by the client before they were answered, by stage.",
 		}, []string{"stage"})),
+		clientErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_client_errors_total",
+			Help: "Forwarded requests whose body failed by the client's doing, by reason: body_timeout (not received within server.read_timeout; answered 408), body_malformed (broken framing or cut short; answered 400).",
+		}, []string{"reason"})),
 		bodyTimeouts: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_proxy_body_timeouts_total",
-			Help: "Forwarded requests whose body stopped before its end (server.read_timeout cut a slow client off, or the client left mid-upload); answered 408.",
+			Help: "Deprecated: use ratelimit_client_errors_total{reason=\"body_timeout\"}, which counts the same. Forwarded requests whose body was not received within server.read_timeout; answered 408.",
 		})),
 		refunded: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_charges_refunded_total",
@@ -205,6 +230,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for i, n := range stageNames {
 		m.canceled[i] = m.clientCanceled.WithLabelValues(n)
+	}
+	for i, n := range clientReasonNames {
+		m.clientErr[i] = m.clientErrors.WithLabelValues(n)
 	}
 	return m
 }

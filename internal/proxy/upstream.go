@@ -11,9 +11,9 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -207,11 +207,31 @@ func trustedPeer(r *http.Request, host string) bool {
 }
 
 // upstreamError answers a request the upstream did not answer. A client that went away gets
-// nothing (there is nobody to read it); a timeout gets 504; everything else 502.
+// nothing (there is nobody to read it); a client whose body failed gets 400 or 408 (see
+// clientError); a timeout gets 504; everything else 502.
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	var body *clientBody // the error handler gets the outbound request, whose body is wrapped
+	if fw, ok := w.(*forwardWriter); ok {
+		body = fw.body
+	}
 	if errors.Is(r.Context().Err(), context.Canceled) {
+		if body != nil && body.result() != io.EOF {
+			// The body had not ended: send tells a body cut off at server.read_timeout (a
+			// client still there) from a client that left, once the body says which.
+			return
+		}
 		h.m.canceled[stageUpstream].Inc()
 		return
+	}
+	if body != nil {
+		// A failed body fails the forward too, whatever error the transport made of it: the
+		// client's doing, answered and counted as such.
+		if berr := body.result(); berr != nil {
+			if reason, ok := bodyFault(berr); ok {
+				h.clientError(w, r, reason, berr)
+				return
+			}
+		}
 	}
 	reason := classifyUpstream(err)
 	if undelivered(err) {
@@ -277,7 +297,8 @@ func (f forwardFate) refundable() bool {
 type forwardWriter struct {
 	http.ResponseWriter
 	fate  forwardFate
-	wrote bool // a final status (or a body) was written
+	wrote bool        // a final status (or a body) was written
+	body  *clientBody // the request's body, nil without one: for the error handler
 }
 
 func (w *forwardWriter) WriteHeader(code int) {
@@ -322,45 +343,159 @@ func gatewayAnswers(w http.ResponseWriter, f forwardFate) {
 	}
 }
 
-// send hands r to the reverse proxy rp through st.fw, which records the forward's fate.
+// problemBadBody is the problem type of a 400 for a request body that broke its framing.
+const problemBadBody = problemBase + "malformed-body"
+
+// bodySettle bounds how long send waits for a body read that is failing to say how it failed,
+// once the request's context has ended: net/http cancels the context from inside the failing
+// Read (a read timeout, a closed connection), a moment before that Read returns.
+const bodySettle = time.Second
+
+// send hands r to the reverse proxy rp through st.fw, which records the forward's fate, and r's
+// body (if any) through a clientBody, which records how reading it ended: a forward that fails
+// because the client's body failed is the client's fault (see clientError), not the upstream's.
 func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp *httputil.ReverseProxy) {
 	st.fw = forwardWriter{ResponseWriter: w, fate: fateForwarded}
 	// Cleared also when the reverse proxy aborts the response with a panic: the pool must not
-	// keep the response alive. The fate stays for giveBack.
-	defer func() { st.fw.ResponseWriter = nil }()
+	// keep the response or the body alive. The fate stays for giveBack.
+	defer func() { st.fw.ResponseWriter, st.fw.body = nil, nil }()
 	if r.Body == nil || r.Body == http.NoBody {
 		rp.ServeHTTP(&st.fw, r)
 		return
 	}
-	// A body that stops before its end (server.read_timeout cut a slow client off) also cancels
-	// the request's context, so the reverse proxy takes it for a client that left and writes
-	// nothing, and net/http would then send an empty 200. A client still there is owed a 408; to
-	// a client that really left, the write is lost, which costs nothing. (Telling the two apart
-	// from here would race with the transport's writer goroutine.)
-	body := &partialBody{ReadCloser: r.Body}
+	body := &clientBody{ReadCloser: r.Body}
 	r.Body = body
+	st.fw.body = body
 	rp.ServeHTTP(&st.fw, r)
-	if !st.fw.wrote && !body.done.Load() && r.Context().Err() != nil {
-		h.m.bodyTimeouts.Inc()
-		gatewayAnswers(&st.fw, fateUnanswered)
+	if st.fw.wrote || r.Context().Err() == nil {
+		return
+	}
+	// The context ended while the body was being read, and the error handler left the answer
+	// to us (upstreamError). Over HTTP/1.1, server.read_timeout cutting a slow body off also
+	// cancels the context, so the reverse proxy took it for a client that left and wrote
+	// nothing, and net/http would then send an empty 200: the client is still there and owed
+	// a 408. Told apart from a client that left by the body's own error.
+	err := body.result()
+	if err == io.EOF {
+		return // read to its end: a client that left, counted by upstreamError
+	}
+	if err == nil {
+		err = body.settle(bodySettle)
+	}
+	if reason, ok := bodyFault(err); ok && reason == clientBodyTimeout {
+		h.clientError(w, r, reason, err)
+		return
+	}
+	// The client left mid-upload (its connection closed, its stream reset) or the body was
+	// not being read when it did. Nobody to answer; but a client that only closed its half of
+	// the connection still reads, and an empty 200 would tell it the upload went through.
+	h.m.canceled[stageUpstream].Inc()
+	gatewayAnswers(&st.fw, fateUnanswered)
+	if err != nil {
 		w.Header().Set("Connection", "close")
-		writeAnswer(w, r, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
-			Detail: "The request body was not received in full."})
+		writeAnswer(w, r, nil, problem{Type: problemBadBody, Status: http.StatusBadRequest,
+			Detail: "The request body ended before its end."})
 	}
 }
 
-// partialBody records whether a request body was read to its end.
-type partialBody struct {
-	io.ReadCloser
-	done atomic.Bool // EOF seen; set by the transport's writer goroutine
+// clientError answers a forwarded request whose body failed by the client's doing, with err
+// the body's error: 408 when it was too slow, 400 when it broke its framing. It is counted in
+// ratelimit_client_errors_total, never as an upstream error: a client can produce it at will,
+// and it must page nobody.
+func (h *Handler) clientError(w http.ResponseWriter, r *http.Request, reason int, err error) {
+	h.m.clientErr[reason].Inc()
+	gatewayAnswers(w, fateUnanswered)
+	if ce := h.log.Check(zap.InfoLevel, "client body failed"); ce != nil {
+		ce.Write(zap.String("reason", clientReasonNames[reason]),
+			zap.String("protocol", protocolNames[protocolOf(r, isGRPC(r))]), zap.Error(err))
+	}
+	if r.ProtoMajor == 1 {
+		// The rest of the body, if any, is still on the connection: it cannot carry another
+		// request. (HTTP/2 resets only the stream; its connection serves on.)
+		w.Header().Set("Connection", "close")
+	}
+	if reason == clientBodyTimeout {
+		h.m.bodyTimeouts.Inc()
+		writeAnswer(w, r, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
+			Detail: "The request body was not received in full in time."})
+		return
+	}
+	writeAnswer(w, r, nil, problem{Type: problemBadBody, Status: http.StatusBadRequest,
+		Detail: "The request body is malformed or incomplete."})
 }
 
-func (b *partialBody) Read(p []byte) (int, error) {
+// clientBody is a forwarded request's body. It records how reading it ended, so that a failed
+// forward is put down to the client when its body failed, however the transport reports that
+// (the reverse proxy's error handler only sees the transport's error, and an h2c upstream
+// transport reports a body that timed out as its own timeout). Read is called by the
+// transport's writer goroutine; result and settle by the handler. The transport never closes
+// it (the reverse proxy hands the transport a wrapper whose Close does nothing), so every read
+// error is the client's or its connection's, except a read after net/http closed the body
+// once the handler returned.
+type clientBody struct {
+	io.ReadCloser
+	mu   sync.Mutex
+	err  error         // the first read error; io.EOF: read to its end
+	wake chan struct{} // made by settle, closed when err is set
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
-		b.done.Store(true)
+	if err != nil && !errors.Is(err, http.ErrBodyReadAfterClose) {
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+			if b.wake != nil {
+				close(b.wake)
+			}
+		}
+		b.mu.Unlock()
 	}
 	return n, err
+}
+
+// result is how reading the body ended: io.EOF when read to its end, another error when it
+// failed, nil while it has not ended (or only the transport's Close ended it).
+func (b *clientBody) result() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// settle waits up to d for reading the body to end and returns result.
+func (b *clientBody) settle(d time.Duration) error {
+	b.mu.Lock()
+	if b.err != nil {
+		defer b.mu.Unlock()
+		return b.err
+	}
+	if b.wake == nil {
+		b.wake = make(chan struct{})
+	}
+	wake := b.wake
+	b.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wake:
+	case <-t.C:
+	}
+	return b.result()
+}
+
+// bodyFault maps how a client's body ended onto a client error reason; ok is false for a body
+// read to its end (io.EOF) or not ended (nil). A timeout is server.read_timeout: HTTP/1.1 sets
+// it as the connection's read deadline, HTTP/2 as a per-stream timer that fails the body with
+// os.ErrDeadlineExceeded. Anything else broke the body's framing or cut it short.
+func bodyFault(err error) (reason int, ok bool) {
+	if err == nil || err == io.EOF {
+		return 0, false
+	}
+	var ne net.Error
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return clientBodyTimeout, true
+	}
+	return clientBodyMalformed, true
 }
 
 // statusWriter records the status of the answer: the first final status written (a 101 for a
