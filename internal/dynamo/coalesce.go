@@ -70,7 +70,7 @@ type waiter struct {
 
 	// Outcome, set by the writer before done is closed.
 	applied, decided bool
-	epoch            epoch
+	wid              uint64 // the marker of the GCRA write that applied it
 	result           bucket.Result
 	err              error
 }
@@ -164,7 +164,7 @@ func (s *Store) applyCoalesced(ctx context.Context, ops []op, n int64) {
 
 // take copies the writer's outcome for w into o.
 func (o *op) take(w *waiter) {
-	o.applied, o.done, o.result, o.err, o.epoch = w.applied, w.decided, w.result, w.err, w.epoch
+	o.applied, o.done, o.result, o.err, o.wid = w.applied, w.decided, w.result, w.err, w.wid
 }
 
 // leave takes w out of its queue, or out of its batch's count of waiters, whose write is
@@ -317,7 +317,8 @@ func (s *Store) runBatch(b *batch) {
 			fail(fmt.Errorf("dynamo: update %s: %w", b.pk, ErrContention))
 			break
 		}
-		out, err := s.updateItem(b.ctx, opUpdate, b.pk, b.write(st, m), types.ReturnValueAllNew)
+		wid := newMarker()
+		out, err := s.updateItem(b.ctx, opUpdate, b.pk, b.write(st, m, wid), types.ReturnValueAllNew)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
@@ -330,9 +331,8 @@ func (s *Store) runBatch(b *batch) {
 				break
 			}
 			before := after.v - int64(m)*b.unit()
-			ep, _ := epochOf(out.Attributes)
 			for i, w := range pending[:m] {
-				w.applied, w.decided, w.epoch = true, true, ep
+				w.applied, w.decided, w.wid = true, true, wid
 				w.result = b.admitted(w, before, int64(i))
 			}
 			pending = pending[m:]
@@ -414,13 +414,14 @@ func (b *batch) fit(st itemState, k int) int {
 
 // write returns the conditional write of m charges (u = m*cost units), given st. GCRA: SET
 // tat = n + u*T when the bucket is idle (tat absent or < n; u*T <= tau by fit), else SET tat =
-// tat + u*T while tat <= n + tau - u*T. Counters: ADD count u while count <= avail - u.
-func (b *batch) write(st itemState, m int) update {
+// tat + u*T while tat <= n + tau - u*T, leaving the marker wid. Counters: ADD count u while
+// count <= avail - u.
+func (b *batch) write(st itemState, m int, wid uint64) update {
 	k := int64(m) * b.cost
 	switch b.l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
 		idle := (!st.present || st.v < b.n) && k <= b.tau/b.t
-		return gcraWrite(b.n, b.t, b.tau, k, !idle)
+		return gcraWrite(b.n, b.t, b.tau, k, !idle, wid)
 	case bucket.FixedWindow, bucket.Quota:
 		return countWrite(b.avail, k, ttlAt(fixedEnd(b.l, b.n)), false)
 	default: // SlidingWindow

@@ -7,11 +7,13 @@
 // one item: see Coalescing); no decision reads before it writes, and DynamoDB serialises writes to
 // one item, so counts are exact under any concurrency:
 //
-//   - token and leaky bucket (GCRA, one number tat in Unix ns): SET tat = now+T, since = now
-//     when the bucket is full or idle (tat absent or < now), else SET tat = tat+T while
+//   - token and leaky bucket (GCRA, one number tat in Unix ns): SET tat = now+T when the
+//     bucket is full or idle (tat absent or < now), else SET tat = tat+T while
 //     now <= tat <= now+tau-T. A failed condition returns the current tat
 //     (ReturnValuesOnConditionCheckFailure ALL_OLD), which says exactly whether the other form
-//     applies or the request is over the limit and until when;
+//     applies or the request is over the limit and until when. Each write also pushes itself
+//     onto the item's chain of its last 8 writes (a random marker, and tat-now before it), which
+//     is what a give-back needs to be exact (see Give-backs);
 //   - fixed window: ADD count 1 while count <= Count-1, on the window's own item;
 //   - calendar quota: the same, on the item of the period (day, week, month of its zone) that
 //     the replica's clock is in (see quota.go);
@@ -87,9 +89,8 @@
 //
 //   - Refund (default): all charges' conditional writes go out concurrently (one round trip, or
 //     two when an item's write was in flight; see Coalescing);
-//     when the group is rejected, the writes that were applied are undone (GCRA tat -= T while
-//     since is still the one the write returned, i.e. the bucket was not reset by a write that
-//     found it idle, which already discarded our charge; windows count -= 1). Best effort, one
+//     when the group is rejected, the writes that were applied are given back (see Give-backs;
+//     windows count -= c). Best effort, one
 //     attempt each (a refund is not idempotent, so the SDK must not retry it), within the
 //     decision's own deadline, so nothing of a decision outlives it (a decision that ran out of
 //     time keeps its applied charges spent). A failed refund leaves the limit stricter by one
@@ -104,12 +105,28 @@
 //     other replicas' later requests, so it never overstates what is left). A committed charge
 //     stays admitted even when the value read leaves no room for it (others wrote after it); a
 //     leaky bucket's Wait is then the latest its turn can be (tau-T). When the read fails, the
-//     committed charges are refunded, except GCRA charges written as tat+T: the transaction
-//     returns no since to condition their refund on (stricter). Groups of one charge, or with
+//     committed charges are given back (see Give-backs). Groups of one charge, or with
 //     two charges on one item, use the Refund path.
 //
 // Shadow charges are never part of a transaction: they are written beside it (concurrently) and
 // refunded when the group is rejected, as in Refund mode.
+//
+// # Give-backs
+//
+// Every give-back (the refund of a rejected group, a transaction's after a failed read, a
+// charge_on refund through Release, a concurrency slot's release) leaves the item no roomier
+// than if the charge had never been made. Counts are sums: count -= c is exact at any time
+// (while the window, period or slot still counts). A slot release removes its own slot. A token
+// or leaky bucket forgets idle time (tat = max(tat, now) + T), so taking T back after other
+// writes landed can return refill the bucket had already lost to its cap: with A applied every
+// later write i does tat = max(tat, t_i) + T, and without A the difference shrinks to
+// max(0, tat_{i-1} - t_i) whenever write i found the A-less bucket idle, which the real item
+// does not show. So a GCRA item keeps the chain of its last 8 charge writes (w1..w8: a random
+// marker per write; c1..c8: tat - now before each, -1 for a write that found the bucket idle),
+// and a give-back of A gives back min(T, the c of every write after A), conditioned on A's write
+// still being where it was found in the chain: all of T while nothing wrote since, less (or
+// nothing) otherwise, never more (see refund.go). A charge whose write left the chain (8 writes
+// since) stays spent: stricter.
 //
 // # Deny cache
 //
@@ -152,7 +169,7 @@
 // attribute ttl (Unix seconds). Items (K = the charge's bucket.Key in hex, a digest: no raw client
 // value is ever stored):
 //
-//	pk = K#g           tat (N, Unix ns)   since (N)     ttl   token and leaky bucket state
+//	pk = K#g           tat (N, Unix ns)   w1..w8, c1..c8 (N) ttl token and leaky bucket state, chain of last writes
 //	pk = K#w<start>    count (N)                        ttl   fixed window starting at <start> Unix ns
 //	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
 //	pk = K#q<start>    count (N)                        ttl   calendar quota period starting at <start> Unix ns
@@ -160,7 +177,8 @@
 //	pk = K#g#l<i>      tat (N)            since (N)     ttl   shard i of a leased token bucket
 //	pk = K#w<start>#l<i> count (N)        r<id> (N)     ttl   shard i of a leased fixed window; r<id>: a Store's last give-back (see lease_giveback.go)
 //
-// since is the instant of the last write that found the bucket idle; sealed marks a closed
+// since is the instant of the last lease write that found the shard idle; w1..w8 and c1..c8
+// are the chain of a bucket's last charge writes (see Give-backs); sealed marks a closed
 // slot whose count is final (its item exists, without count, when the slot had no request).
 //
 // ttl is one hour after the item can last affect a decision (tat's latest value, the window's

@@ -80,6 +80,11 @@ func num(v int64) types.AttributeValue {
 	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
 }
 
+// unum is a marker's attribute value.
+func unum(v uint64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatUint(v, 10)}
+}
+
 // ttlAt is the ttl attribute for an item that can affect decisions until instant ns.
 func ttlAt(ns int64) types.AttributeValue {
 	sec := (ns + int64(time.Second) - 1) / int64(time.Second)

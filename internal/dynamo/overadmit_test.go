@@ -87,6 +87,16 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		cond, ok = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")"), !sealed
 	}
 	holds := true
+	if strings.HasPrefix(cond, "#wp = :w") { // a charge's give-back (gcraRefund)
+		w, hasW := item[in.ExpressionAttributeNames["#wp"]]
+		holds = hasW && w == val(":w")
+		for _, term := range strings.Split(cond, " AND ")[1:] {
+			name, _, _ := strings.Cut(term, " >= ")
+			c, hasC := item[in.ExpressionAttributeNames[name]]
+			holds = holds && hasC && c >= val(":t")
+		}
+		cond = ""
+	}
 	switch cond {
 	case "": // unconditional (a seal)
 	case "attribute_not_exists(#tat) OR #tat < :now":
@@ -148,6 +158,42 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		defer func() { out = old }()
 	}
 	out = map[string]types.AttributeValue{}
+	const chain = 8
+	switch {
+	case strings.HasPrefix(expr, "SET #tat = :next, #ttl = :ttl, #w1 = :w"): // form (a), chain reset
+		item["tat"], item["w1"], item["c1"] = val(":next"), val(":w"), val(":idle")
+		for i := 2; i <= chain; i++ {
+			delete(item, "w"+strconv.Itoa(i))
+			delete(item, "c"+strconv.Itoa(i))
+		}
+		out["tat"] = memNum(item["tat"])
+		return res, nil
+	case strings.HasPrefix(expr, "SET #tat = #tat + :t, #ttl = :ttl, #w"): // form (b), chain pushed
+		for i := chain; i >= 2; i-- {
+			prev := strconv.Itoa(i - 1)
+			if w, ok := item["w"+prev]; ok {
+				item["w"+strconv.Itoa(i)] = w
+			} else {
+				item["w"+strconv.Itoa(i)] = 0
+			}
+			if c, ok := item["c"+prev]; ok {
+				item["c"+strconv.Itoa(i)] = c
+			} else {
+				item["c"+strconv.Itoa(i)] = val(":idle")
+			}
+		}
+		item["w1"], item["c1"] = val(":w"), item["tat"]-val(":now")
+		item["tat"] += val(":t")
+		out["tat"] = memNum(item["tat"])
+		return res, nil
+	case strings.HasPrefix(expr, "SET #tat = #tat - :t, "): // a give-back past later writes
+		item["tat"] -= val(":t")
+		for _, a := range strings.Split(strings.TrimPrefix(expr, "SET #tat = #tat - :t, "), ", ") {
+			name, _, _ := strings.Cut(a, " = ")
+			item[in.ExpressionAttributeNames[name]] -= val(":d")
+		}
+		return res, nil
+	}
 	switch expr {
 	case "SET #tat = :next, #ttl = :ttl, #since = :now":
 		item["tat"] = val(":next")
@@ -159,6 +205,13 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		if v, ok := item["since"]; ok {
 			out["since"] = memNum(v)
 		}
+	case "SET #tat = :next, #ttl = :ttl, #w = :w":
+		item["tat"], item["w"] = val(":next"), val(":w")
+		out["tat"], out["w"] = memNum(item["tat"]), memNum(item["w"])
+	case "SET #tat = #tat + :t, #ttl = :ttl, #w = :w":
+		item["tat"] += val(":t")
+		item["w"] = val(":w")
+		out["tat"], out["w"] = memNum(item["tat"]), memNum(item["w"])
 	case "ADD #count :m SET #ttl = :ttl":
 		item["count"] += val(":m")
 		out["count"] = memNum(item["count"])

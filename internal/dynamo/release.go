@@ -23,9 +23,10 @@ import (
 //     while that window or period is still the current one;
 //   - sliding window: ADD #count -N on the slot of the take, IF #count >= N, while that slot is
 //     still counted (a sealed slot's readers have cached the higher count: stricter);
-//   - token bucket: SET #tat = #tat - N*T IF #since = (the since the take's write left) AND
-//     #tat >= at+N*T, while now < at+N*T: as the memory store (bucket.GCRARefundN), and also
-//     never across a write that found the bucket idle.
+//   - token bucket: SET #tat = #tat - g IF the take's write (its marker, Token) is still in the
+//     item's chain of last writes, g being what the writes after it leave exact to give back:
+//     all N*T while nothing wrote since, less (or nothing) after writes that found a bucket
+//     without the charge idle (see gcraGiveBack).
 //
 // Refunds are sent once (not idempotent); a slot release may be retried (it only removes its
 // own slot). The calls run concurrently within ctx. Charges that cannot be given back stay
@@ -43,6 +44,7 @@ func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken
 		if !ok {
 			continue
 		}
+		gcra := tk.Charge.Limit.Algorithm == bucket.TokenBucket
 		if s.deny != nil {
 			// A refund moves a count back: this replica's deny cache must not outlive it.
 			s.deny.remove(tk.Charge.Key)
@@ -56,7 +58,13 @@ func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken
 			if !retry {
 				opts = append(opts, noRetry)
 			}
-			_, err := s.updateItem(ctx, opRelease, pk, u, types.ReturnValueNone, opts...)
+			var err error
+			if gcra {
+				t, _ := bucket.GCRAParams(tk.Charge.Limit)
+				_, err = s.gcraGiveBack(ctx, opRelease, pk, tk.Charge.N()*t, tk.Token, opts...)
+			} else {
+				_, err = s.updateItem(ctx, opRelease, pk, u, types.ReturnValueNone, opts...)
+			}
 			var ccf *types.ConditionalCheckFailedException
 			if err != nil && !errors.As(err, &ccf) {
 				// A failed condition is a charge already given back (its slot reaped, its
@@ -109,17 +117,12 @@ func (s *Store) releaseWrite(tk *bucket.Taken, n int64) (pk string, u update, re
 		}
 		return key + "#s" + strconv.FormatInt(slot, 10), countRefund(c.N()), false, true
 	case bucket.TokenBucket:
-		t, _ := bucket.GCRAParams(l)
-		nt := c.N() * t // the policy package keeps N*T within a bucket's tolerance
-		if tk.Token == 0 || n-at >= nt {
+		if tk.Token == 0 {
 			return "", update{}, false, false
 		}
-		return key + "#g", update{
-			expr:   "SET #tat = #tat - :t",
-			cond:   "attribute_exists(#tat) AND #since = :since AND #tat >= :floor",
-			names:  map[string]string{"#tat": attrTat, "#since": attrSince},
-			values: map[string]types.AttributeValue{":t": num(nt), ":since": num(int64(tk.Token)), ":floor": num(at + nt)},
-		}, false, true
+		// Token is the marker of the take's write; Release gives back what the chain says is
+		// exact (gcraGiveBack), at any later instant.
+		return key + "#g", update{}, false, true
 	}
 	return "", update{}, false, false // leaky bucket: never refunded
 }

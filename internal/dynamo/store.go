@@ -22,9 +22,11 @@ const (
 	attrTat   = "tat"
 	attrCount = "count"
 	attrTTL   = "ttl"
-	// attrSince is the instant of the GCRA write that last found the bucket idle (form (a)),
-	// which discards the charges before it: a refund applies only within the same since.
+	// attrSince is the instant of the lease write that last found a shard idle (form (a)),
+	// which discards the units before it (see lease.go).
 	attrSince = "since"
+	// A GCRA item also keeps the chain of its last charge writes, w1..wN and c1..cN (chainW,
+	// chainC): what a give-back needs to be exact (see refund.go).
 	// attrSealed marks a closed sliding-window slot whose count is final (see sealSlots).
 	attrSealed = "sealed"
 )
@@ -270,10 +272,12 @@ type op struct {
 	cur    int64
 	counts slotCounts
 
-	done      bool // result is final (from the deny cache or a decided write)
-	cached    bool // result came from the deny cache
-	applied   bool // our write is in the table (and not refunded)
-	epoch     epoch
+	done    bool // result is final (from the deny cache or a decided write)
+	cached  bool // result came from the deny cache
+	applied bool // our write is in the table (and not refunded)
+	// wid is the marker of the GCRA write that applied the charge (see pushChain); 0 when
+	// unknown.
+	wid       uint64
 	coalesced bool   // decided by its item's writer, which keeps the GCRA hint itself
 	slot      uint64 // Concurrency: the slot's id
 	result    bucket.Result
@@ -286,7 +290,7 @@ type op struct {
 	spentAt int64
 }
 
-// epoch is the since attribute an applied GCRA write left: known says whether it is known,
+// epoch is the since attribute an applied lease write left: known says whether it is known,
 // present whether the item had one.
 type epoch struct {
 	v              int64
@@ -373,9 +377,9 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	}
 	for i := range ops {
 		results[i] = ops[i].result
-		if o := &ops[i]; admitted && isGCRA(o.c.Limit) && o.epoch.known && o.epoch.present {
+		if o := &ops[i]; admitted && isGCRA(o.c.Limit) && o.wid != 0 {
 			// What a charge_on refund conditions on (see Release).
-			results[i].Token = uint64(o.epoch.v)
+			results[i].Token = o.wid
 		}
 		s.remember(&ops[i], n)
 	}

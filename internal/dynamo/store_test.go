@@ -77,7 +77,7 @@ func newKey(t *testing.T) bucket.Key { return buckettest.NewKey(t) }
 // one table, hammered from many goroutines at one instant: together they admit exactly the limit
 // (for a quota, exactly limit in the period; for a weighted charge, exactly floor(limit/cost)).
 // Each request also charges a roomy token bucket, so a rejected group must give its charge back:
-// that bucket ends with exactly one request spent per admitted group.
+// that bucket ends with at least one request spent per admitted group, never less.
 func TestReplicasShareExactCount(t *testing.T) {
 	api, table := localTable(t)
 	const goroutines, each = 32, 6 // 192 requests per case
@@ -143,8 +143,12 @@ func TestReplicasShareExactCount(t *testing.T) {
 				if _, err := replicas[0].Take(context.Background(), t0, charges[1:], r); err != nil {
 					t.Fatalf("Take: %v", err)
 				}
-				if want := roomy.Burst - tc.want - 1; r[0].Remaining != want {
-					t.Errorf("roomy bucket after the hammer: got Remaining %d, want %d (rejected groups must spend nothing)", r[0].Remaining, want)
+				// A give-back is exact or stricter: a rejected group's charge goes back whole
+				// unless more than the chain of last writes came after it (see refund.go).
+				if want := roomy.Burst - tc.want - 1; r[0].Remaining > want {
+					t.Errorf("roomy bucket after the hammer: got Remaining %d, want at most %d (a give-back never leaves more than a bucket without the rejected groups)", r[0].Remaining, want)
+				} else if r[0].Remaining < want {
+					t.Logf("roomy bucket after the hammer: Remaining %d of %d: %d rejected groups' charges could not be given back exactly", r[0].Remaining, want, want-r[0].Remaining)
 				}
 			})
 		}
@@ -177,6 +181,7 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+|q-?[0-9]+|c)(#l[0-9]+)?$`)
 	slotRE := regexp.MustCompile(`^l[0-9a-f]{1,16}$`) // a concurrency slot's lease: a random id
 	giveRE := regexp.MustCompile(`^r[0-9a-f]{16}$`)   // a Store's give-back marker on a leased window's item
+	chainRE := regexp.MustCompile(`^[wc][1-8]$`)      // a GCRA item's chain of last writes (numbers)
 	allowed := map[string]bool{"pk": true, "tat": true, "count": true, "ttl": true, "since": true, "sealed": true}
 	ours := map[string]bool{}
 	for _, c := range charges {
@@ -200,7 +205,8 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 			}
 			for name := range item {
 				leasedWindow := strings.Contains(pk, "#w") && strings.Contains(pk, "#l")
-				if !allowed[name] && !(strings.HasSuffix(pk, "#c") && slotRE.MatchString(name)) && !(leasedWindow && giveRE.MatchString(name)) {
+				if !allowed[name] && !(strings.HasSuffix(pk, "#c") && slotRE.MatchString(name)) && !(leasedWindow && giveRE.MatchString(name)) &&
+					!(strings.HasSuffix(pk, "#g") && chainRE.MatchString(name)) {
 					t.Errorf("item %s: unexpected attribute %q", pk, name)
 				}
 			}

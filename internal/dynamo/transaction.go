@@ -66,8 +66,10 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 	throttles := 0
 	for round := 0; round < maxRounds; round++ {
 		items := make([]types.TransactWriteItem, len(group))
+		wids := make([]uint64, len(group))
 		for i, o := range group {
-			u := o.write(n)
+			wids[i] = newMarker()
+			u := o.write(n, wids[i])
 			items[i].Update = &types.Update{
 				TableName:                           aws.String(s.table),
 				Key:                                 map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: o.pk}},
@@ -89,11 +91,8 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 		}
 		err = throttledErr(err)
 		if err == nil {
-			for _, o := range group {
-				o.applied = true
-				if isGCRA(o.c.Limit) && !o.formB {
-					o.epoch = epoch{v: n, present: true, known: true}
-				}
+			for i, o := range group {
+				o.applied, o.wid = true, wids[i]
 			}
 			return s.readBack(ctx, group, n)
 		}

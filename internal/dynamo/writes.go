@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
@@ -13,12 +15,17 @@ import (
 // The conditional writes of a charge: GCRA (token and leaky bucket) and counters (fixed and
 // sliding window), and what their outcome says.
 
-// write returns the charge's conditional write in its current form.
-func (o *op) write(n int64) update {
+// newMarker draws the marker of a write (attrWrite): never zero (Result.Token's "none"), top two
+// bits clear (the fallback store marks its own tokens with the top bit).
+func newMarker() uint64 { return rand.Uint64()>>2 | 1 }
+
+// write returns the charge's conditional write in its current form; a GCRA write leaves the
+// marker wid.
+func (o *op) write(n int64, wid uint64) update {
 	l := o.c.Limit
 	switch c := o.c.N(); l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		return gcraWrite(n, o.t, o.tau, c, o.formB)
+		return gcraWrite(n, o.t, o.tau, c, o.formB, wid)
 	case bucket.FixedWindow, bucket.Quota:
 		return countWrite(l.Count, c, ttlAt(fixedEnd(l, n)), false)
 	default: // SlidingWindow
@@ -29,24 +36,73 @@ func (o *op) write(n int64) update {
 // gcraWrite spends m requests (m*T of slack: m charges, or one of cost m) from a GCRA bucket at
 // instant n. Form (a), for an idle bucket (tat absent or < n), sets tat = n + m*T and needs
 // m*T <= tau; form (b) (formB)
-// adds m*T to tat while tat >= n and the result stays within n + tau.
-func gcraWrite(n, t, tau, m int64, formB bool) update {
+// adds m*T to tat while tat >= n and the result stays within n + tau. Both push the write onto
+// the item's chain of its last writes (see the give-back rule in refund.go): its marker wid in
+// w1 and, in c1, how far the bucket was busy past n before it (tat - n; -1 for form (a), which
+// found it idle), the older entries moving down one place.
+func gcraWrite(n, t, tau, m int64, formB bool, wid uint64) update {
 	names := map[string]string{"#tat": attrTat, "#ttl": attrTTL}
 	ttl := ttlAt(n + tau) // tat never passes now + tau
 	if !formB {
-		return update{
-			expr:   "SET #tat = :next, #ttl = :ttl, #since = :now",
+		u := update{
+			expr:   "SET #tat = :next, #ttl = :ttl",
 			cond:   "attribute_not_exists(#tat) OR #tat < :now",
-			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL, "#since": attrSince},
+			names:  names,
 			values: map[string]types.AttributeValue{":next": num(n + m*t), ":now": num(n), ":ttl": ttl},
 		}
+		pushChain(&u, wid, false)
+		return u
 	}
-	return update{
+	u := update{
 		expr:   "SET #tat = #tat + :t, #ttl = :ttl",
 		cond:   "#tat >= :now AND #tat <= :last",
 		names:  names,
 		values: map[string]types.AttributeValue{":t": num(m * t), ":now": num(n), ":last": num(n + tau - m*t), ":ttl": ttl},
 	}
+	pushChain(&u, wid, true)
+	return u
+}
+
+// chainLen is how many of its last writes a GCRA item keeps (w1..wN, c1..cN): a charge can be
+// given back while fewer than chainLen writes came after its own.
+const chainLen = 8
+
+// chainW and chainC are the attribute names of the chain's entry i (1 = the latest write).
+func chainW(i int) string { return "w" + strconv.Itoa(i) }
+func chainC(i int) string { return "c" + strconv.Itoa(i) }
+
+// idleCert is the c entry of a write that found the bucket idle: no charge before it can be
+// given back (a bucket without that charge was idle too, and the write discarded it).
+const idleCert = -1
+
+// pushChain adds to u (a GCRA charge write at :now, whose expression starts with SET) the
+// write's entry in the item's chain: marker wid and how far tat was past :now before it
+// (busy), or idleCert for a write that found the bucket idle, which also drops the older
+// entries (nothing before it can be given back).
+func pushChain(u *update, wid uint64, busy bool) {
+	u.names["#w1"], u.names["#c1"] = chainW(1), chainC(1)
+	u.values[":w"] = unum(wid)
+	if !busy {
+		u.values[":idle"] = num(idleCert)
+		u.expr += ", #w1 = :w, #c1 = :idle REMOVE "
+		for i := 2; i <= chainLen; i++ {
+			w, c := "#"+chainW(i), "#"+chainC(i)
+			u.names[w], u.names[c] = chainW(i), chainC(i)
+			if i > 2 {
+				u.expr += ", "
+			}
+			u.expr += w + ", " + c
+		}
+		return
+	}
+	u.values[":none"], u.values[":idle"] = num(0), num(idleCert)
+	for i := chainLen; i >= 2; i-- {
+		w, c, pw, pc := "#"+chainW(i), "#"+chainC(i), "#"+chainW(i-1), "#"+chainC(i-1)
+		u.names[w], u.names[c] = chainW(i), chainC(i)
+		u.expr += ", " + w + " = if_not_exists(" + pw + ", :none), " + c + " = if_not_exists(" + pc + ", :idle)"
+	}
+	// Operands are the item's values before the write: #tat is the tat the write found.
+	u.expr += ", #w1 = :w, #c1 = #tat - :now"
 }
 
 // leaseGCRA is a lease's token-bucket write at instant n: m units placed at or above the floor
@@ -96,12 +152,12 @@ func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update 
 // apply makes o's conditional write until it is applied or the charge is known not to conform.
 func (s *Store) apply(ctx context.Context, o *op, n int64) {
 	for round := 0; round < maxRounds; round++ {
-		out, err := s.updateItem(ctx, opUpdate, o.pk, o.write(n), types.ReturnValueAllNew)
+		wid := newMarker()
+		out, err := s.updateItem(ctx, opUpdate, o.pk, o.write(n, wid), types.ReturnValueAllNew)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
-			o.applied = true
-			o.epoch, _ = epochOf(out.Attributes)
+			o.applied, o.wid = true, wid
 			if err := o.admit(out.Attributes, n); err != nil {
 				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
 			}

@@ -1,0 +1,124 @@
+package dynamo_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+)
+
+// failReadAPI passes every call on, except the first BatchGetItem of an item of key, which fails
+// without being sent: a transaction's read-back that did not answer.
+type failReadAPI struct {
+	dynamo.API
+	key    bucket.Key
+	failed atomic.Bool
+}
+
+func (f *failReadAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	for _, ka := range in.RequestItems {
+		for _, k := range ka.Keys {
+			if strings.HasPrefix(pkOf(k), f.key.String()) && f.failed.CompareAndSwap(false, true) {
+				return nil, errors.New("injected: the read-back failed")
+			}
+		}
+	}
+	return f.API.BatchGetItem(ctx, in, o...)
+}
+
+// TestGCRAGiveBackAfterAnotherWriteIsNotLooser is the example on DynamoDB, for each
+// kind of non-lease give-back of a token-bucket charge: burst 2 at 1/s; A at 0 s is given back
+// after B's write at 0.5 s has landed; then C at 0.501 s and E at 1.0 s. A bucket that never saw
+// A admits two of B, C and E (B leaves tat 1.5 s, C 2.5 s, and E at 1.0 s finds no room). With A
+// applied, B's write found the bucket busy (tat 1 s >= 0.5 s: a form (b) write that leaves since
+// alone) and set tat 2 s, where without A it would have started from 0.5 s: B's write already
+// absorbed half of A. A give-back conditioned on since takes the whole T off (tat 1 s) and
+// admits all three. Only a give-back conditioned on "nothing wrote since A" is exact.
+func TestGCRAGiveBackAfterAnotherWriteIsNotLooser(t *testing.T) {
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+	// Each path takes A at 0 s, writes B at 0.5 s before A's give-back lands, and returns the
+	// store to decide C and E with.
+	paths := []struct {
+		name string
+		run  func(t *testing.T, gcra bucket.Charge) *dynamo.Store
+	}{
+		{"refund of a rejected group", func(t *testing.T, gcra bucket.Charge) *dynamo.Store {
+			api, table := localTable(t)
+			window := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}}
+			gate := newHoldAPI(api)
+			gate.holdUpdate = updateOf(gcra.Key, "#tat - :t")
+			s := dynamo.New(gate, dynamo.Options{Table: table})
+			if ok, _ := mustTake(t, s, at(0), window); !ok {
+				t.Fatalf("first window request: got rejected, want admitted")
+			}
+			rejected := asyncTake(context.Background(), s, at(0), gcra, window) // A, refunded (held)
+			gate.waitHeld(t)
+			if ok, _ := mustTake(t, s, at(500), gcra); !ok {
+				t.Fatalf("B at 0.5s: got rejected, want admitted")
+			}
+			close(gate.release)
+			if o := outcome(t, rejected); o.err != nil || o.ok {
+				t.Fatalf("A's group: got admitted=%v err=%v, want rejected by the window", o.ok, o.err)
+			}
+			return s
+		}},
+		{"transaction refund after a failed read", func(t *testing.T, gcra bucket.Charge) *dynamo.Store {
+			api, table := localTable(t)
+			window := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 10, Window: time.Hour}}
+			// A form (a) write's result is known without reading: the window's read fails.
+			gate := newHoldAPI(&failReadAPI{API: api, key: window.Key})
+			gate.holdUpdate = updateOf(gcra.Key, "#tat - :t")
+			s := dynamo.New(gate, dynamo.Options{Table: table, Mode: dynamo.Transaction})
+			failed := asyncTake(context.Background(), s, at(0), gcra, window) // A, committed, read fails, refunded (held)
+			gate.waitHeld(t)
+			if ok, _ := mustTake(t, s, at(500), gcra); !ok {
+				t.Fatalf("B at 0.5s: got rejected, want admitted")
+			}
+			close(gate.release)
+			if o := outcome(t, failed); o.err == nil {
+				t.Fatalf("A's group: got admitted=%v and no error, want the read-back's error", o.ok)
+			}
+			return s
+		}},
+		{"charge_on release", func(t *testing.T, gcra bucket.Charge) *dynamo.Store {
+			api, table := localTable(t)
+			s := dynamo.New(api, dynamo.Options{Table: table})
+			gcra.Refundable = true
+			ok, r := mustTake(t, s, at(0), gcra)
+			if !ok {
+				t.Fatalf("A at 0s: got rejected, want admitted")
+			}
+			if ok, _ := mustTake(t, s, at(500), gcra); !ok {
+				t.Fatalf("B at 0.5s: got rejected, want admitted")
+			}
+			if err := s.Release(context.Background(), at(501), []bucket.Taken{{Charge: gcra, At: at(0), Token: r[0].Token}}); err != nil {
+				t.Fatalf("Release of A: %v", err)
+			}
+			return s
+		}},
+	}
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			gcra := bucket.Charge{Key: newKey(t), Limit: limit}
+			s := p.run(t, gcra)
+			admitted := 1 // B
+			for _, ms := range []int{501, 1000} {
+				if ok, _ := mustTake(t, s, at(ms), gcra); ok {
+					admitted++
+				}
+			}
+			if admitted > 2 {
+				t.Errorf("B, C and E admitted after A was given back: got %d, want at most 2 (as if A had never been taken)", admitted)
+			}
+		})
+	}
+}
