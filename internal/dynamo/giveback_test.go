@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket/buckettest"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 )
 
@@ -121,4 +122,18 @@ func TestGCRAGiveBackAfterAnotherWriteIsNotLooser(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGiveBackAdversary runs the bucket package's give-back adversary (random histories of takes
+// and charge_on give-backs at random later instants, each verdict checked against a store that
+// never saw the charges given back) on the DynamoDB store. Its charges are single, so both modes
+// take the same path: one is enough, with fewer histories than in memory (each call is a round
+// trip to DynamoDB Local).
+func TestGiveBackAdversary(t *testing.T) {
+	api, table := localTable(t)
+	buckettest.RunGiveBack(t, func(t *testing.T) bucket.Releaser {
+		s := dynamo.New(api, dynamo.Options{Table: table})
+		t.Cleanup(func() { s.Close() })
+		return s
+	}, buckettest.GiveBackOptions{Histories: 50})
 }
