@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -318,8 +319,15 @@ func (s *Store) runBatch(b *batch) {
 			break
 		}
 		wid := newMarker()
-		out, err := s.updateItem(b.ctx, opUpdate, b.pk, b.write(st, m, wid), types.ReturnValueAllNew)
+		// Sent once (noRetry): re-sent after a lost answer, the batch would be counted twice.
+		out, err := s.updateItem(b.ctx, opUpdate, b.pk, b.write(st, m, wid), types.ReturnValueAllNew, noRetry)
 		var ccf *types.ConditionalCheckFailedException
+		if errors.As(err, &ccf) && isGCRA(b.l) && chainPos(ccf.Item, wid) > 0 {
+			// The answer came from a second copy of our write, and the first landed: applied
+			// (once). Others may have written since: the results computed from the item's
+			// value then say less remains, never more.
+			out, err = &dynamodb.UpdateItemOutput{Attributes: ccf.Item}, nil
+		}
 		switch {
 		case err == nil:
 			after, err := b.state(out.Attributes)

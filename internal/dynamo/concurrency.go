@@ -22,7 +22,7 @@ import (
 // per slot in flight, `l<slot id>` = the slot's lease expiry (Unix ns). Every write changes both
 // in one conditional UpdateItem, so count is always the number of slot attributes:
 //
-//   - take:    ADD #count :one SET #l = :expiry, #ttl = :ttl  IF attribute_not_exists(#count) OR #count < :limit
+//   - take:    ADD #count :one SET #l = :expiry, #ttl = :ttl  IF (attribute_not_exists(#count) OR #count < :limit) AND attribute_not_exists(#l)
 //   - release: ADD #count :minus REMOVE #l                    IF attribute_exists(#l)
 //   - renew:   SET #l = :expiry, #ttl = :ttl                   IF attribute_exists(#l)  (all of a key's slots at once)
 //   - reap:    ADD #count :minus_k REMOVE #l1, ..., #lk         IF #l1 = :e1 AND ... (the expiries read)
@@ -127,8 +127,9 @@ func (l *leases) snapshot() map[string][]uint64 {
 func (s *Store) slotWrite(o *op, n int64) update {
 	exp := n + int64(s.slotLease)
 	return update{
-		expr:  "ADD #count :one SET #l = :exp, #ttl = :ttl",
-		cond:  "attribute_not_exists(#count) OR #count < :limit",
+		expr: "ADD #count :one SET #l = :exp, #ttl = :ttl",
+		// Idempotent: a re-sent take that landed before finds its own slot and fails.
+		cond:  "(attribute_not_exists(#count) OR #count < :limit) AND attribute_not_exists(#l)",
 		names: map[string]string{"#count": attrCount, "#l": slotAttr(o.slot), "#ttl": attrTTL},
 		values: map[string]types.AttributeValue{":one": num(1), ":exp": num(exp), ":ttl": ttlAt(exp),
 			":limit": num(o.c.Limit.Count)},
@@ -202,6 +203,17 @@ func (s *Store) applySlot(ctx context.Context, o *op, n int64) {
 			_, o.result = bucket.Concurrent(c-1, o.c.Limit)
 			o.result.Token = o.slot
 			return
+		case errors.As(err, &ccf) && ccf.Item[slotAttr(o.slot)] != nil:
+			// The SDK re-sent a take whose answer was lost, and the first attempt landed.
+			c, _, err := number(ccf.Item, attrCount)
+			if err != nil {
+				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+				return
+			}
+			o.applied, o.done = true, true
+			_, o.result = bucket.Concurrent(c-1, o.c.Limit)
+			o.result.Token = o.slot
+			return
 		case errors.As(err, &ccf):
 			reaped, rerr := s.reap(ctx, o.pk, ccf.Item, n)
 			if rerr != nil {
@@ -217,6 +229,9 @@ func (s *Store) applySlot(ctx context.Context, o *op, n int64) {
 		default:
 			s.m.errors.WithLabelValues(opUpdate).Inc()
 			o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+			// The take may have landed without its answer: give the slot back (its release
+			// removes only this slot), so that no slot stays counted that no one holds.
+			s.slotGiveBack(ctx, opRefund, o.pk, o.slot)
 			return
 		}
 	}

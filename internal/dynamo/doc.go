@@ -90,12 +90,11 @@
 //   - Refund (default): all charges' conditional writes go out concurrently (one round trip, or
 //     two when an item's write was in flight; see Coalescing);
 //     when the group is rejected, the writes that were applied are given back (see Give-backs;
-//     windows count -= c). Best effort, one
-//     attempt each (a refund is not idempotent, so the SDK must not retry it), within the
-//     decision's own deadline, so nothing of a decision outlives it (a decision that ran out of
-//     time keeps its applied charges spent). A failed refund leaves the limit stricter by one
-//     request, never looser, and is
-//     counted in ratelimit_dynamodb_errors_total{op="refund"}. Between the write and its refund
+//     windows count -= c). Each give-back is idempotent and retried until it lands, at most
+//     giveBackAttempts times within the decision's own deadline, so nothing of a decision
+//     outlives it (a decision that ran out of time keeps what it could not give back spent). A
+//     give-back that still fails leaves the limit stricter, never looser, and is counted in
+//     ratelimit_dynamodb_giveback_failures_total{op="refund"} and logged. Between the write and its refund
 //     another replica may see the extra request, so a concurrent request may be rejected that a
 //     single-node store would have admitted (again stricter, never looser).
 //   - Transaction: the non-shadow charges go in one TransactWriteItems (all or nothing, two write
@@ -125,8 +124,21 @@
 // marker per write; c1..c8: tat - now before each, -1 for a write that found the bucket idle),
 // and a give-back of A gives back min(T, the c of every write after A), conditioned on A's write
 // still being where it was found in the chain: all of T while nothing wrote since, less (or
-// nothing) otherwise, never more (see refund.go). A charge whose write left the chain (8 writes
-// since) stays spent: stricter.
+// nothing) otherwise, never more (see giveback.go). A charge whose write left the chain (8
+// writes since) stays spent: stricter.
+//
+// # Re-sent writes
+//
+// The SDK re-sends a call whose answer was lost (a reset connection, a timeout, a 500), and the
+// first attempt may have been applied. So every write is idempotent or sent once. Charges are
+// sent once (noRetry): a lost answer fails the decision and the charge counts as spent; a GCRA
+// charge's marker also lets a duplicate that arrives after it see that it landed. Give-backs
+// are idempotent: a GCRA give-back adds its id to the item's set g (emptied by the next charge
+// write) and applies only while its id is not there; a counter's carries this Store's sequence
+// number in its attribute b<store id> and applies only while the item's is lower; a slot
+// release removes its own slot. A slot take applies only while its slot is absent, and a take
+// that got no answer is released at once. Seals and renewals set values; a transaction carries
+// the SDK's ClientRequestToken across its retries. docs/dynamodb.md has the table.
 //
 // # Deny cache
 //
@@ -169,16 +181,18 @@
 // attribute ttl (Unix seconds). Items (K = the charge's bucket.Key in hex, a digest: no raw client
 // value is ever stored):
 //
-//	pk = K#g           tat (N, Unix ns)   w1..w8, c1..c8 (N) ttl token and leaky bucket state, chain of last writes
-//	pk = K#w<start>    count (N)                        ttl   fixed window starting at <start> Unix ns
+//	pk = K#g           tat (N, Unix ns)   w1..w8, c1..c8 (N), g (NS) ttl token and leaky bucket state, chain of last writes
+//	pk = K#w<start>    count (N)          b<id> (N)     ttl   fixed window starting at <start> Unix ns
 //	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
-//	pk = K#q<start>    count (N)                        ttl   calendar quota period starting at <start> Unix ns
+//	pk = K#q<start>    count (N)          b<id> (N)     ttl   calendar quota period starting at <start> Unix ns
 //	pk = K#c           count (N)          l<id> (N)     ttl   concurrency slots taken, one l<id> lease expiry per slot (see concurrency.go)
 //	pk = K#g#l<i>      tat (N)            since (N)     ttl   shard i of a leased token bucket
 //	pk = K#w<start>#l<i> count (N)        r<id> (N)     ttl   shard i of a leased fixed window; r<id>: a Store's last give-back (see lease_giveback.go)
 //
 // since is the instant of the last lease write that found the shard idle; w1..w8 and c1..c8
-// are the chain of a bucket's last charge writes (see Give-backs); sealed marks a closed
+// are the chain of a bucket's last charge writes and g the give-backs applied since the last
+// (see Give-backs); b<id> is the number of a Store's last give-back to a counter (a slot's item
+// may carry it too); sealed marks a closed
 // slot whose count is final (its item exists, without count, when the slot had no request).
 //
 // ttl is one hour after the item can last affect a decision (tat's latest value, the window's
@@ -195,6 +209,7 @@
 // store.go routes a decision (deny cache, then the group's mode); writes.go holds each
 // algorithm's conditional write and what its outcome means; quota.go the quota's items; slots.go the sliding window's closed
 // slots; coalesce.go the per-item writers; refund.go and transaction.go the two group modes;
+// giveback.go every give-back's exact and idempotent write;
 // lease.go lease mode (lease_take.go spending units, lease_size.go sizing, lease_renew.go
 // renewals, lease_grant.go the lease write, lease_giveback.go giving units back, lease_sweep.go
 // expiry and close); items.go the calls and attribute values they share, and throttling;

@@ -50,6 +50,8 @@ type metrics struct {
 	leaseUnits       *prometheus.CounterVec
 	leaseHeld        prometheus.Gauge
 	throttled        *prometheus.CounterVec
+	// giveBackFailed counts non-lease give-backs that did not land after every attempt.
+	giveBackFailed *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -95,6 +97,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "DynamoDB calls throttled (ProvisionedThroughputExceeded, ThrottlingException, RequestLimitExceeded), by operation; each is retried with backoff within the decision's deadline.",
 		}, []string{"op"}),
 	}
+	m.giveBackFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_dynamodb_giveback_failures_total",
+		Help: "Give-backs (a rejected group's refunds: op=refund; charge_on refunds and slot releases: op=release) that failed after every attempt: the limit stays stricter by what they would have given back (a slot until its lease expires).",
+	}, []string{"op"})
 	m.reaped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ratelimit_dynamodb_slots_reaped_total",
 		Help: "Concurrency slots whose lease expired (their replica stopped renewing them) and that a take removed.",
@@ -104,6 +110,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.errors.WithLabelValues(op)
 		m.throttled.WithLabelValues(op)
 	}
+	m.giveBackFailed.WithLabelValues(opRefund)
+	m.giveBackFailed.WithLabelValues(opRelease)
 	for _, r := range []string{leaseGranted, leaseEmpty, leaseError} {
 		m.leases.WithLabelValues(r)
 	}
@@ -121,6 +129,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.leaseUnits = register(reg, m.leaseUnits)
 		m.leaseHeld = register(reg, m.leaseHeld)
 		m.throttled = register(reg, m.throttled)
+		m.giveBackFailed = register(reg, m.giveBackFailed)
 	}
 	return m
 }

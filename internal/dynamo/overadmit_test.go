@@ -87,15 +87,24 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		cond, ok = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")"), !sealed
 	}
 	holds := true
-	if strings.HasPrefix(cond, "#wp = :w") { // a charge's give-back (gcraRefund)
+	if strings.HasPrefix(cond, "#wp = :w AND NOT contains(#g, :gid)") { // a charge's give-back (gcraRefund)
 		w, hasW := item[in.ExpressionAttributeNames["#wp"]]
-		holds = hasW && w == val(":w")
-		for _, term := range strings.Split(cond, " AND ")[1:] {
+		_, given := item["g:"+strconv.FormatInt(val(":gid"), 10)]
+		holds = hasW && w == val(":w") && !given
+		for _, term := range strings.Split(cond, " AND ")[2:] {
 			name, _, _ := strings.Cut(term, " >= ")
 			c, hasC := item[in.ExpressionAttributeNames[name]]
 			holds = holds && hasC && c >= val(":t")
 		}
 		cond = ""
+	}
+	if c, found := strings.CutSuffix(cond, " AND (attribute_not_exists(#b) OR #b < :seq)"); found { // a counter's give-back
+		b, hasB := item[in.ExpressionAttributeNames["#b"]]
+		holds = !hasB || b < val(":seq")
+		cond = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")")
+		if cond == "#count >= :n" {
+			holds, cond = holds && hasCnt && cnt >= val(":n"), ""
+		}
 	}
 	switch cond {
 	case "": // unconditional (a seal)
@@ -161,6 +170,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	const chain = 8
 	switch {
 	case strings.HasPrefix(expr, "SET #tat = :next, #ttl = :ttl, #w1 = :w"): // form (a), chain reset
+		memClearGiven(item)
 		item["tat"], item["w1"], item["c1"] = val(":next"), val(":w"), val(":idle")
 		for i := 2; i <= chain; i++ {
 			delete(item, "w"+strconv.Itoa(i))
@@ -169,6 +179,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		out["tat"] = memNum(item["tat"])
 		return res, nil
 	case strings.HasPrefix(expr, "SET #tat = #tat + :t, #ttl = :ttl, #w"): // form (b), chain pushed
+		memClearGiven(item)
 		for i := chain; i >= 2; i-- {
 			prev := strconv.Itoa(i - 1)
 			if w, ok := item["w"+prev]; ok {
@@ -186,12 +197,19 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		item["tat"] += val(":t")
 		out["tat"] = memNum(item["tat"])
 		return res, nil
-	case strings.HasPrefix(expr, "SET #tat = #tat - :t, "): // a give-back past later writes
+	case strings.HasPrefix(expr, "SET #tat = #tat - :t"): // a give-back (gcraRefund)
 		item["tat"] -= val(":t")
-		for _, a := range strings.Split(strings.TrimPrefix(expr, "SET #tat = #tat - :t, "), ", ") {
-			name, _, _ := strings.Cut(a, " = ")
-			item[in.ExpressionAttributeNames[name]] -= val(":d")
+		item["g:"+strconv.FormatInt(val(":gid"), 10)] = 1
+		sets, _ := strings.CutSuffix(strings.TrimPrefix(expr, "SET #tat = #tat - :t"), " ADD #g :gs")
+		for _, a := range strings.Split(strings.TrimPrefix(sets, ", "), ", ") {
+			if name, _, ok := strings.Cut(a, " = "); ok {
+				item[in.ExpressionAttributeNames[name]] -= val(":d")
+			}
 		}
+		return res, nil
+	case expr == "ADD #count :minus SET #b = :seq": // a counter's give-back
+		item["count"] += val(":minus")
+		item[in.ExpressionAttributeNames["#b"]] = val(":seq")
 		return res, nil
 	}
 	switch expr {
@@ -262,6 +280,15 @@ func (f *memAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInpu
 		}
 	}
 	return &dynamodb.BatchGetItemOutput{Responses: out}, nil
+}
+
+// memClearGiven empties an item's set of give-backs (kept as one "g:<id>" entry per id).
+func memClearGiven(item map[string]int64) {
+	for k := range item {
+		if strings.HasPrefix(k, "g:") {
+			delete(item, k)
+		}
+	}
 }
 
 func memNum(v int64) types.AttributeValue {

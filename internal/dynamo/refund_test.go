@@ -1,16 +1,11 @@
 package dynamo_test
 
 import (
-	"bytes"
 	"context"
-	"io"
-	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -55,78 +50,6 @@ func TestRefundAfterIdleResetKeepsLaterCharge(t *testing.T) {
 	// Burst 1: at +5ms the one request allowed at that instant has been admitted.
 	if ok, r := mustTake(t, s, later, gcra); ok {
 		t.Errorf("second request at +5ms with burst 1: got admitted (remaining %d), want rejected: the late refund undid another request's charge", r[0].Remaining)
-	}
-}
-
-// lostResponseDoer sends every request to DynamoDB Local, but for the first one whose body
-// contains match it throws the real answer away and returns a 500 InternalServerError instead:
-// the write was applied, the client does not know it. DynamoDB documents that a 500 may come
-// from a request that succeeded; a connection reset after the request was sent is the same.
-type lostResponseDoer struct {
-	inner   *awshttp.BuildableClient
-	match   string
-	matched atomic.Int64 // requests whose body contained match
-}
-
-func (d *lostResponseDoer) Do(req *http.Request) (*http.Response, error) {
-	body, err := io.ReadAll(req.Body)
-	if err != nil {
-		return nil, err
-	}
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	resp, err := d.inner.Do(req)
-	if err != nil || !strings.Contains(string(body), d.match) || d.matched.Add(1) != 1 {
-		return resp, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	msg := `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the response was lost"}`
-	return &http.Response{
-		Status:        "500 Internal Server Error",
-		StatusCode:    http.StatusInternalServerError,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        http.Header{"Content-Type": {"application/x-amz-json-1.0"}},
-		Body:          io.NopCloser(strings.NewReader(msg)),
-		ContentLength: int64(len(msg)),
-		Request:       req,
-	}, nil
-}
-
-// TestRefundSentOnce: a refund whose response was lost (a 500 after the write was applied) is
-// not retried. Refunds are not idempotent (SET tat = tat - T, ADD count -1): a retry would refund
-// the charge a second time, and the bucket would admit one request more than its burst.
-func TestRefundSentOnce(t *testing.T) {
-	api, table := localTable(t)
-	doer := &lostResponseDoer{inner: awshttp.NewBuildableClient(), match: "#tat - :t"}
-	// The suite's client (retryer and credentials included: DynamoDB Local's or, with
-	// DYNAMODB_TEST_AWS=1, the AWS chain's), with the doer as its HTTP client.
-	client := dynamodb.New(api.Options(), func(o *dynamodb.Options) { o.HTTPClient = doer })
-	s := dynamo.New(client, dynamo.Options{Table: table})
-	gcra := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}}
-	window := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}}
-
-	if ok, _ := mustTake(t, s, t0, window); !ok {
-		t.Fatalf("first window request: got rejected, want admitted")
-	}
-	admitted := 0
-	if ok, _ := mustTake(t, s, t0, gcra); ok {
-		admitted++
-	}
-	if ok, _ := mustTake(t, s, t0, gcra, window); ok {
-		t.Fatalf("group with the used-up window: got admitted, want rejected")
-	}
-	if got := doer.matched.Load(); got != 1 {
-		t.Errorf("refund requests sent: got %d, want 1 (no retry of a refund)", got)
-	}
-	for range 2 {
-		if ok, _ := mustTake(t, s, t0, gcra); ok {
-			admitted++
-		}
-	}
-	if admitted > int(gcra.Limit.Burst) {
-		t.Errorf("admitted at t0 with burst %d: got %d, want at most %d", gcra.Limit.Burst, admitted, gcra.Limit.Burst)
 	}
 }
 

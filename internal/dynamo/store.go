@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
@@ -103,6 +106,9 @@ type Options struct {
 	// its slots every SlotLease/3, so a replica that crashes while holding slots loses them at
 	// most SlotLease after its last renewal (Optional; default 30s). See concurrency.go.
 	SlotLease time.Duration
+	// Logger receives the give-backs that failed after every attempt (Optional; nil = not
+	// logged, only counted in ratelimit_dynamodb_giveback_failures_total).
+	Logger *zap.Logger
 	// Now is the Store's own clock: the lease sweeper's, which gives back the leases of pools
 	// that stopped seeing demand, and the concurrency slots' renewals (Optional; default
 	// time.Now). Decisions take their instant from Take; give it the same clock.
@@ -127,6 +133,11 @@ type Store struct {
 	slotLease  time.Duration
 	leases     leases           // concurrency slots held, renewed until released
 	now        func() time.Time // Options.Now
+	log        *zap.Logger
+	// giveMark is the attribute of a counter item that holds giveSeq of this Store's last
+	// give-back applied to it (see countGiveBack): b and a random id, one per Store.
+	giveMark string
+	giveSeq  atomic.Int64
 }
 
 var _ bucket.Releaser = (*Store)(nil)
@@ -171,10 +182,15 @@ func New(api API, o Options) *Store {
 		lateWrites: int64(late),
 		slotLease:  cmp.Or(o.SlotLease, defaultSlotLease),
 		leases:     leases{stop: make(chan struct{})},
+		log:        o.Logger,
+		giveMark:   fmt.Sprintf("b%016x", rand.Uint64()),
 		now:        o.Now,
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
 	}
 	if o.DenyCache {
 		s.deny = newBoundedCache[bucket.Key, denial](size)

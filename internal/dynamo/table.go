@@ -57,6 +57,11 @@ func CreateTable(ctx context.Context, api TableAPI, table string) error {
 		},
 	})
 	if err != nil {
+		// The SDK re-sends a call whose answer was lost; a second UpdateTimeToLive after the
+		// first was applied fails ("already enabled"): what counts is that TTL is on.
+		if on, cerr := ttlEnabled(ctx, api, table); cerr == nil && on {
+			return nil
+		}
 		return fmt.Errorf("dynamo: enable TTL on %s: %w", table, err)
 	}
 	return nil

@@ -63,6 +63,17 @@ func gcraWrite(n, t, tau, m int64, formB bool, wid uint64) update {
 	return u
 }
 
+// chainPos is the position of the write wid in a GCRA item's chain (1 = the latest), 0 when
+// it is not there.
+func chainPos(item map[string]types.AttributeValue, wid uint64) int {
+	for i := 1; i <= chainLen; i++ {
+		if w, _, err := number(item, chainW(i)); err == nil && w != 0 && uint64(w) == wid {
+			return i
+		}
+	}
+	return 0
+}
+
 // chainLen is how many of its last writes a GCRA item keeps (w1..wN, c1..cN): a charge can be
 // given back while fewer than chainLen writes came after its own.
 const chainLen = 8
@@ -78,7 +89,8 @@ const idleCert = -1
 // pushChain adds to u (a GCRA charge write at :now, whose expression starts with SET) the
 // write's entry in the item's chain: marker wid and how far tat was past :now before it
 // (busy), or idleCert for a write that found the bucket idle, which also drops the older
-// entries (nothing before it can be given back).
+// entries (nothing before it can be given back). It also empties the set of give-backs applied
+// since the previous write.
 func pushChain(u *update, wid uint64, busy bool) {
 	u.names["#w1"], u.names["#c1"] = chainW(1), chainC(1)
 	u.values[":w"] = unum(wid)
@@ -93,6 +105,8 @@ func pushChain(u *update, wid uint64, busy bool) {
 			}
 			u.expr += w + ", " + c
 		}
+		u.names["#g"] = attrGiven
+		u.expr += ", #g" // the give-backs applied since the last write (see gcraGiveBack)
 		return
 	}
 	u.values[":none"], u.values[":idle"] = num(0), num(idleCert)
@@ -102,7 +116,8 @@ func pushChain(u *update, wid uint64, busy bool) {
 		u.expr += ", " + w + " = if_not_exists(" + pw + ", :none), " + c + " = if_not_exists(" + pc + ", :idle)"
 	}
 	// Operands are the item's values before the write: #tat is the tat the write found.
-	u.expr += ", #w1 = :w, #c1 = #tat - :now"
+	u.expr += ", #w1 = :w, #c1 = #tat - :now REMOVE #g"
+	u.names["#g"] = attrGiven
 }
 
 // leaseGCRA is a lease's token-bucket write at instant n: m units placed at or above the floor
@@ -153,12 +168,25 @@ func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update 
 func (s *Store) apply(ctx context.Context, o *op, n int64) {
 	for round := 0; round < maxRounds; round++ {
 		wid := newMarker()
-		out, err := s.updateItem(ctx, opUpdate, o.pk, o.write(n, wid), types.ReturnValueAllNew)
+		// Sent once (noRetry): re-sent after a lost answer, a charge would be counted twice.
+		out, err := s.updateItem(ctx, opUpdate, o.pk, o.write(n, wid), types.ReturnValueAllNew, noRetry)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
 			o.applied, o.wid = true, wid
 			if err := o.admit(out.Attributes, n); err != nil {
+				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+			}
+			return
+		case errors.As(err, &ccf) && isGCRA(o.c.Limit) && chainPos(ccf.Item, wid) > 0:
+			// The answer came from a second copy of our write (a duplicate on the way), and
+			// the first landed: the charge is applied, once.
+			o.applied, o.wid = true, wid
+			err := o.admit(ccf.Item, n)
+			if err == nil && !o.result.Allowed {
+				o.result, err = o.committed(ccf.Item, n) // others wrote since: applied all the same
+			}
+			if err != nil {
 				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
 			}
 			return

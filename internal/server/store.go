@@ -84,7 +84,7 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		if d.Mode == "transaction" {
 			mode = dynamo.Transaction
 		}
-		ds := dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg,
+		ds := dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
 			SlotLease: d.SlotLease, Now: decide,
 			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 			// batch whose deadline is another waiter's: a write can land up to about twice the

@@ -1,0 +1,207 @@
+package dynamo
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"go.uber.org/zap"
+)
+
+// Give-backs: what goes back when a group is rejected (refund.go), when a charge_on answer
+// did not consume (Release) and when a slot is released. Each is exact or stricter (never
+// roomier than if the charge had never been made), and idempotent, so that it can be retried
+// until it lands: the SDK's retries and ours may re-send it after a lost answer.
+
+// Give-backs are retried at most giveBackAttempts times, with full-jitter backoff from
+// giveBackBackoff, within the caller's context; one that still fails is counted
+// (ratelimit_dynamodb_giveback_failures_total) and logged, and leaves the limit stricter.
+const (
+	giveBackAttempts = 4
+	giveBackBackoff  = 5 * time.Millisecond
+)
+
+// attrGiven is the set (NS) of the give-backs applied to a GCRA item since its last charge
+// write, which empties it: a re-sent give-back finds its id there.
+const attrGiven = "g"
+
+// The give-back rule of a token or leaky bucket. A charge A of cost N added d = N*T to tat.
+// Every later write i at instant t_i did tat = max(tat, t_i) + m_i*T. In a bucket that never saw
+// A, the same writes leave tat lower by d_i = min(d_{i-1}, max(0, tat_{i-1} - t_i)) (tat_{i-1}
+// the real tat before write i): the difference shrinks whenever a write found the A-less bucket
+// idle, which a write that found the real bucket busy does not show (the example: A at
+// 0 s, B at 0.5 s with burst 2 at 1/s leaves 2 s where a bucket without A has 1.5 s). So taking
+// d off tat is exact only while nothing wrote since A; after other writes, exactly the smallest
+// of d and their slacks tat_{i-1} - t_i can go back.
+//
+// Each GCRA item keeps a chain of its last chainLen charge writes (pushChain): w1 the marker of
+// the latest, c1 its slack (tat - now before it; idleCert when it found the bucket idle), w2 and
+// c2 the one before, and so on. A give-back of A finds A's write in the chain at position j and
+// gives back g = min(d, c1, ..., c_{j-1}) in one write conditioned on A still being at j and
+// those slacks still at least g: SET tat = tat - g, and c_i = c_i - d for the later writes
+// (their slacks in the bucket without A are at least that much smaller: d at most, so
+// subtracting d keeps every later give-back on the safe side). A charge whose write left the
+// chain, or came before a write that found the bucket idle, gives nothing back: stricter,
+// never looser. The charges of one coalesced write are one write at one instant: each can be
+// given back, in any order.
+
+// gcraRefund is the give-back of g of a charge of d = N*T whose write (marker wid) is at
+// position pos of the chain; gid is the give-back's own id.
+func gcraRefund(d, g int64, pos int, wid, gid uint64) update {
+	u := update{
+		expr:   "SET #tat = #tat - :t",
+		cond:   "#wp = :w AND NOT contains(#g, :gid)",
+		names:  map[string]string{"#tat": attrTat, "#wp": chainW(pos), "#g": attrGiven},
+		values: map[string]types.AttributeValue{":t": num(g), ":w": unum(wid), ":gid": unum(gid), ":gs": &types.AttributeValueMemberNS{Value: []string{strconv.FormatUint(gid, 10)}}},
+	}
+	if pos > 1 {
+		u.values[":d"] = num(d)
+	}
+	for i := 1; i < pos; i++ {
+		c := "#" + chainC(i)
+		u.names[c] = chainC(i)
+		u.cond += " AND " + c + " >= :t"
+		u.expr += ", " + c + " = " + c + " - :d"
+	}
+	u.expr += " ADD #g :gs"
+	return u
+}
+
+// refundable finds the write wid in item's chain and what of d can go back (see the rule
+// above); ok is false when nothing can.
+func refundable(item map[string]types.AttributeValue, wid uint64, d int64) (pos int, g int64, ok bool) {
+	g = d
+	for i := 1; i <= chainLen; i++ {
+		if w, _, err := number(item, chainW(i)); err == nil && w != 0 && uint64(w) == wid {
+			return i, g, g > 0
+		}
+		c, present, err := number(item, chainC(i))
+		if err != nil || !present {
+			return 0, 0, false
+		}
+		g = min(g, c)
+	}
+	return 0, 0, false
+}
+
+// given reports whether the give-back gid is in item's set of applied give-backs.
+func given(item map[string]types.AttributeValue, gid uint64) bool {
+	ns, ok := item[attrGiven].(*types.AttributeValueMemberNS)
+	return ok && slices.Contains(ns.Value, strconv.FormatUint(gid, 10))
+}
+
+// gcraGiveBack gives back what is exact of a GCRA charge of d = N*T applied by the write
+// marked wid on item pk: first assuming nothing wrote since (one write), else from the chain
+// its failed condition returned. It is idempotent: every attempt carries the same give-back
+// id, which a landed attempt leaves in the item's set (cleared by the next charge write, after
+// which the chain position no longer matches either).
+func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid uint64) bool {
+	gid := newMarker()
+	pos, g := 1, d
+	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
+		for round := 0; round < maxRounds; round++ {
+			_, err := s.updateItem(ctx, op, pk, gcraRefund(d, g, pos, wid, gid), types.ReturnValueNone)
+			var ccf *types.ConditionalCheckFailedException
+			switch {
+			case err == nil:
+				return true, nil
+			case !errors.As(err, &ccf):
+				return false, err
+			case given(ccf.Item, gid):
+				return true, nil // an earlier attempt landed
+			}
+			var ok bool
+			if pos, g, ok = refundable(ccf.Item, wid, d); !ok {
+				return true, nil // nothing exact to give back: stricter
+			}
+		}
+		return true, nil // the chain kept moving under us: stricter
+	})
+}
+
+// countGiveBack takes c off a counter item (window, slot, quota period) while cond holds. It is
+// idempotent: it carries this Store's next give-back number in the Store's marker attribute
+// (giveMark), and applies only while the item's is lower. A re-sent attempt that landed before
+// finds its own number; one overtaken by a later give-back of this Store finds a higher number,
+// and is sent again with a new number only when no attempt of it can have landed (every
+// earlier one failed its condition); otherwise whether it landed is unknown, and it counts as
+// failed (stricter at worst).
+func (s *Store) countGiveBack(ctx context.Context, op, pk string, c int64, cond string) bool {
+	seq := s.giveSeq.Add(1)
+	unsure := false // an attempt may have landed without our knowing
+	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
+		for range maxRounds {
+			u := update{
+				expr:   "ADD #count :minus SET #b = :seq",
+				cond:   "(" + cond + ") AND (attribute_not_exists(#b) OR #b < :seq)",
+				names:  map[string]string{"#count": attrCount, "#b": s.giveMark},
+				values: map[string]types.AttributeValue{":minus": num(-c), ":seq": num(seq)},
+			}
+			if strings.Contains(cond, ":n") {
+				u.values[":n"] = num(c)
+			}
+			_, err := s.updateItem(ctx, op, pk, u, types.ReturnValueNone)
+			var ccf *types.ConditionalCheckFailedException
+			switch {
+			case err == nil:
+				return true, nil
+			case !errors.As(err, &ccf):
+				unsure = true
+				return false, err
+			}
+			b, _, _ := number(ccf.Item, s.giveMark)
+			switch {
+			case b == seq:
+				return true, nil // an earlier attempt landed
+			case b < seq:
+				return true, nil // cond failed: nothing to give back (window gone, count lower)
+			case unsure:
+				return false, errGiveBackUnknown
+			}
+			seq = s.giveSeq.Add(1) // overtaken by a later give-back of ours, and never applied
+		}
+		return false, ErrContention
+	})
+}
+
+// errGiveBackUnknown says that a give-back may or may not have landed, and cannot be sent again.
+var errGiveBackUnknown = errors.New("dynamo: give-back unanswered, then overtaken: whether it landed is unknown")
+
+// slotGiveBack releases concurrency slot id of item pk: idempotent, it removes only its own slot
+// attribute, if it is still there.
+func (s *Store) slotGiveBack(ctx context.Context, op, pk string, id uint64) bool {
+	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
+		_, err := s.updateItem(ctx, op, pk, slotRelease(id), types.ReturnValueNone)
+		var ccf *types.ConditionalCheckFailedException
+		if err == nil || errors.As(err, &ccf) {
+			return true, nil // released, or already gone (reaped, or released before)
+		}
+		return false, err
+	})
+}
+
+// retryGiveBack runs attempt, an idempotent give-back, until it is done, at most
+// giveBackAttempts times within ctx; a give-back that never gets done is counted and logged.
+// It reports whether it got done.
+func (s *Store) retryGiveBack(ctx context.Context, op, pk string, attempt func() (done bool, err error)) bool {
+	var err error
+	for i := 1; ; i++ {
+		var done bool
+		if done, err = attempt(); done {
+			return true
+		}
+		s.m.errors.WithLabelValues(op).Inc()
+		if i == giveBackAttempts || errors.Is(err, errGiveBackUnknown) || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(giveBackBackoff)<<i))) {
+			break
+		}
+	}
+	s.m.giveBackFailed.WithLabelValues(op).Inc()
+	s.log.Warn("dynamodb give-back failed: the limit stays stricter by what it would have given back",
+		zap.String("op", op), zap.String("item", pk), zap.Error(err))
+	return false
+}
