@@ -469,3 +469,42 @@ func BenchmarkRLSMatchAndKey(b *testing.B) {
 		_ = m.Key(e)
 	}
 }
+
+// FuzzRLSFile: any file content either is refused with errors or compiles into rules that match
+// any descriptor without panicking, and a rule found twice for the same entries has one key.
+func FuzzRLSFile(f *testing.F) {
+	f.Add([]byte(messagingConfig), "path", "/api/x")
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    value: a*b*c\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), "k", "abbc")
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n"), "k", "")
+	f.Add([]byte("domain: [\n"), "", "")
+	f.Fuzz(func(t *testing.T, data []byte, key, value string) {
+		var es Errors
+		file := parseRLSFile(&es, "f.yaml", data)
+		if file == nil {
+			if len(es) == 0 {
+				t.Fatal("no file and no error")
+			}
+			return
+		}
+		rules := compileRLS(&es, []*rlsFile{file}, &Config{})
+		if len(es) > 0 {
+			return
+		}
+		d := rules.Domain(file.domain)
+		if d == nil {
+			t.Fatalf("domain %q not compiled", file.domain)
+		}
+		e := []RLSEntry{{Key: key, Value: value}}
+		var m1, m2 RLSMatch
+		r := d.Match(e, &m1)
+		if r != d.Match(e, &m2) {
+			t.Fatal("two matches of one descriptor differ")
+		}
+		if r != nil && !r.Unlimited {
+			if m1.Key(e) != m2.Key(e) {
+				t.Fatal("two keys of one descriptor differ")
+			}
+			_ = m1.Label(file.domain, e)
+		}
+	})
+}
