@@ -237,6 +237,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			hits = h.GetValue() // replaces the call's, 0 included
 		}
 		probe := hits == 0
+		if probe && ch.Lease.On() {
+			// A leased rule's capacity sits in replicas' leases: no item says what is left,
+			// and a leased unit cannot be given back exactly.
+			domCalls[callInvalid].Inc()
+			return nil, status.Error(codes.InvalidArgument, "hits_addend 0 (a check) is not served on a rule with a lease")
+		}
 		if probe {
 			// A check that consumes nothing: take one, refundable (never cached as a denial),
 			// straight from the item (no lease), and give it back once the call is decided.
@@ -269,7 +275,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		// Fail open: OK, and no limit in the statuses, since none was decided.
 		domCalls[callStoreErrorAllowed].Inc()
 		for i := range statuses {
-			statuses[i].CurrentLimit, statuses[i].LimitRemaining = nil, 0
+			if statuses[i].CurrentLimit != nil {
+				statuses[i].CurrentLimit, statuses[i].LimitRemaining = nil, 0
+			}
 		}
 		return resp, nil
 	}

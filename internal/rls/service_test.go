@@ -37,6 +37,8 @@ descriptors:
   - key: secret
     detailed_metric: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: leased
+    rate_limit: {unit: minute, requests_per_unit: 100, lease: {enabled: true}}
 `
 
 // t0 is 10 s into a minute (and a Tokyo day), so minute windows have 50 s left.
@@ -291,11 +293,14 @@ func TestInvalidCalls(t *testing.T) {
 	neg.IsNegativeHits = true
 	bad := d("fw", "a")
 	bad.Limit = &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}
+	leasedCheck := d("leased", "a")
+	leasedCheck.HitsAddend = wrapperspb.UInt64(0)
 	for name, req := range map[string]*pb.RateLimitRequest{
 		"no domain":        {Descriptors: []*rlext.RateLimitDescriptor{d("fw", "a")}},
 		"no descriptors":   {Domain: "d"},
 		"negative hits":    {Domain: "d", Descriptors: []*rlext.RateLimitDescriptor{neg}},
 		"override UNKNOWN": {Domain: "d", Descriptors: []*rlext.RateLimitDescriptor{bad}},
+		"check on a lease": {Domain: "d", Descriptors: []*rlext.RateLimitDescriptor{leasedCheck}},
 	} {
 		if _, err := s.ShouldRateLimit(context.Background(), req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: got %v, want InvalidArgument", name, err)

@@ -161,11 +161,19 @@ func run(o options) error {
 func dynamoStore() (string, []string, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), dynamolocal.StartTimeout)
 	defer cancel()
-	inst, err := dynamolocal.Find(ctx)
-	if err != nil {
+	var inst *dynamolocal.Instance
+	var err error
+	// Java may not answer within the start script's 30 s on a loaded machine: try again.
+	for attempt := range 3 {
+		if inst, err = dynamolocal.Find(ctx); err == nil {
+			break
+		}
 		if inst != nil {
 			_ = inst.Stop()
 		}
+		fmt.Fprintf(os.Stderr, "DynamoDB Local, attempt %d: %v\n", attempt+1, err)
+	}
+	if err != nil {
 		return "", nil, nil, err
 	}
 	var b [4]byte
