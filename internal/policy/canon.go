@@ -248,7 +248,7 @@ type pathMatcher struct {
 	prefix string // canonical, folded unless sensitive; "" matches every path
 	// bare is the prefix without its trailing slash ("" when it has none, or is "/"): a
 	// path_prefix of /x/ also matches /x, which Express, Rails, ASP.NET and Spring serve the
-	// same, and Flask and Django redirect to /x/.
+	// same, and Flask and Django redirect to /x/, and /x.json (a format suffix, see match).
 	bare      string
 	sensitive bool // match.path_case_sensitive
 }
@@ -266,7 +266,7 @@ func newPathMatcher(prefix string, sensitive bool) pathMatcher {
 }
 
 // match reports whether the request's canonical path (folded or exact, as the matcher needs)
-// has the prefix, or is the prefix without its trailing slash.
+// has the prefix, or is the prefix without its trailing slash, with or without a format suffix.
 func (m *pathMatcher) match(rt *route) bool {
 	if m.prefix == "" {
 		return true
@@ -275,7 +275,16 @@ func (m *pathMatcher) match(rt *route) bool {
 	if m.sensitive {
 		p = rt.exact
 	}
-	return strings.HasPrefix(p, m.prefix) || (m.bare != "" && p == m.bare)
+	if strings.HasPrefix(p, m.prefix) {
+		return true
+	}
+	if m.bare == "" || !strings.HasPrefix(p, m.bare) {
+		return false
+	}
+	// /x, and /x.json: Rails routes a format suffix (/x(.:format)) and Spring before 5.3 a
+	// suffix pattern to the handler of /x.
+	rest := p[len(m.bare):]
+	return rest == "" || rest[0] == '.' && strings.IndexByte(rest, '/') < 0
 }
 
 // route is one request as matchers see it.
