@@ -100,6 +100,8 @@ func clockGauges(t *testing.T, g *gateway) (offset, uncertainty, correction floa
 }
 
 // measured polls until the gateway knows its clock's offset within 50ms, and returns the gauges.
+// On a machine so loaded that round trips stay long, it settles after 30s for 200ms: the tests'
+// bounds are stated in the measured uncertainty, whatever it is.
 func measured(t *testing.T, g *gateway) (offset, uncertainty, correction float64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -109,7 +111,11 @@ func measured(t *testing.T, g *gateway) (offset, uncertainty, correction float64
 			return offset, uncertainty, correction
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 30s: offset %v ± %v, want an uncertainty within 50ms", offset, uncertainty)
+			if uncertainty <= 0.2 {
+				t.Logf("after 30s: offset %v ± %v (a loaded machine)", offset, uncertainty)
+				return offset, uncertainty, correction
+			}
+			t.Fatalf("after 30s: offset %v ± %v, want an uncertainty within 200ms", offset, uncertainty)
 		}
 		time.Sleep(100 * time.Millisecond) // polling a process with a deadline
 	}
