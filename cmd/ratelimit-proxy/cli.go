@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -284,6 +285,9 @@ func validate(path string, getenv func(string) string, stdout, stderr io.Writer)
 			fmt.Fprintf(stdout, "%s: ok, %d policies\n", path, len(set.Policies()))
 			for _, p := range set.Policies() {
 				fmt.Fprintln(stdout, "  "+p.Summary)
+			}
+			if r := set.RLS(); r != nil {
+				fmt.Fprintf(stdout, "  rls: %d rules in domains %s from %d files of %s\n", r.Len(), strings.Join(r.Domains(), ", "), len(r.Files()), cfg.RLS.ConfigDir)
 			}
 			return nil
 		}
