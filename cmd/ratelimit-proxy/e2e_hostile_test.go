@@ -163,7 +163,7 @@ policies:
 		}
 	}
 	keys := metric(t, g.admin, "ratelimit_memory_keys")
-	evicted := metric(t, g.admin, "ratelimit_memory_evictions_total")
+	evicted := metric(t, g.admin, `ratelimit_memory_evictions_total{kind="least_used"}`)
 	rss := metric(t, g.admin, "process_resident_memory_bytes")
 	t.Logf("%d distinct keys in %v (%.0f keys/s, race-enabled binary): %v tracked (max_keys %d), %v evicted, RSS %.1f MiB",
 		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), keys, maxKeys, evicted, rss/(1<<20))

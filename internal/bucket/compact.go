@@ -4,7 +4,8 @@ import "math"
 
 // compactSliding is the memory store's form of a SlidingState: the same ring with 16-bit
 // counters and the slot width as a 16-bit tag, 32 bytes against 64, so that with its 16-byte Key
-// it takes a 48-byte slot of a table rather than an 80-byte map entry.
+// (and the eviction room, padded to 8 bytes) it takes a 56-byte slot of a table rather than an
+// 88-byte map entry.
 //
 // It holds a state exactly when every counter fits 16 bits and the width has a tag (widthTag);
 // the memory store keeps the others, and the keys of Limits with Count > maxCompactCount, as
@@ -15,6 +16,7 @@ type compactSliding struct {
 	slot   int64 // SlidingState.Slot
 	counts [slidingRing]uint16
 	tag    uint16 // widthTag of SlidingState.Width; 0 for a fresh key
+	room   uint16 // Count-cost of the key's last charge, for eviction (see memory_evict.go)
 }
 
 // maxCompactCount is the largest Count whose keys the memory store keeps compact: a counter is

@@ -59,7 +59,7 @@ func memSliding(t *testing.T, m *Memory, k Key) (SlidingState, string) {
 	case inCompact:
 		return sh.sliding.slots[i].st.wide(), "compact"
 	case inWide:
-		return ws, "wide"
+		return ws.SlidingState, "wide"
 	}
 	return SlidingState{}, ""
 }

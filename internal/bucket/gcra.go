@@ -80,17 +80,22 @@ func GCRA(tat, now int64, l Limit) (newTat int64, r Result) { return GCRAN(tat, 
 // of cost 1 would conform at now (less than n). A cost above what the bucket holds never
 // conforms; the policy package refuses such a configuration.
 func GCRAN(tat, now int64, l Limit, n int64) (newTat int64, r Result) {
-	return gcraTo(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r), r
+	newTat, _ = gcraTo(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r)
+	return newTat, r
 }
 
 // gcraTo is GCRAN writing its verdict into *r and returning the new tat, for the memory store:
 // GCRAN built its Result on the stack and the caller copied it into place, and the call copied
 // the 40-byte Limit, which it then read back (see windowSpan). Every field of *r is written
-// (Token 0), as the assignment of a GCRAN result did.
-func gcraTo(tat, now int64, rate float64, burst int64, alg Algorithm, n int64, r *Result) (newTat int64) {
+// (Token 0), as the assignment of a GCRAN result did. room is tau-n*T, the most tat may run
+// ahead of now for a request of cost n to conform: the memory store keeps it beside tat to tell
+// a key at its limit (tat-now > room) from one that is not, when it must evict.
+func gcraTo(tat, now int64, rate float64, burst int64, alg Algorithm, n int64, r *Result) (newTat, room int64) {
 	t, tau := gcraParams(rate, burst, alg)
 	start := max(tat, now)
-	next := start + spend(t, n)
+	cost := spend(t, n)
+	next := start + cost
+	room = tau - cost
 	r.Limit = burst
 	r.Token = 0
 	if next-now > tau {
@@ -99,7 +104,7 @@ func gcraTo(tat, now int64, rate float64, burst int64, alg Algorithm, n int64, r
 		r.Reset = time.Duration(max(tat-now, 0))
 		r.RetryAfter = time.Duration(next - tau - now)
 		r.Wait = 0
-		return tat
+		return tat, room
 	}
 	r.Allowed = true
 	// tau-(next-now) is the slack left at this instant; each further request uses T of it.
@@ -110,7 +115,7 @@ func gcraTo(tat, now int64, rate float64, burst int64, alg Algorithm, n int64, r
 	if alg == LeakyBucket {
 		r.Wait = time.Duration(start - now)
 	}
-	return next
+	return next, room
 }
 
 // quo is a/t for 0 <= a and 1 <= t. A hot key lives near an empty bucket, where less than one

@@ -81,7 +81,7 @@ func TestGCRAToMatchesReference(t *testing.T) {
 			}
 			n := costs[rng.IntN(len(costs))]
 			wantTat, want := gcraRef(tat, now, l, n)
-			gotTat := gcraTo(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r)
+			gotTat, _ := gcraTo(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r)
 			if gotTat != wantTat || r != want {
 				t.Fatalf("seq %d step %d: %+v tat %d now %d n %d:\n got %d %+v\nwant %d %+v",
 					seq, i, l, tat, now, n, gotTat, r, wantTat, want)

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,7 +11,6 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -22,7 +22,9 @@ type MemoryOptions struct {
 	Shards int
 	// MaxKeys caps the tracked keys, all algorithms together: never more are kept. The cap is
 	// split across shards (fewer shards when MaxKeys is small, so each holds at least 16), so
-	// with unevenly spread keys evictions can begin a few percent below MaxKeys.
+	// with unevenly spread keys evictions can begin a few percent below MaxKeys. A shard at its
+	// cap evicts idle keys, then the least used, never a key at its limit: when only such keys
+	// are left, it refuses new keys (see Memory).
 	// (Optional) default 1_000_000.
 	MaxKeys int
 }
@@ -31,27 +33,35 @@ type MemoryOptions struct {
 // its own mutex. Decisions are exact under concurrency: a group's shards are locked (in ascending
 // order, so concurrent groups cannot deadlock) for the whole evaluate-and-commit.
 //
-// State is small: a token- or leaky-bucket key is one int64 (its tat), a fixed-window key a
-// FixedState, each in an open-addressing table of its own (see table: one cache miss per lookup
-// where a map takes two). A sliding-window key is kept in a compact form (16-bit counters, 48
-// bytes with the key in a table of its own) when its counters and slot width fit, and as a
+// State is small: a token- or leaky-bucket key is its tat, a fixed-window key a FixedState, each
+// beside the room its Limit leaves (what eviction needs to tell a key at its limit), in an
+// open-addressing table of its own (see table: one cache miss per lookup where a map takes two).
+// A sliding-window key is kept in a compact form (16-bit counters, 56 bytes with the key in a
+// table of its own) when its counters and slot width fit, and as a
 // SlidingState in a map otherwise (Count above 65535, a counter above 65535 left from
 // such a Count, or a width without a 16-bit tag); a key moves between the two with its counts
 // intact.
 //
 // Memory stays bounded without a background goroutine. A key is idle when its state equals a
-// fresh key's (the bucket is full, every counted request has left its window); a shard forgets
-// its idle keys when it has grown to twice its size after the previous sweep, which costs O(1)
-// amortised per new key. Each shard also has a hard cap (MemoryOptions.MaxKeys split across
-// shards): when a sweep leaves a shard within 1/16 of its cap, arbitrary live keys are evicted
-// down to 15/16 of it and counted in Evicted. Forgetting a live key resets that client's quota,
-// so the cap can only make a limit more lenient, never stricter.
+// fresh key's (the bucket is full, every counted request has left its window, nothing in
+// flight); a shard forgets its idle keys when it has grown to twice its size after the previous
+// sweep, which costs O(1) amortised per new key. Each shard also has a hard cap (MaxKeys split
+// across shards): when a sweep leaves a shard within 1/16 of its cap, it evicts live keys down
+// to 15/16 of it, the least used first (the smallest share of their limit in use), and never a
+// key at its limit (one whose next request of the cost it was last charged would be rejected).
+// When every key of a full shard is at its limit, the shard refuses new keys instead: the request
+// that would need one is rejected, with a RetryAfter until the first of them is free to go. So a
+// flood of distinct keys, however many and however chosen, never resets a key at its limit, and
+// the store never holds more than MaxKeys. See docs/operations.md ("Many keys") for the trade-off.
+//
+// A key's shard is chosen by a hash keyed with a secret drawn per store (crypto/rand), so that
+// no client can choose key values that land in one shard.
 //
 // The zero Memory is not usable; create one with NewMemory. A Memory is safe for concurrent use.
 type Memory struct {
-	shards  []paddedShard
-	mask    uint64
-	evicted atomic.Uint64
+	shards []paddedShard
+	mask   uint64
+	seed   [4]uint64 // keys the shard choice: see shardOf
 }
 
 var _ Releaser = (*Memory)(nil)
@@ -66,16 +76,41 @@ const rebuildPeak = 8 * minSweep
 
 type shard struct {
 	mu      sync.Mutex
-	gcra    table[int64]          // token- and leaky-bucket tats
-	fixed   table[FixedState]     // fixed-window states
+	gcra    table[gcraEntry]      // token- and leaky-bucket states
+	fixed   table[fixedEntry]     // fixed-window and quota states
 	sliding table[compactSliding] // sliding-window keys whose state fits the compact form
-	wide    map[Key]SlidingState  // the other sliding-window keys; a key is in one of the two at most
-	conc    table[int64]          // concurrency keys: requests in flight + 1 (see concStored)
+	wide    map[Key]wideEntry     // the other sliding-window keys; a key is in one of the two at most
+	conc    table[concEntry]      // concurrency keys
 	maxKeys int                   // hard cap on this shard's keys
 	sweepAt int                   // sweep before inserting a new key when the shard holds this many
 	peak    int                   // most keys seen by a sweep since the tables were last rebuilt
-	sweeps  uint64                // sweeps so far: a pending state evaluated before one may be stale
+	// fullUntil is, after a sweep that left the shard full of keys at their limit, the first
+	// instant one of them may be evicted (math.MaxInt64: only a slot's release frees one): new
+	// keys are refused until then without sweeping again. 0 when the shard is not full.
+	fullUntil int64
+	stats     evictions // counted under mu, summed by Memory.Evictions
 }
+
+// gcraEntry is a token- or leaky-bucket key's state: its tat, and the room the Limit leaves a
+// request of the cost it was last charged (tau-cost*T: the key is at its limit while tat-now
+// exceeds it).
+type gcraEntry struct{ tat, room int64 }
+
+// fixedEntry is a fixed-window or quota key's state, and the room its Limit leaves (Count-cost:
+// the key is at its limit while its count exceeds it).
+type fixedEntry struct {
+	FixedState
+	room int64
+}
+
+// wideEntry is a sliding-window key's state kept as a SlidingState, and the room (Count-cost).
+type wideEntry struct {
+	SlidingState
+	room int64
+}
+
+// concEntry is a concurrency key's state: requests in flight + concStored, and its Count.
+type concEntry struct{ n, count int64 }
 
 // paddedShard keeps neighbouring shards' mutexes off each other's cache lines (128 bytes: the
 // adjacent-line prefetcher pairs 64-byte lines).
@@ -101,17 +136,23 @@ func NewMemory(o MemoryOptions) *Memory {
 	// Floor division with the remainder handed out one by one: the caps sum to exactly maxKeys.
 	perShard, extra := maxKeys/n, maxKeys%n
 	m := &Memory{shards: make([]paddedShard, n), mask: uint64(n - 1)}
+	var seed [32]byte
+	_, _ = crand.Read(seed[:]) // never fails (crypto/rand: it crashes the program instead)
+	for i := range m.seed {
+		m.seed[i] = binary.LittleEndian.Uint64(seed[8*i:])
+	}
+	m.seed[3] |= 1
 	for i := range m.shards {
 		limit := perShard
 		if i < extra {
 			limit++
 		}
 		m.shards[i].shard = shard{
-			gcra:    newTable[int64](rand.Uint64()),
-			fixed:   newTable[FixedState](rand.Uint64()),
+			gcra:    newTable[gcraEntry](rand.Uint64()),
+			fixed:   newTable[fixedEntry](rand.Uint64()),
 			sliding: newTable[compactSliding](rand.Uint64()),
-			wide:    make(map[Key]SlidingState),
-			conc:    newTable[int64](rand.Uint64()),
+			wide:    make(map[Key]wideEntry),
+			conc:    newTable[concEntry](rand.Uint64()),
 			maxKeys: limit,
 			sweepAt: min(minSweep, limit),
 		}
@@ -119,9 +160,18 @@ func NewMemory(o MemoryOptions) *Memory {
 	return m
 }
 
-// shardOf picks a key's shard from its first 8 bytes: keys are already uniform digests.
+// shardOf picks a key's shard with a hash keyed by the store's secret seed, drawn from
+// crypto/rand by NewMemory. Keys are digests of the policy and the client's value, but the
+// policy's name is public (429 bodies, RateLimit-Policy) and so is the digest: picking the shard
+// from the key's own bits let a client craft values that all land in a victim's shard (256
+// tries per key) and fill it. The hash is two rounds of a 64x64->128-bit multiply folded by xor
+// (the mixing of wyhash and of Go's own map hash when it lacks AES), each with secret words, so
+// where a value lands cannot be predicted without the seed; it costs two multiplications, where
+// hash/maphash cost several times more per decision.
 func (m *Memory) shardOf(k Key) uint32 {
-	return uint32(binary.LittleEndian.Uint64(k[:8]) & m.mask)
+	hi, lo := bits.Mul64(binary.LittleEndian.Uint64(k[:8])^m.seed[0], binary.LittleEndian.Uint64(k[8:])^m.seed[1])
+	hi, lo = bits.Mul64(hi^lo^m.seed[2], m.seed[3])
+	return uint32((hi ^ lo) & m.mask)
 }
 
 // groupStack is the group size Take handles without allocating.
@@ -129,9 +179,8 @@ const groupStack = 8
 
 // pending is one charge's evaluated state, committed only if the group is admitted.
 type pending struct {
-	existed bool   // the key was already stored, so committing it adds no key
-	sweeps  uint64 // the shard's sweep count when existed was read
-	tat     int64  // GCRA tat, or a concurrency key's requests in flight
+	tat     int64 // GCRA tat, or a concurrency key's requests in flight
+	room    int64 // the entry's room (see gcraEntry, fixedEntry, wideEntry; a concurrency Count)
 	fixed   FixedState
 	sliding SlidingState
 }
@@ -188,9 +237,51 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 	for _, s := range locks {
 		m.shards[s].mu.Lock()
 	}
+	// Room first: each shard makes room for the keys the group adds before anything is
+	// evaluated, so that no sweep runs between a charge's evaluation and its commit. A shard that
+	// cannot (every key in it at its limit) refuses the group's new keys there.
+	var fullBuf [groupStack]bool
+	full := fullBuf[:0]
+	if len(locks) > groupStack {
+		full = make([]bool, 0, len(locks))
+	}
+	full = full[:len(locks)]
+	anyFull := false
+	for li, s := range locks {
+		sh := &m.shards[s]
+		// The common case: even if every charge on this shard added a key, it would stay below
+		// its sweep size (never above its cap): no need to look the keys up twice.
+		if sh.len()+len(charges) <= sh.sweepAt {
+			continue
+		}
+		need := sh.newKeys(charges, idx, s)
+		if need > 0 && sh.len()+need > sh.sweepAt && (sh.len()+need <= sh.maxKeys || ns >= sh.fullUntil) {
+			// A sweep may forget or evict keys of the group itself, which it then adds again:
+			// count again, and make more room if that is why there is too little.
+			for range 3 {
+				sh.sweep(ns, need)
+				again := sh.newKeys(charges, idx, s)
+				if again == need || sh.len()+again <= sh.maxKeys {
+					need = again
+					break
+				}
+				need = again
+			}
+		}
+		full[li] = sh.len()+need > sh.maxKeys
+		anyFull = anyFull || full[li]
+	}
 	admitted := true
 	for i := range charges {
 		c := &charges[i]
+		sh := &m.shards[idx[i]]
+		if anyFull {
+			if li, _ := slices.BinarySearch(locks, idx[i]); full[li] && !sh.has(c) {
+				sh.refuse(c, ns, &results[i])
+				admitted = admitted && c.Shadow
+				continue
+			}
+		}
 		var prev *pending
 		for j := i - 1; j >= 0; j-- {
 			if results[j].Allowed && charges[j].Key == c.Key && sameState(charges[j].Limit.Algorithm, c.Limit.Algorithm) {
@@ -198,24 +289,43 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 				break
 			}
 		}
-		m.shards[idx[i]].eval(c, ns, &pend[i], prev, &results[i])
+		sh.eval(c, ns, &pend[i], prev, &results[i])
 		admitted = admitted && (results[i].Allowed || c.Shadow)
 	}
-	var evicted uint64
 	if admitted {
 		for i := range charges {
 			if results[i].Allowed {
-				evicted += m.shards[idx[i]].commit(&charges[i], ns, &pend[i])
+				m.shards[idx[i]].commit(&charges[i], &pend[i])
 			}
 		}
 	}
 	for _, s := range locks {
 		m.shards[s].mu.Unlock()
 	}
-	if evicted > 0 {
-		m.evicted.Add(evicted)
-	}
 	return admitted, nil
+}
+
+// newKeys counts the entries that the charges on shard s (idx[i] is charge i's shard) would add
+// to it: charges whose key is not stored in their algorithm's kind of state, each key and kind
+// once. The caller holds sh.mu.
+func (sh *shard) newKeys(charges []Charge, idx []uint32, s uint32) int {
+	n := 0
+	for i := range charges {
+		if idx[i] != s || sh.has(&charges[i]) {
+			continue
+		}
+		dup := false
+		for j := range i {
+			if idx[j] == s && charges[j].Key == charges[i].Key && sameState(charges[j].Limit.Algorithm, charges[i].Limit.Algorithm) {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			n++
+		}
+	}
+	return n
 }
 
 // takeOne is Take for a group of one charge, the common case, without the group bookkeeping.
@@ -224,43 +334,41 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 // was about a third of the decision's cost.
 func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 	sh := &m.shards[m.shardOf(c.Key)]
-	var evicted uint64
 	sh.mu.Lock()
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
 		i, existed := sh.gcra.find(&c.Key)
 		var tat int64
 		if existed {
-			tat = sh.gcra.slots[i].st
+			tat = sh.gcra.slots[i].st.tat
 		}
-		next := gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
+		var e gcraEntry
+		e.tat, e.room = gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
 		if r.Allowed {
-			r.Token = gcraToken(next)
-			evicted = storeAt(&sh.shard, &sh.gcra, i, existed, &c.Key, &next, now)
+			r.Token = gcraToken(e.tat)
+			storeAt(&sh.shard, &sh.gcra, i, existed, c, &e, now, r)
 		}
 	case FixedWindow, Quota:
 		// A quota's state is a FixedState that ends at the next period start: it shares the
 		// fixed windows' table (keys of different policies never collide).
 		i, existed := sh.fixed.find(&c.Key)
-		var st FixedState
+		var e fixedEntry
 		if existed {
-			st = sh.fixed.slots[i].st
+			e.FixedState = sh.fixed.slots[i].st.FixedState
 		}
 		if c.Limit.Algorithm == Quota {
-			st, *r = QuotaN(st, now, c.Limit, c.N())
+			e.FixedState, *r = QuotaN(e.FixedState, now, c.Limit, c.N())
 		} else {
-			st, *r = FixedN(st, now, c.Limit, c.N())
+			e.FixedState, *r = FixedN(e.FixedState, now, c.Limit, c.N())
 		}
 		if r.Allowed {
-			evicted = storeAt(&sh.shard, &sh.fixed, i, existed, &c.Key, &st, now)
+			e.room = c.Limit.Count - c.N()
+			storeAt(&sh.shard, &sh.fixed, i, existed, c, &e, now, r)
 		}
 	default: // SlidingWindow; Take has checked the algorithm and sent Concurrency to takeSlot
-		evicted = sh.takeSliding(c, now, r)
+		sh.takeSliding(c, now, r)
 	}
 	sh.mu.Unlock()
-	if evicted > 0 {
-		m.evicted.Add(evicted)
-	}
 	return r.Allowed || c.Shadow
 }
 
@@ -270,31 +378,27 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 // a concurrency limit, so it is kept to one lookup and one write under the shard's lock.
 func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 	sh := &m.shards[m.shardOf(c.Key)]
-	var evicted uint64
 	sh.mu.Lock()
 	i, existed := sh.conc.find(&c.Key)
-	n := int64(concStored)
+	e := concEntry{n: concStored, count: c.Limit.Count}
 	if existed {
-		n = sh.conc.slots[i].st
+		e.n = sh.conc.slots[i].st.n
 	}
-	if concurrentTo(n-concStored, c.Limit.Count, r) {
-		n++
+	if concurrentTo(e.n-concStored, c.Limit.Count, r) {
+		e.n++
 		if existed {
-			sh.conc.slots[i].st = n
+			sh.conc.slots[i].st = e
 		} else {
-			evicted = storeAt(&sh.shard, &sh.conc, i, false, &c.Key, &n, now.UnixNano())
+			storeAt(&sh.shard, &sh.conc, i, false, c, &e, now.UnixNano(), r)
 		}
 	}
 	sh.mu.Unlock()
-	if evicted > 0 {
-		m.evicted.Add(evicted)
-	}
 	return r.Allowed || c.Shadow
 }
 
 // takeSliding is takeOne for a sliding window. The common case, a key in compact form (or a new
 // key) under a Count that fits it, is decided in the compact table; the rest goes through a
-// SlidingState. It returns the number of live keys evicted. The caller holds sh.mu.
+// SlidingState. The caller holds sh.mu.
 //
 // A stored key of the same width is decided where it lies. When now is in its newest slot (or
 // before it, after a clock stepped back) the ring needs no moving, and decide writes it only to
@@ -303,24 +407,28 @@ func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 // moved for a rejected request would forget slots that a clock stepping back still counts);
 // when every counted request has left, which is where a key of many clients (each seen now and
 // then) usually is, the copy is a fresh ring and the old counters are not read at all.
-func (sh *shard) takeSliding(c *Charge, now int64, r *Result) (evicted uint64) {
+func (sh *shard) takeSliding(c *Charge, now int64, r *Result) {
 	if c.Limit.Count > maxCompactCount {
-		return sh.takeWide(c, now, r)
+		sh.takeWide(c, now, r)
+		return
 	}
 	w, count, n := slotWidth(c.Limit.Window), c.Limit.Count, c.N()
+	room := uint16(max(count-n, 0)) // count <= 65535 here
 	i, existed := sh.sliding.find(&c.Key)
 	if existed {
 		if p := &sh.sliding.slots[i].st; p.width() == w {
+			p.room = room
 			if now-p.slot*w < w {
 				decide(&p.counts, p.slot, now, w, count, n, r)
-				return 0
+				return
 			}
 			cur := floorDiv(now, w)
 			if cur-p.slot >= slidingRing && n <= count {
 				*p = admitFresh(cur, now, w, count, n, p.tag, r)
-				return 0
+				p.room = room
+				return
 			}
-			st := compactSliding{slot: cur, tag: p.tag}
+			st := compactSliding{slot: cur, tag: p.tag, room: room}
 			if cur-p.slot < slidingRing {
 				st = *p
 				rotate(&st.counts, &st.slot, cur)
@@ -329,26 +437,29 @@ func (sh *shard) takeSliding(c *Charge, now int64, r *Result) (evicted uint64) {
 			if r.Allowed {
 				*p = st
 			}
-			return 0
+			return
 		}
 	}
 	// A fresh state, as SlidingState.take starts one for a new key or another width; a key
 	// kept wide must be read from there instead, and a width without a tag stays wide.
 	tag, ok := widthTag(w)
 	if !ok {
-		return sh.takeWide(c, now, r)
+		sh.takeWide(c, now, r)
+		return
 	}
 	if _, wide := sh.wide[c.Key]; !existed && wide {
-		return sh.takeWide(c, now, r)
+		sh.takeWide(c, now, r)
+		return
 	}
 	cur := floorDiv(now, w)
 	if n > count {
 		st := compactSliding{slot: cur, tag: tag}
 		decide(&st.counts, st.slot, now, w, count, n, r) // a rejection: nothing to store
-		return 0
+		return
 	}
 	st := admitFresh(cur, now, w, count, n, tag, r)
-	return storeAt(sh, &sh.sliding, i, existed, &c.Key, &st, now)
+	st.room = room
+	storeAt(sh, &sh.sliding, i, existed, c, &st, now, r)
 }
 
 // admitFresh is decide on an empty ring (every counter 0) at slot cur of width w, for a request
@@ -361,30 +472,35 @@ func admitFresh(cur, now, w, count, n int64, tag uint16, r *Result) compactSlidi
 	return st
 }
 
-// storeAt stores st (not the zero S) for k in t, a table of sh, where t.find(k) returned i and
-// existed: in place when k is stored, otherwise after making room (a sweep moves the table's
-// keys, so insertNew probes again). It returns the number of live keys evicted. The caller holds
-// sh.mu.
-func storeAt[S comparable](sh *shard, t *table[S], i int, existed bool, k *Key, st *S, now int64) (evicted uint64) {
+// storeAt stores st (not the zero S) for c's key in t, a table of sh, where t.find returned i
+// and existed: in place when the key is stored, otherwise after making room (a sweep moves the
+// table's keys, so insertNew probes again). When the shard has no room (every key at its limit)
+// the key is not stored and r becomes the refusal. The caller holds sh.mu.
+func storeAt[S comparable](sh *shard, t *table[S], i int, existed bool, c *Charge, st *S, now int64, r *Result) {
 	if existed {
 		t.slots[i].st = *st
-		return 0
+		return
 	}
-	evicted = sh.makeRoom(false, now)
-	t.insertNew(k, st)
-	return evicted
+	if !sh.makeRoom(now) {
+		sh.refuse(c, now, r)
+		return
+	}
+	t.insertNew(&c.Key, st)
 }
 
 // takeWide decides a sliding-window charge through a SlidingState, whichever map holds the key,
 // and stores the new state in the form it fits. The caller holds sh.mu.
-func (sh *shard) takeWide(c *Charge, now int64, r *Result) (evicted uint64) {
+func (sh *shard) takeWide(c *Charge, now int64, r *Result) {
 	st, existed := sh.slidingState(c.Key)
 	st.take(now, &c.Limit, c.N(), r)
-	if r.Allowed {
-		evicted = sh.makeRoom(existed, now)
-		sh.storeSliding(c.Key, &st, c.Limit.Count)
+	if !r.Allowed {
+		return
 	}
-	return evicted
+	if !existed && !sh.makeRoom(now) {
+		sh.refuse(c, now, r)
+		return
+	}
+	sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N())
 }
 
 // slidingState returns the key's sliding-window state from whichever map holds it.
@@ -392,21 +508,23 @@ func (sh *shard) slidingState(k Key) (SlidingState, bool) {
 	if i, ok := sh.sliding.find(&k); ok {
 		return sh.sliding.slots[i].st.wide(), true
 	}
-	st, ok := sh.wide[k]
-	return st, ok
+	e, ok := sh.wide[k]
+	return e.SlidingState, ok
 }
 
-// storeSliding stores a key's sliding-window state, taken under a Limit of this Count, compact
-// when it fits and the Count lets it stay so, wide otherwise, and removes it from the other map.
-func (sh *shard) storeSliding(k Key, st *SlidingState, count int64) {
+// storeSliding stores a key's sliding-window state, taken under a Limit of this Count with this
+// room (Count-cost), compact when it fits and the Count lets it stay so, wide otherwise, and
+// removes it from the other map.
+func (sh *shard) storeSliding(k Key, st *SlidingState, count, room int64) {
 	if count <= maxCompactCount {
 		if cs, ok := compactOf(st); ok {
+			cs.room = uint16(max(room, 0))
 			sh.sliding.put(&k, &cs)
 			delete(sh.wide, k)
 			return
 		}
 	}
-	sh.wide[k] = *st
+	sh.wide[k] = wideEntry{SlidingState: *st, room: room}
 	sh.sliding.remove(&k)
 }
 
@@ -421,83 +539,62 @@ func sameState(a, b Algorithm) bool {
 // charge of the same group on the same key) when it is not nil, and leaves the new state in p.
 // The verdict is written into *r. The caller holds sh.mu.
 func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending, r *Result) {
-	p.sweeps = sh.sweeps
 	// With prev, the stored state is stale (the group has not committed yet): prev's wins. The
 	// lookup it replaces is wasted, but a group charging one key twice is rare.
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
-		tat, ok := sh.gcra.get(&c.Key)
+		e, _ := sh.gcra.get(&c.Key)
 		if prev != nil {
-			tat, ok = prev.tat, true
+			e.tat = prev.tat
 		}
-		p.existed = ok
-		p.tat = gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
+		p.tat, p.room = gcraTo(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
 		if r.Allowed {
 			r.Token = gcraToken(p.tat)
 		}
 	case FixedWindow, Quota:
-		s, ok := sh.fixed.get(&c.Key)
+		e, _ := sh.fixed.get(&c.Key)
+		s := e.FixedState
 		if prev != nil {
-			s, ok = prev.fixed, true
+			s = prev.fixed
 		}
-		p.existed = ok
 		if c.Limit.Algorithm == Quota {
 			p.fixed, *r = QuotaN(s, now, c.Limit, c.N())
 		} else {
 			p.fixed, *r = FixedN(s, now, c.Limit, c.N())
 		}
+		p.room = c.Limit.Count - c.N()
 	case SlidingWindow:
-		s, ok := sh.slidingState(c.Key)
+		s, _ := sh.slidingState(c.Key)
 		if prev != nil {
-			s, ok = prev.sliding, true
+			s = prev.sliding
 		}
-		p.existed = ok
 		p.sliding = s
 		p.sliding.take(now, &c.Limit, c.N(), r)
+		p.room = c.Limit.Count - c.N()
 	case Concurrency:
-		n, ok := sh.conc.get(&c.Key)
-		n -= concStored * int64(b2i(ok))
+		e, ok := sh.conc.get(&c.Key)
+		n := e.n - concStored*int64(b2i(ok))
 		if prev != nil {
-			n, ok = prev.tat, true
+			n = prev.tat
 		}
-		p.existed = ok
 		p.tat, *r = Concurrent(n, c.Limit)
+		p.room = c.Limit.Count
 	}
 }
 
-// commit stores c's evaluated state p, making room first when c adds a key, and returns the
-// number of live keys the shard's cap evicted. The caller holds sh.mu.
-func (sh *shard) commit(c *Charge, now int64, p *pending) (evicted uint64) {
-	// A sweep for an earlier charge of the group may have forgotten this (then idle, so
-	// fresh-equivalent) key: storing p is still right, but it adds a key again, so it must make
-	// room like any new key or the shard would end over its cap. Sweeps are rare, so the key is
-	// looked up again only after one.
-	existed := p.existed
-	if existed && sh.sweeps != p.sweeps {
-		existed = sh.has(c)
-	}
-	evicted = sh.makeRoom(existed, now)
+// commit stores c's evaluated state p. Take has made room for the keys it adds. The caller
+// holds sh.mu.
+func (sh *shard) commit(c *Charge, p *pending) {
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
-		sh.gcra.put(&c.Key, &p.tat)
+		sh.gcra.put(&c.Key, &gcraEntry{tat: p.tat, room: p.room})
 	case FixedWindow, Quota:
-		sh.fixed.put(&c.Key, &p.fixed)
+		sh.fixed.put(&c.Key, &fixedEntry{FixedState: p.fixed, room: p.room})
 	case SlidingWindow:
-		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count)
+		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count, p.room)
 	case Concurrency:
-		st := p.tat + concStored
-		sh.conc.put(&c.Key, &st)
+		sh.conc.put(&c.Key, &concEntry{n: p.tat + concStored, count: p.room})
 	}
-	return evicted
-}
-
-// makeRoom sweeps before a key is added (existed is false) to a shard that has reached its
-// sweep size, and returns the number of live keys evicted. The caller holds sh.mu.
-func (sh *shard) makeRoom(existed bool, now int64) (evicted uint64) {
-	if !existed && sh.len() >= sh.sweepAt {
-		evicted = sh.sweep(now)
-	}
-	return evicted
 }
 
 // has reports whether c's key is stored in the state kind of c's algorithm.
@@ -520,71 +617,6 @@ func (sh *shard) has(c *Charge) bool {
 
 func (sh *shard) len() int { return sh.gcra.n + sh.fixed.n + sh.sliding.n + len(sh.wide) + sh.conc.n }
 
-// sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap it
-// evicts arbitrary live keys down to 15/16 of the cap, and returns how many. Tables and maps do not
-// shrink when keys are deleted, so after a sweep that leaves under an eighth of a large peak they
-// are rebuilt. The caller holds sh.mu.
-func (sh *shard) sweep(now int64) (evicted uint64) {
-	sh.sweeps++
-	before := sh.len()
-	never := func() bool { return false }
-	sh.gcra.deleteWhile(func(tat *int64) bool { return GCRAIdle(*tat, now) }, never)
-	sh.fixed.deleteWhile(func(s *FixedState) bool { return s.Idle(now) }, never)
-	sh.sliding.deleteWhile(func(s *compactSliding) bool { return s.idle(now) }, never)
-	for k, s := range sh.wide {
-		if s.Idle(now) {
-			delete(sh.wide, k)
-		}
-	}
-	sh.conc.deleteWhile(func(n *int64) bool { return *n <= concStored }, never)
-	n := sh.len()
-	// Evicting to a low-water mark rather than to just below the cap keeps a shard full of live
-	// keys from sweeping on every insert.
-	if low := sh.maxKeys - max(sh.maxKeys/16, 1); n > low {
-		evicted = uint64(n - low)
-		done := func() bool { return n <= low }
-		sh.gcra.deleteWhile(func(*int64) bool { n--; return true }, done)
-		sh.fixed.deleteWhile(func(*FixedState) bool { n--; return true }, done)
-		sh.sliding.deleteWhile(func(*compactSliding) bool { n--; return true }, done)
-		evict(sh.wide, &n, low)
-		sh.conc.deleteWhile(func(*int64) bool { n--; return true }, done)
-	}
-	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
-	// requests each) they would be rebuilt and regrown on every sweep, allocating on the hot path,
-	// to return a few kilobytes.
-	sh.peak = max(sh.peak, before)
-	if sh.peak >= rebuildPeak && n < sh.peak/8 {
-		sh.gcra.shrink()
-		sh.fixed.shrink()
-		sh.sliding.shrink()
-		sh.conc.shrink()
-		sh.wide = rebuilt(sh.wide)
-		sh.peak = n
-	}
-	sh.sweepAt = min(max(2*n, minSweep), sh.maxKeys)
-	return evicted
-}
-
-// evict deletes entries of m in map iteration order (arbitrary) until *n <= low.
-func evict[V any](m map[Key]V, n *int, low int) {
-	for k := range m {
-		if *n <= low {
-			return
-		}
-		delete(m, k)
-		*n--
-	}
-}
-
-// rebuilt returns a copy of m sized for its current length.
-func rebuilt[V any](m map[Key]V) map[Key]V {
-	c := make(map[Key]V, len(m))
-	for k, v := range m {
-		c[k] = v
-	}
-	return c
-}
-
 // Len returns the number of keys tracked, for metrics.
 func (m *Memory) Len() int {
 	n := 0
@@ -595,64 +627,6 @@ func (m *Memory) Len() int {
 		sh.mu.Unlock()
 	}
 	return n
-}
-
-// Evicted returns the number of live keys evicted by the MaxKeys cap since creation, for
-// metrics. Idle keys forgotten by sweeps are not counted: forgetting them changes nothing.
-func (m *Memory) Evicted() uint64 { return m.evicted.Load() }
-
-// Release implements Releaser: each charge is given back under its shard's lock (see
-// Store.Release for what is given back). A key that is no longer stored (idle and swept, or
-// evicted) has nothing to give back. It never fails, and ignores ctx: a slot must come back
-// even when the request's context has ended, and the work is a few lock-protected writes.
-func (m *Memory) Release(_ context.Context, now time.Time, taken []Taken) error {
-	for i := range taken {
-		tk := &taken[i]
-		sh := &m.shards[m.shardOf(tk.Charge.Key)]
-		sh.mu.Lock()
-		// A concurrency slot, the release of every request under a concurrency limit, is
-		// given back here; refunds (charge_on, rarer and heavier) go through release.
-		if tk.Charge.Limit.Algorithm == Concurrency {
-			sh.releaseSlot(&tk.Charge.Key)
-		} else {
-			sh.release(tk, now.UnixNano())
-		}
-		sh.mu.Unlock()
-	}
-	return nil
-}
-
-// releaseSlot frees one concurrency slot of k. The caller holds sh.mu.
-func (sh *shard) releaseSlot(k *Key) {
-	if i, ok := sh.conc.find(k); ok {
-		// A key with nothing in flight stays until the next sweep (it is idle then): a busy
-		// key is not deleted and inserted again on every request.
-		sh.conc.slots[i].st = ConcurrentRelease(sh.conc.slots[i].st-concStored) + concStored
-	}
-}
-
-// release refunds one charge of an algorithm other than Concurrency. The caller holds sh.mu.
-func (sh *shard) release(tk *Taken, now int64) {
-	c := &tk.Charge
-	switch c.Limit.Algorithm {
-	case TokenBucket:
-		if i, ok := sh.gcra.find(&c.Key); ok {
-			sh.gcra.slots[i].st, _ = GCRARefundN(sh.gcra.slots[i].st, int64(tk.Token), c.Limit, c.N())
-		}
-	case FixedWindow:
-		if i, ok := sh.fixed.find(&c.Key); ok {
-			sh.fixed.slots[i].st, _ = FixedRefundN(sh.fixed.slots[i].st, tk.At.UnixNano(), c.Limit, c.N())
-		}
-	case Quota:
-		if i, ok := sh.fixed.find(&c.Key); ok {
-			sh.fixed.slots[i].st, _ = QuotaRefundN(sh.fixed.slots[i].st, tk.At.UnixNano(), c.Limit, c.N())
-		}
-	case SlidingWindow:
-		st, ok := sh.slidingState(c.Key)
-		if ok && st.refund(tk.At.UnixNano(), &c.Limit, c.N()) {
-			sh.storeSliding(c.Key, &st, c.Limit.Count)
-		}
-	}
 }
 
 // gcraToken is the Result.Token of an admitted GCRA charge: the tat its write left, which

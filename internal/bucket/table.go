@@ -6,8 +6,8 @@ import (
 )
 
 // table maps keys to states of type S: an open-addressing hash table with linear probing, each
-// slot holding the key and its state side by side (24 bytes for a GCRA tat, 32 for a
-// FixedState, 48 for a compact sliding state).
+// slot holding the key and its state side by side (32 bytes for a GCRA tat and its room, 40 for a
+// FixedState and its room, 56 for a compact sliding state).
 //
 // Go maps were the first home of every state kind, and a profile of 100k rotating keys showed
 // a map spending most of a decision on two cache misses per lookup (the group's control word,
@@ -24,8 +24,8 @@ import (
 //
 // The probe sequence starts at a multiply-shift hash of the key's second half with a random odd
 // multiplier per table: keys are digests, but a client who can choose key values could otherwise
-// pile them onto one slot run (the shard is picked from the first half, so its low bits are
-// alike within a shard anyway).
+// pile them onto one slot run (the shard is picked by a hash keyed with another secret, see
+// Memory.shardOf).
 //
 // The zero table is empty but needs a multiplier: create one with newTable. Not safe for
 // concurrent use; the shard's mutex guards it.

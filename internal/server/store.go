@@ -20,6 +20,9 @@ import (
 // configuration and, with create_table, creating the table and waiting until it is ACTIVE.
 const StartupTimeout = 30 * time.Second
 
+// evictionsHelp describes ratelimit_memory_evictions_total.
+const evictionsHelp = "Keys the in-memory store forgot, by kind: idle (state equal to a fresh key's) or least_used (live, evicted at store.max_keys; never a key at its limit)."
+
 // warmConns is how many connections to DynamoDB a starting gateway opens before it serves:
 // enough for the first decisions of a busy pod not to queue behind new connections.
 const warmConns = 4
@@ -48,10 +51,23 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 				Name: "ratelimit_memory_keys",
 				Help: "Keys tracked by the in-memory store.",
 			}, func() float64 { return float64(m.Len()) })),
+			// One series per kind of what the store forgot: idle keys (their state was a fresh
+			// key's: nobody gains) and least-used live keys evicted at store.max_keys (never a key
+			// at its limit).
 			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "ratelimit_memory_evictions_total",
-				Help: "Live keys evicted because the in-memory store reached store.max_keys.",
-			}, func() float64 { return float64(m.Evicted()) })),
+				Name:        "ratelimit_memory_evictions_total",
+				Help:        evictionsHelp,
+				ConstLabels: prometheus.Labels{"kind": "idle"},
+			}, func() float64 { return float64(m.Evictions().Idle) })),
+			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name:        "ratelimit_memory_evictions_total",
+				Help:        evictionsHelp,
+				ConstLabels: prometheus.Labels{"kind": "least_used"},
+			}, func() float64 { return float64(m.Evictions().LeastUsed) })),
+			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ratelimit_memory_keys_refused_total",
+				Help: "Requests rejected because they needed a new key in a memory-store shard at store.max_keys whose every key was at its limit.",
+			}, func() float64 { return float64(m.Evictions().Refused) })),
 		)
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("register store metrics: %w", err)

@@ -1,0 +1,269 @@
+package bucket
+
+import (
+	"math"
+	"time"
+)
+
+// Eviction: what the memory store forgets when a shard fills, and in which order.
+//
+// A key's state is one of three things at an instant:
+//   - idle: equal to a fresh key's (the bucket has refilled, every counted request has left its
+//     window, nothing in flight). Forgetting it changes nothing.
+//   - at its limit: its next request of the cost it was last charged would be rejected. Forgetting
+//     it would hand the client a fresh limit (a daily quota reset), so it is never evicted; when a
+//     full shard holds nothing else, new keys are refused instead.
+//   - in between: forgetting it forgives what the client has used. The least used go first: the
+//     smallest share of their room (the use at which the next request would be rejected).
+
+// evictLevels is how many shares of its room a live key's use is sorted into for eviction: a
+// histogram of levels finds the least used without sorting the shard.
+const evictLevels = 16
+
+// The rank of an idle key and of a key at its limit, beside the levels 0 to evictLevels-1.
+const (
+	rankIdle    = -2
+	rankAtLimit = -1
+)
+
+// level sorts a use of 0 < used <= room into the evictLevels shares of room.
+func level(used, room int64) int {
+	return min(int(float64(used)*evictLevels/(float64(room)+1)), evictLevels-1)
+}
+
+// rankUse ranks a key whose state holds used of room (used <= 0: idle); until is when a key at
+// its limit stops being so.
+func rankUse(used, room, until int64) (int, int64) {
+	switch {
+	case used <= 0:
+		return rankIdle, 0
+	case used > room:
+		return rankAtLimit, until
+	}
+	return level(used, room), 0
+}
+
+// rank is the entry's rank at now and, at its limit, the instant it stops being so: when tat-now
+// falls to room.
+func (e *gcraEntry) rank(now int64) (int, int64) { return rankUse(e.tat-now, e.room, e.tat-e.room) }
+
+// rank: a window's count is its use until the window ends, and at its limit until then.
+func (e *fixedEntry) rank(now int64) (int, int64) {
+	if e.End <= now {
+		return rankIdle, 0
+	}
+	return rankUse(e.Count, e.room, e.End)
+}
+
+// rank: a concurrency key is at its limit with Count requests in flight, until one ends (which
+// no instant tells).
+func (e *concEntry) rank(int64) (int, int64) {
+	return rankUse(e.n-concStored, e.count-1, math.MaxInt64)
+}
+
+// rank: the requests still counted at now, and at the limit until enough slots have left.
+func (s *compactSliding) rank(now int64) (int, int64) {
+	return ringRank(&s.counts, s.slot, s.width(), int64(s.room), now)
+}
+
+func (e *wideEntry) rank(now int64) (int, int64) {
+	return ringRank(&e.Counts, e.Slot, e.Width, e.room, now)
+}
+
+// ringRank ranks a sliding window's ring (newest slot slot, width w): its use is the sum of the
+// slots a request at now counts, and a key at its limit stops being so when enough of the
+// oldest have left that the sum is within room.
+func ringRank[C counter](counts *[slidingRing]C, slot, w, room, now int64) (int, int64) {
+	if w <= 0 {
+		return rankIdle, 0
+	}
+	newest := max(floorDiv(now, w), slot) // a clock that stepped back still counts slot
+	var sum int64
+	for j := newest - SlidingSlots; j <= slot; j++ {
+		if j > slot-slidingRing {
+			sum += int64(counts[ring(j)])
+		}
+	}
+	if sum <= 0 || sum <= room {
+		return rankUse(sum, room, 0)
+	}
+	rest := sum
+	for j := newest - SlidingSlots; j <= slot; j++ {
+		if j > slot-slidingRing {
+			rest -= int64(counts[ring(j)])
+		}
+		if rest <= room {
+			return rankAtLimit, (j + slidingRing) * w // slot j stops being counted then
+		}
+	}
+	return rankAtLimit, math.MaxInt64
+}
+
+// evictions counts what a shard forgot, by kind.
+type evictions struct {
+	idle    uint64 // idle keys forgotten: nothing changes for their clients
+	live    uint64 // live keys evicted at the cap, least used first, none at its limit
+	refused uint64 // new keys refused because every key of a full shard was at its limit
+}
+
+// MemoryEvictions counts what the memory store has forgotten or refused since it was created,
+// by kind, for metrics.
+type MemoryEvictions struct {
+	// Idle keys were forgotten because their state equalled a fresh key's: nobody gained
+	// anything.
+	Idle uint64
+	// LeastUsed live keys were evicted because a shard reached its share of MaxKeys: the least
+	// used first, never one at its limit. Each forgave its client what it had used.
+	LeastUsed uint64
+	// Refused counts requests that needed a new key in a shard full of keys at their limit:
+	// they were rejected rather than reset anyone's limit.
+	Refused uint64
+}
+
+// Evictions returns the store's eviction counts.
+func (m *Memory) Evictions() MemoryEvictions {
+	var e MemoryEvictions
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		e.Idle += sh.stats.idle
+		e.LeastUsed += sh.stats.live
+		e.Refused += sh.stats.refused
+		sh.mu.Unlock()
+	}
+	return e
+}
+
+// Evicted returns the number of live keys evicted by the MaxKeys cap since creation
+// (Evictions().LeastUsed). Idle keys forgotten by sweeps are not counted: forgetting them
+// changes nothing.
+func (m *Memory) Evicted() uint64 { return m.Evictions().LeastUsed }
+
+// makeRoom makes room for one key the shard is about to add, sweeping when it has reached its
+// sweep size, and reports whether there is room. The caller holds sh.mu.
+func (sh *shard) makeRoom(now int64) bool {
+	n := sh.len()
+	if n < sh.sweepAt {
+		return true
+	}
+	if n >= sh.maxKeys && now < sh.fullUntil {
+		return false // nothing can go before then: no sweep needed to know it
+	}
+	sh.sweep(now, 1)
+	return sh.len() < sh.maxKeys
+}
+
+// refuse writes into r the verdict for c when its key cannot be stored: rejected, with a
+// RetryAfter until the first key of the shard may be evicted (ConcurrencyRetry when only slots
+// in flight hold the shard). The caller holds sh.mu.
+func (sh *shard) refuse(c *Charge, now int64, r *Result) {
+	retry := ConcurrencyRetry
+	if sh.fullUntil != math.MaxInt64 {
+		retry = time.Duration(max(sh.fullUntil-now, 1))
+	}
+	limit := c.Limit.Count
+	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
+		limit = c.Limit.Burst
+	}
+	*r = Result{Limit: limit, Reset: retry, RetryAfter: retry}
+	sh.stats.refused++
+}
+
+// sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap (or
+// has no room for the need keys about to be added) it evicts live keys down to 15/16 of the cap
+// (or to room for need), the least used first and none at its limit. A shard left without room
+// for need records in fullUntil when the first of its keys may go. Tables and maps do not shrink
+// when keys are deleted, so after a sweep that leaves under an eighth of a large peak they are
+// rebuilt. The caller holds sh.mu.
+func (sh *shard) sweep(now int64, need int) {
+	before := sh.len()
+	var (
+		hist [evictLevels]int // live keys by level
+		free = int64(math.MaxInt64)
+	)
+	// The first pass forgets the idle keys and sorts the others into hist. (deleteWhile may
+	// visit a key twice; a key counted twice only makes the second pass stop a little early.)
+	first := func(lvl int, until int64) bool {
+		switch lvl {
+		case rankIdle:
+			return true
+		case rankAtLimit:
+			free = min(free, until)
+		default:
+			hist[lvl]++
+		}
+		return false
+	}
+	never := func() bool { return false }
+	sh.gcra.deleteWhile(func(e *gcraEntry) bool { return first(e.rank(now)) }, never)
+	sh.fixed.deleteWhile(func(e *fixedEntry) bool { return first(e.rank(now)) }, never)
+	sh.sliding.deleteWhile(func(e *compactSliding) bool { return first(e.rank(now)) }, never)
+	for k, e := range sh.wide {
+		if first(e.rank(now)) {
+			delete(sh.wide, k)
+		}
+	}
+	sh.conc.deleteWhile(func(e *concEntry) bool { return first(e.rank(now)) }, never)
+	n := sh.len()
+	sh.stats.idle += uint64(before - n)
+	// Evicting to a low-water mark rather than to just below the cap keeps a shard full of live
+	// keys from sweeping on every insert.
+	if low := min(sh.maxKeys-max(sh.maxKeys/16, 1), sh.maxKeys-need); n > low {
+		// Every level below cut goes, and atCut keys of level cut.
+		cut, atCut := 0, n-low
+		for cut < evictLevels && hist[cut] < atCut {
+			atCut -= hist[cut]
+			cut++
+		}
+		evict := func(lvl int, _ int64) bool {
+			if lvl < 0 || lvl > cut || lvl == cut && atCut == 0 {
+				return false
+			}
+			if lvl == cut {
+				atCut--
+			}
+			n--
+			sh.stats.live++
+			return true
+		}
+		done := func() bool { return n <= low }
+		sh.gcra.deleteWhile(func(e *gcraEntry) bool { return evict(e.rank(now)) }, done)
+		sh.fixed.deleteWhile(func(e *fixedEntry) bool { return evict(e.rank(now)) }, done)
+		sh.sliding.deleteWhile(func(e *compactSliding) bool { return evict(e.rank(now)) }, done)
+		for k, e := range sh.wide {
+			if done() {
+				break
+			}
+			if evict(e.rank(now)) {
+				delete(sh.wide, k)
+			}
+		}
+		sh.conc.deleteWhile(func(e *concEntry) bool { return evict(e.rank(now)) }, done)
+	}
+	sh.fullUntil = 0
+	if n+need > sh.maxKeys {
+		sh.fullUntil = free
+	}
+	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
+	// requests each) they would be rebuilt and regrown on every sweep, allocating on the hot path,
+	// to return a few kilobytes.
+	sh.peak = max(sh.peak, before)
+	if sh.peak >= rebuildPeak && n < sh.peak/8 {
+		sh.gcra.shrink()
+		sh.fixed.shrink()
+		sh.sliding.shrink()
+		sh.conc.shrink()
+		sh.wide = rebuilt(sh.wide)
+		sh.peak = n
+	}
+	sh.sweepAt = min(max(2*n, minSweep), sh.maxKeys)
+}
+
+// rebuilt returns a copy of m sized for its current length.
+func rebuilt[V any](m map[Key]V) map[Key]V {
+	c := make(map[Key]V, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
