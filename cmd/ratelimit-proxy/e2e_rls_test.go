@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -523,5 +524,41 @@ func TestRLSValidateCommand(t *testing.T) {
 	code, out, errs = runCLI(t, "validate", "--config", cfg)
 	if want := bad + ": descriptors[0].quota_mode: not supported"; code == 0 || !strings.Contains(errs, want) {
 		t.Errorf("validate with quota_mode: exit %d, want an error naming %q\n%s%s", code, want, out, errs)
+	}
+}
+
+// TestRLSShutdownSaysNotServing: after SIGTERM, during server.shutdown_delay, the gRPC health
+// service says NOT_SERVING (so Envoy's health checks move calls away) while calls are still
+// answered; then the process exits cleanly.
+func TestRLSShutdownSaysNotServing(t *testing.T) {
+	t.Parallel()
+	g := startRLSGateway(t, map[string]string{"e2e.yaml": rlsRules}, "store:\n  backend: memory\nserver:\n  shutdown_delay: 3s\n", "")
+	h := healthpb.NewHealthClient(g.conn)
+	check := func() healthpb.HealthCheckResponse_ServingStatus {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		resp, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+		if err != nil {
+			return healthpb.HealthCheckResponse_UNKNOWN
+		}
+		return resp.GetStatus()
+	}
+	if got := check(); got != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("before SIGTERM: %v, want SERVING", got)
+	}
+	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "NOT_SERVING", func() bool { return check() == healthpb.HealthCheckResponse_NOT_SERVING })
+	if resp := g.ask(t, desc("per_hour", "shutdown-"+randomSuffix())); resp.GetOverallCode() != pb.RateLimitResponse_OK {
+		t.Errorf("a call during the shutdown delay: %v, want OK", resp)
+	}
+	select {
+	case <-g.exited:
+		if g.exitErr != nil {
+			t.Errorf("exit: %v", g.exitErr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("not stopped 20s after SIGTERM")
 	}
 }
