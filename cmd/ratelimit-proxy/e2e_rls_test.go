@@ -209,13 +209,17 @@ func header(resp *pb.RateLimitResponse, name string) string {
 	return ""
 }
 
+// minuteMargin is how much of the minute a sequence on minute windows must have left: each
+// takes well under a second on memory and a few on a loaded DynamoDB Local.
+const minuteMargin = 8 * time.Second
+
 // rlsSequences runs envoyproxy/ratelimit's integration sequences against g. Values are
 // unique per run (v), so gateways sharing a table do not share buckets by accident.
 func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	waitOutHourEdge(t, hourEdgeMargin)
-	waitOutMinuteEdge(t, 8*time.Second)
 
 	t.Run("N per minute", func(t *testing.T) {
+		waitOutMinuteEdge(t, minuteMargin)
 		for i := range 5 {
 			resp := g.ask(t, desc("per_minute", "n"+v))
 			st := resp.Statuses[0]
@@ -248,6 +252,8 @@ func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	})
 
 	t.Run("two descriptors, the one over consumes nothing of the other", func(t *testing.T) {
+		waitOutHourEdge(t, hourEdgeMargin)
+		waitOutMinuteEdge(t, minuteMargin)
 		for i := range 3 {
 			resp := g.ask(t, desc("per_minute", "t"+v), desc("per_hour", "t"+v))
 			wantStatus(t, fmt.Sprintf("call %d per_minute", i+1), resp.Statuses[0], pb.RateLimitResponse_OK, int64(4-i))
@@ -265,6 +271,7 @@ func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	})
 
 	t.Run("nested descriptors", func(t *testing.T) {
+		waitOutMinuteEdge(t, minuteMargin)
 		for i := range 2 {
 			resp := g.ask(t, desc("parent", "p", "child", "c"+v))
 			wantStatus(t, fmt.Sprintf("call %d", i+1), resp.Statuses[0], pb.RateLimitResponse_OK, int64(1-i))
@@ -282,6 +289,7 @@ func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	})
 
 	t.Run("wildcards", func(t *testing.T) {
+		waitOutMinuteEdge(t, minuteMargin)
 		wantStatus(t, "foo1 first", g.ask(t, desc("wild", "foo1"+v)).Statuses[0], pb.RateLimitResponse_OK, 0)
 		wantStatus(t, "foo1 second", g.ask(t, desc("wild", "foo1"+v)).Statuses[0], pb.RateLimitResponse_OVER_LIMIT, 0)
 		wantStatus(t, "foo2 has its own bucket", g.ask(t, desc("wild", "foo2"+v)).Statuses[0], pb.RateLimitResponse_OK, 0)
@@ -292,6 +300,7 @@ func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	})
 
 	t.Run("replaces", func(t *testing.T) {
+		waitOutMinuteEdge(t, minuteMargin)
 		for i := range 3 {
 			resp := g.ask(t, desc("base", "r"+v), desc("replacer", "r"+v))
 			if resp.Statuses[0].GetCurrentLimit() != nil {
@@ -314,6 +323,7 @@ func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	})
 
 	t.Run("shadow_mode", func(t *testing.T) {
+		waitOutMinuteEdge(t, minuteMargin)
 		wantStatus(t, "first", g.ask(t, desc("shadow", "s"+v)).Statuses[0], pb.RateLimitResponse_OK, 0)
 		resp := g.ask(t, desc("shadow", "s"+v))
 		wantStatus(t, "second (over, in shadow)", resp.Statuses[0], pb.RateLimitResponse_OK, 0)
@@ -323,6 +333,7 @@ func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	})
 
 	t.Run("hits_addend", func(t *testing.T) {
+		waitOutMinuteEdge(t, minuteMargin)
 		d := func() *rlext.RateLimitDescriptor { return desc("per_minute", "h"+v) }
 		withHits := func(h uint64) *rlext.RateLimitDescriptor {
 			x := d()
@@ -348,6 +359,7 @@ func rlsSequences(t *testing.T, g *rlsGateway, v string) {
 	})
 
 	t.Run("limit override", func(t *testing.T) {
+		waitOutHourEdge(t, hourEdgeMargin)
 		o := func() *rlext.RateLimitDescriptor {
 			x := desc("per_minute", "o"+v)
 			x.Limit = &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_HOUR}
@@ -432,6 +444,7 @@ func TestRLSDynamoDB(t *testing.T) {
 // good rules and counts an error.
 func rlsReload(t *testing.T, g *rlsGateway) {
 	t.Run("reload", func(t *testing.T) {
+		waitOutHourEdge(t, hourEdgeMargin)
 		v := randomSuffix()
 		added := rlsRules + "  - key: added\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1\n"
 		if err := os.WriteFile(filepath.Join(g.rulesDir, "e2e.yaml"), []byte(added), 0o600); err != nil {
