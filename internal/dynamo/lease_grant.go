@@ -18,9 +18,15 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*gr
 	p.mu.Lock()
 	sh := p.shards[i]
 	p.mu.Unlock()
-	// The floor of the lease's places: want units must still fit above it (n + tauL).
+	// The floor of the lease's places: want units must still fit above it (n + tauL). When
+	// they would not, the lease is cut rather than placed lower: units placed below the shift
+	// would die before a lease that takes a round trip arrives (see shift), and fewer units
+	// that arrive alive are worth more than many that do not.
 	f := n
 	if p.gcra {
+		if room := (sh.tauL - shift) / sh.t; room >= 1 && want > room {
+			want = room
+		}
 		f = n + max(0, min(shift, sh.tauL-want*sh.t))
 	}
 	pk := p.itemKey(i, n)

@@ -135,7 +135,7 @@ func (p *pool) capacity() int64 {
 
 // shift is how far past the decision's instant a token bucket's renewal places its first unit
 // (the caller holds p.mu): the store's smoothed round trip, or rto - ttl when that is more, at
-// most half of what a lease may span. A unit may be held ttl past its place, so a lease taken from an idle bucket whose answer
+// most three quarters of what a lease may span. A unit may be held ttl past its place, so a lease taken from an idle bucket whose answer
 // takes longer than ttl would arrive with its first units dead, and a store that stays that
 // slow would never lease anything usable; placed a round trip later, the lease arrives alive.
 // The places skipped are lost, which costs an idle bucket a round trip of its refill, and a
@@ -148,7 +148,7 @@ func (p *pool) shift() int64 {
 		return p.ls.forceShift
 	}
 	// A unit may be held ttl past its place, so a first unit placed rto - ttl ahead is alive
-	// when the lease arrives, however slow the store, within reason: at most half of what a
-	// lease may span.
-	return min(max(p.rtt, p.rto()-p.ttl), p.shards[len(p.shards)-1].tauL/2)
+	// when the lease arrives, however slow the store, within reason: at most three quarters
+	// of what a lease may span (the lease is cut to fit above it: see leaseShard).
+	return min(max(p.rtt, p.rto()-p.ttl), p.shards[len(p.shards)-1].tauL*3/4)
 }
