@@ -22,6 +22,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // runs counts, per route, the handler runs of an upstream double, by the route the framework it
@@ -507,5 +509,39 @@ func TestSidestepRealFlask(t *testing.T) {
 	_, body := get(t, upURL+"/runs")
 	if body != "0" && body != "1" && body != "2" {
 		t.Errorf("Flask ran POST /api/login %s times, want at most 2", body)
+	}
+}
+
+// TestSidestepJWTQueryToken: a bearer token in the access_token query parameter (RFC 6750),
+// which an upstream may accept, is verified and charged like the header's: a bad one is never
+// forwarded, a good one is limited per user, and one beside the header's is refused.
+func TestSidestepJWTQueryToken(t *testing.T) {
+	rs, upURL := foldingUpstream(t, goMux)
+	g := startGateway(t, upURL, jwtIdentity+`  - name: per-user
+    key: user
+    algorithm: token_bucket
+    rate: 1/h
+    burst: 1
+`, "E2E_JWT_SECRET="+jwtSecret)
+	good, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": "alice", "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(jwtSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := sendRaw(t, g.proxy, "GET", "/q?access_token=not.a.jwt"); code != http.StatusUnauthorized {
+		t.Errorf("bad query token: got %d, want 401", code)
+	}
+	if code, _ := sendRaw(t, g.proxy, "GET", "/q?access_token="+good, "Authorization", "Bearer "+good); code != http.StatusUnauthorized {
+		t.Errorf("query and header token: got %d, want 401", code)
+	}
+	var codes []int
+	for i := 0; i < 3; i++ {
+		code, _ := sendRaw(t, g.proxy, "GET", "/q?access_token="+good)
+		codes = append(codes, code)
+	}
+	if fmt.Sprint(codes) != "[200 429 429]" {
+		t.Errorf("good query token 3 times: got %v, want [200 429 429] (per-user burst 1)", codes)
+	}
+	if got := rs.get("GET /q"); got != 1 {
+		t.Errorf("the upstream ran GET /q %d times, want 1", got)
 	}
 }

@@ -362,6 +362,47 @@ func TestPlanJWTSeveralAuthorizationLines(t *testing.T) {
 	}
 }
 
+// TestPlanJWTQueryToken: RFC 6750's access_token query parameter is a bearer token too: an
+// upstream that accepts it must not act on a token the gateway did not verify. Alone it is
+// verified like the header's; with the header, or twice, the request is refused.
+func TestPlanJWTQueryToken(t *testing.T) {
+	set, err := Compile(mustParse(t, "upstream: http://h\nidentity: {jwt: {hs256_secret_env: S}}\npolicies:\n"+
+		"  - {name: u, key: user, algorithm: token_bucket, rate: 1/s, burst: 1}\n", noEnv),
+		CompileOptions{Getenv: env("S", secret32), Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := sign(t, jwt.SigningMethodHS256, []byte(secret32), jwt.MapClaims{"sub": "alice", "exp": t0.Add(time.Hour).Unix()})
+	tests := []struct {
+		name, query, auth string
+		wantErr, wantUser bool
+	}{
+		{"query token verified", "access_token=" + good, "", false, true},
+		{"query token percent-encoded key", "access%5Ftoken=" + good, "", false, true},
+		{"bad query token", "access_token=not.a.jwt", "", true, false},
+		{"query and header", "access_token=" + good, "Bearer " + good, true, false},
+		{"two query tokens", "access_token=" + good + "&access_token=" + good, "", true, false},
+		{"other parameters", "page=2&token_type=x", "Bearer " + good, false, true},
+		{"no token", "page=2", "", false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRequest("GET", "/x?"+tt.query, "192.0.2.1:1")
+			if tt.auth != "" {
+				r.Header.Set("Authorization", tt.auth)
+			}
+			var p Plan
+			err := set.Plan(r, &p)
+			if gotErr := errors.Is(err, ErrUnauthorized); gotErr != tt.wantErr {
+				t.Fatalf("got error %v, want ErrUnauthorized: %v", err, tt.wantErr)
+			}
+			if got := len(p.Charges) == 1; got != tt.wantUser {
+				t.Errorf("got %d user charges, want user charged: %v", len(p.Charges), tt.wantUser)
+			}
+		})
+	}
+}
+
 // The contract of Plan on ErrUnauthorized: the charges of the matching ip policies stay in the
 // plan (so bad tokens are held by the ip limits), and nothing else (api_key, user, header and
 // global pools are not drained by requests that are never forwarded).

@@ -401,7 +401,9 @@ func ietfPolicy(p *Policy) string {
 // Identity. With identity.jwt configured every request that carries `Authorization: Bearer` is
 // verified, whichever policies match, so a bad token is refused the same way on every path; a
 // request with several Authorization lines of which any is Bearer is refused too (ambiguous
-// credentials: the upstream might act on another line than the one verified). With
+// credentials: the upstream might act on another line than the one verified). A token in an
+// access_token query parameter (RFC 6750 §2.3) is verified as the header's would be, and one
+// beside the header's, or a second one, is refused (see queryToken). With
 // identity.user_header the header is read only when trusted_proxies is empty or the request's
 // TCP peer (RemoteAddr) is one of them: from another peer the request has no user, exactly as
 // without the header, and p.StripUnjudged removes the header before forwarding.
@@ -467,6 +469,9 @@ func (s *Set) Plan(r *http.Request, p *Plan) error {
 	case bad != nil:
 	case s.jwt != nil:
 		tok, ok, err := bearerLines(r.Header["Authorization"])
+		if err == nil && r.URL != nil {
+			tok, ok, err = queryToken(r.URL.RawQuery, tok, ok)
+		}
 		switch {
 		case err != nil:
 			authErr = err
