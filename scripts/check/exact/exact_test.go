@@ -25,9 +25,7 @@ func TestMain(m *testing.M) {
 // shortExcluded are the policies the short run leaves out, each with why: a class whose fix
 // has not landed yet. `make check-exact` checks them all; never weaken a bound instead.
 var shortExcluded = map[string]string{
-	"tbl":         "leased token bucket: units_unaccounted > 0 on main (leased units neither spent, refunded nor expired 15 s after the load stops; class 4 of issue 17, helper lease)",
-	"fwl":         "leased fixed window: units_unaccounted > 0 on main, as tbl",
-	"gate@refund": "over-admission on main: a token bucket given back after its group was rejected in refund mode admits one unit over the bound (class 1 of issue 17, give-backs; helper dynwrites)",
+	"gate@refund": "over-admission seen on main before the clock correction (7c6a54c): a token bucket (gate) given back in refund mode after its group was rejected, clocks 200 ms apart, admitted one unit over burst + rate x (t2 - t1 + skew) (seeds 200, 220, 611, 186978473; not reproduced since in 12 runs); class 1 of issue 17 (give-backs), left out until its fix lands",
 }
 
 // TestCheckExactShort is `make check-exact` in small: the same orchestrator, 3 real gateway
@@ -57,7 +55,7 @@ func TestCheckExactShort(t *testing.T) {
 	o.endpoint = ddb.Endpoint
 	o.bin = bin
 	o.out = filepath.Join(dir, "check")
-	o.duration = 4 * time.Second
+	o.duration = 3 * time.Second
 	o.repeats = 1
 	o.warmRounds = 2
 	o.settle = 5 * time.Second

@@ -63,7 +63,7 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("check-exact", flag.ContinueOnError)
 	var modes, kinds, exclude, seed string
-	var kill string
+	var kill, correct string
 	fs.IntVar(&o.replicas, "replicas", atoi(envOr("CHECK_EXACT_REPLICAS", "3")), "gateway processes per run, at least 3 (CHECK_EXACT_REPLICAS)")
 	fs.DurationVar(&o.duration, "duration", dur(envOr("CHECK_EXACT_DURATION", "60s")), "load per run (CHECK_EXACT_DURATION)")
 	fs.StringVar(&modes, "modes", envOr("CHECK_EXACT_MODES", "refund,transaction"), "group modes, one run each per repeat (CHECK_EXACT_MODES)")
@@ -73,6 +73,9 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.faultDelay, "fault-delay", dur(envOr("CHECK_EXACT_FAULT_DELAY", "150ms")), "a delay fault's extra wait (CHECK_EXACT_FAULT_DELAY)")
 	fs.StringVar(&kinds, "faults", envOr("CHECK_EXACT_FAULTS", "drop_response,duplicate,reset,delay,throttle"), "fault kinds injected (CHECK_EXACT_FAULTS)")
 	fs.DurationVar(&o.offset, "clock-offset", dur(envOr("CHECK_EXACT_CLOCK_OFFSET", "100ms")), "replicas run with clocks offset by 0, +this, -this (CHECK_EXACT_CLOCK_OFFSET)")
+	fs.DurationVar(&o.storeDelay, "store-delay", dur(envOr("CHECK_EXACT_STORE_DELAY", "0s")), "every DynamoDB call waits this long more at the relay (CHECK_EXACT_STORE_DELAY)")
+	fs.DurationVar(&o.storeJitter, "store-jitter", dur(envOr("CHECK_EXACT_STORE_JITTER", "0s")), "plus a uniform random part in [0, this] (CHECK_EXACT_STORE_JITTER)")
+	fs.StringVar(&correct, "clock-correct", envOr("CHECK_EXACT_CLOCK_CORRECT", "1"), "1: the replicas correct their clocks against DynamoDB's Date (the default of store.dynamodb.clock.correct); 0: they decide on their offset clocks as they are (CHECK_EXACT_CLOCK_CORRECT)")
 	fs.StringVar(&kill, "kill", envOr("CHECK_EXACT_KILL", "1"), "1: SIGKILL replica 0 mid-load and restart it (CHECK_EXACT_KILL)")
 	fs.Float64Var(&o.load, "load", atof(envOr("CHECK_EXACT_LOAD", "0.5")), "offered load as a multiple of the base rates (1: about twice each limit; 0.5 about matches it, for a busy 2-core machine) (CHECK_EXACT_LOAD)")
 	fs.DurationVar(&o.storeTimeout, "store-timeout", dur(envOr("CHECK_EXACT_STORE_TIMEOUT", "2s")), "the replicas' store.timeout (CHECK_EXACT_STORE_TIMEOUT)")
@@ -91,6 +94,7 @@ func parseFlags(args []string) (options, error) {
 		o.faultKinds = append(o.faultKinds, ddbrelay.FaultKind(k))
 	}
 	o.kill = kill == "1" || kill == "true"
+	o.clockCorrect = correct == "1" || correct == "true"
 	if seed == "" {
 		o.seed = uint64(time.Now().UnixNano()) % 1e9
 	} else if s, err := strconv.ParseUint(seed, 10, 64); err == nil {
@@ -103,7 +107,7 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-replicas %d: want at least 3", o.replicas)
 	case o.duration <= 0 || o.repeats < 1 || len(o.modes) == 0:
 		return o, fmt.Errorf("-duration %v, -repeats %d, -modes %q: want a positive duration, a repeat and a mode", o.duration, o.repeats, modes)
-	case o.faultRate < 0 || o.faultRate > 1 || o.load <= 0 || o.offset < 0 || o.storeTimeout <= 0:
+	case o.faultRate < 0 || o.faultRate > 1 || o.load <= 0 || o.offset < 0 || o.storeTimeout <= 0 || o.storeDelay < 0 || o.storeJitter < 0:
 		return o, fmt.Errorf("-fault-rate %v, -load %v, -clock-offset %v, -store-timeout %v: out of range", o.faultRate, o.load, o.offset, o.storeTimeout)
 	}
 	for _, m := range o.modes {

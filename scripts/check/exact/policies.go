@@ -87,7 +87,7 @@ func policies() []policy {
 const concurrencyHold = 30 * time.Millisecond
 
 // gatewayConfig is one replica's configuration.
-func gatewayConfig(proxy, admin, upstream, table, endpoint, mode string, storeTimeout time.Duration, ps []policy, gate bool) string {
+func gatewayConfig(proxy, admin, upstream, table, endpoint, mode string, storeTimeout time.Duration, ps []policy, gate, correct bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `listen: %s
 admin_listen: %s
@@ -98,9 +98,9 @@ store:
   backend: dynamodb
   on_error: deny          # an error must never count as admitted
   timeout: %s
-  dynamodb: {table: %s, endpoint: %s, region: us-east-1, create_table: false, mode: %s, slot_lease: 3s}
+  dynamodb: {table: %s, endpoint: %s, region: us-east-1, create_table: false, mode: %s, slot_lease: 3s, clock: {correct: %t}}
 policies:
-`, proxy, admin, upstream, storeTimeout, table, endpoint, mode)
+`, proxy, admin, upstream, storeTimeout, table, endpoint, mode, correct)
 	if gate {
 		fmt.Fprintf(&b, "  - name: gate\n    key: header:X-Gate\n    algorithm: token_bucket\n    rate: %v/s\n    burst: %v\n", gateRate, gateBurst)
 	}

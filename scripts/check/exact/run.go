@@ -31,8 +31,11 @@ type options struct {
 	faultRate    float64
 	faultDelay   time.Duration
 	faultKinds   []ddbrelay.FaultKind
+	storeDelay   time.Duration // every DynamoDB call waits this long more
+	storeJitter  time.Duration // plus a uniform random part in [0, this]
 	offset       time.Duration // replica i runs with offset (0, +offset, -offset)[i%3]
 	kill         bool
+	clockCorrect bool // the replicas' store.dynamodb.clock.correct
 	load         float64
 	storeTimeout time.Duration
 	exclude      []string // policies left out (see the short run): "name", or "name@mode" in one mode only
@@ -109,7 +112,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	for _, k := range o.faultKinds {
 		faults = append(faults, ddbrelay.Fault{Kind: k, Rate: o.faultRate, Delay: o.faultDelay})
 	}
-	relay, err := ddbrelay.New(ddbEndpoint, ddbrelay.Options{Faults: faults, Seed: seed})
+	relay, err := ddbrelay.New(ddbEndpoint, ddbrelay.Options{Faults: faults, Seed: seed, Delay: o.storeDelay, Jitter: o.storeJitter})
 	if err != nil {
 		return res, err
 	}
@@ -148,7 +151,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	for i := range reps {
 		r := &replica{i: i, offset: offsets[i%3], proxy: addrs[2*i], admin: addrs[2*i+1], bin: o.bin, client: newClient(),
 			cfgPath: filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i)), logPath: filepath.Join(dir, fmt.Sprintf("replica-%d.log", i))}
-		cfg := gatewayConfig(r.proxy, r.admin, upURL, table, relayURL, mode, o.storeTimeout, ps, gate)
+		cfg := gatewayConfig(r.proxy, r.admin, upURL, table, relayURL, mode, o.storeTimeout, ps, gate, o.clockCorrect)
 		if err := os.WriteFile(r.cfgPath, []byte(cfg), 0o600); err != nil {
 			return res, err
 		}
