@@ -201,7 +201,18 @@ func (s *Store) retryGiveBack(ctx context.Context, op, pk string, attempt func()
 		}
 	}
 	s.m.giveBackFailed.WithLabelValues(op).Inc()
-	s.log.Warn("dynamodb give-back failed: the limit stays stricter by what it would have given back",
-		zap.String("op", op), zap.String("item", pk), zap.Error(err))
+	// At most one line per giveBackLogEvery: in an outage every decision's give-back fails, and
+	// the counter has them all.
+	now := time.Now().UnixNano()
+	if last := s.giveLogAt.Load(); now-last >= int64(giveBackLogEvery) && s.giveLogAt.CompareAndSwap(last, now) {
+		s.log.Warn("dynamodb give-back failed: the limit stays stricter by what it would have given back",
+			zap.String("op", op), zap.String("item", pk), zap.Error(err),
+			zap.Int64("failed_since_last_line", s.giveLogged.Swap(0)+1))
+	} else {
+		s.giveLogged.Add(1)
+	}
 	return false
 }
+
+// giveBackLogEvery spaces the log lines of failed give-backs.
+const giveBackLogEvery = 10 * time.Second

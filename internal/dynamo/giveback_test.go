@@ -8,7 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket/buckettest"
@@ -136,4 +141,51 @@ func TestGiveBackAdversary(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	}, buckettest.GiveBackOptions{Histories: 50})
+}
+
+// refundFailsAPI passes every call on, except the give-backs (UpdateItem with "#tat - :t" or
+// "ADD #count :minus"), which fail every time without being sent.
+type refundFailsAPI struct {
+	dynamo.API
+	attempts atomic.Int64
+}
+
+func (f *refundFailsAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if e := aws.ToString(in.UpdateExpression); strings.Contains(e, "#tat - :t") || strings.Contains(e, "ADD #count :minus") {
+		f.attempts.Add(1)
+		return nil, errors.New("injected: the give-back failed")
+	}
+	return f.API.UpdateItem(ctx, in, o...)
+}
+
+// TestGiveBackFailureCountedAndLogged: a give-back that never lands is retried a bounded number
+// of times, then counted in ratelimit_dynamodb_giveback_failures_total and logged, never lost
+// silently; the limit stays stricter (the charge stays spent).
+func TestGiveBackFailureCountedAndLogged(t *testing.T) {
+	api, table := localTable(t)
+	f := &refundFailsAPI{API: api}
+	reg := prometheus.NewRegistry()
+	core, logs := observer.New(zap.WarnLevel)
+	s := dynamo.New(f, dynamo.Options{Table: table, Registerer: reg, Logger: zap.New(core)})
+	gcra := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}}
+	window := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}}
+	if ok, _ := mustTake(t, s, t0, window); !ok {
+		t.Fatalf("first window request: rejected, want admitted")
+	}
+	if ok, _ := mustTake(t, s, t0, gcra, window); ok {
+		t.Fatalf("group with the used-up window: admitted, want rejected")
+	}
+	if got := f.attempts.Load(); got < 2 || got > 4 {
+		t.Errorf("give-back attempts: got %d, want 2 to 4 (retried, within a bound)", got)
+	}
+	if got := testutil.ToFloat64(counterOf(t, reg, "ratelimit_dynamodb_giveback_failures_total", "op", "refund")); got != 1 {
+		t.Errorf("ratelimit_dynamodb_giveback_failures_total{op=refund}: got %v, want 1", got)
+	}
+	if got := logs.FilterMessageSnippet("give-back failed").Len(); got != 1 {
+		t.Errorf("log lines about the failed give-back: got %d, want 1", got)
+	}
+	// Stricter, never looser: the charge stays spent.
+	if got := admits(t, s, t0, gcra, 2); got != 1 {
+		t.Errorf("admitted after the failed give-back (burst 2): got %d, want 1", got)
+	}
 }

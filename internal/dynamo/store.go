@@ -138,6 +138,9 @@ type Store struct {
 	// give-back applied to it (see countGiveBack): b and a random id, one per Store.
 	giveMark string
 	giveSeq  atomic.Int64
+	// giveLogAt is when the last failed give-back was logged (Unix ns); giveLogged counts the
+	// failures not logged since.
+	giveLogAt, giveLogged atomic.Int64
 }
 
 var _ bucket.Releaser = (*Store)(nil)
