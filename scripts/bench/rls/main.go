@@ -125,7 +125,7 @@ func run(o options) error {
 		name  string
 		store func() (string, []string, func(), error)
 	}{
-		{"memory", func() (string, []string, func(), error) { return "store:\n  backend: memory\n", nil, func() {}, nil }},
+		{"memory", func() (string, []string, func(), error) { return "store:\n  backend: memory\n  on_error: deny\n", nil, func() {}, nil }},
 	}
 	if o.dynamo {
 		rows = append(rows, struct {
@@ -178,7 +178,8 @@ func dynamoStore() (string, []string, func(), error) {
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	block := fmt.Sprintf("store:\n  backend: dynamodb\n  timeout: 1s\n  dynamodb:\n    table: bench-rls-%s\n    endpoint: %s\n    create_table: true\n", hex.EncodeToString(b[:]), inst.Endpoint)
+	// on_error deny: a store failure is an error the load generator counts, never a fast OK.
+	block := fmt.Sprintf("store:\n  backend: dynamodb\n  timeout: 1s\n  on_error: deny\n  dynamodb:\n    table: bench-rls-%s\n    endpoint: %s\n    create_table: true\n", hex.EncodeToString(b[:]), inst.Endpoint)
 	return block, dynamolocal.Env(), func() { _ = inst.Stop() }, nil
 }
 
