@@ -16,6 +16,8 @@
 #                             watcher stops the instance within about a second of that process's
 #                             end, so one that dies without stopping it (a panic, SIGKILL) leaves
 #                             no Java process behind.
+#   DYNAMODB_LOCAL_START_TIMEOUT  with start: seconds to wait for the instance to answer (default
+#                             120; internal/dynamolocal gives the whole start 3 minutes).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -93,7 +95,10 @@ start() {
       if kill -0 "$2" 2>/dev/null; then kill "$2"; sleep 5; kill -9 "$2" 2>/dev/null; fi' \
       watch "$DYNAMODB_LOCAL_OWNER_PID" "$pid" >/dev/null 2>&1 </dev/null &
   fi
-  deadline=$((SECONDS + 30))
+  # A JVM starting on a loaded 2-core machine can take well over 30 s (seen: 30 s not enough at a
+  # load average of 28); DYNAMODB_LOCAL_START_TIMEOUT (seconds) overrides the default of 120.
+  wait_s=${DYNAMODB_LOCAL_START_TIMEOUT:-120}
+  deadline=$((SECONDS + wait_s))
   until answers "$port"; do
     if ! kill -0 "$pid" 2>/dev/null; then
       rm -f "$pidfile" "$portfile"
@@ -102,7 +107,7 @@ start() {
     fi
     if [ "$SECONDS" -ge "$deadline" ]; then
       stop
-      die "DynamoDB Local did not answer on port $port within 30s (log: $logfile)"
+      die "DynamoDB Local did not answer on port $port within ${wait_s}s (log: $logfile)"
     fi
     sleep 0.2
   done
