@@ -73,6 +73,7 @@ type options struct {
 	warmup    time.Duration
 	conns     int
 	workers   int
+	dynWork   int
 	dynamo    bool
 	goBench   bool
 	benchTime string
@@ -85,7 +86,8 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "measured load per store")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before it")
 	flag.IntVar(&o.conns, "conns", 4, "gRPC connections in the pool (Envoy keeps one per worker thread)")
-	flag.IntVar(&o.workers, "workers", 64, "concurrent calls")
+	flag.IntVar(&o.workers, "workers", 64, "concurrent calls (memory)")
+	flag.IntVar(&o.dynWork, "dynamodb-workers", 16, "concurrent calls on DynamoDB Local (one Java process on the same cores)")
 	flag.BoolVar(&o.dynamo, "dynamodb", true, "also run on DynamoDB Local")
 	flag.BoolVar(&o.goBench, "gobench", true, "run BenchmarkDecision first")
 	flag.StringVar(&o.benchTime, "benchtime", "1s", "-benchtime of BenchmarkDecision")
@@ -118,14 +120,16 @@ func run(o options) error {
 		md.WriteString("```\n\n")
 	}
 
-	md.WriteString(fmt.Sprintf("## The binary under load: %d workers over %d gRPC connections, %s measured after %s, 3 descriptors per call from %d values each\n\n",
-		o.workers, o.conns, o.duration, o.warmup, valuesN))
+	md.WriteString(fmt.Sprintf("## The binary under load: %d concurrent calls (%d on DynamoDB Local) over %d gRPC connections, %s measured after %s, 3 descriptors per call from %d values each, on_error deny\n\n",
+		o.workers, o.dynWork, o.conns, o.duration, o.warmup, valuesN))
 	md.WriteString("| store | calls/s | descriptor decisions/s | p50 | p99 | gateway CPU per call | OVER_LIMIT | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	rows := []struct {
 		name  string
 		store func() (string, []string, func(), error)
 	}{
-		{"memory", func() (string, []string, func(), error) { return "store:\n  backend: memory\n  on_error: deny\n", nil, func() {}, nil }},
+		{"memory", func() (string, []string, func(), error) {
+			return "store:\n  backend: memory\n  on_error: deny\n", nil, func() {}, nil
+		}},
 	}
 	if o.dynamo {
 		rows = append(rows, struct {
@@ -139,7 +143,11 @@ func run(o options) error {
 			fmt.Fprintf(&md, "| %s | skipped: %v | | | | | | |\n", r.name, err)
 			continue
 		}
-		res, err := runLoad(o, block, env)
+		lo := o
+		if r.name != "memory" {
+			lo.workers = o.dynWork
+		}
+		res, err := runLoad(lo, block, env)
 		stop()
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.name, err)
