@@ -185,3 +185,35 @@ func TestClientBodyFaultsAreClientErrors(t *testing.T) {
 		t.Errorf(`ratelimit_client_canceled_total{stage="upstream"} got %v, want 0`, got)
 	}
 }
+
+// TestClientBodyTimeoutH2CUpstream: with HTTP/2 to the upstream too, the transport that reads
+// the stalled body is the h2c one, which reports the body's timeout as its own failure: still
+// the client's 408, not the upstream's 504.
+func TestClientBodyTimeoutH2CUpstream(t *testing.T) {
+	up := h2cUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	})
+	g := startGateway(t, up.URL, "upstream_protocol: h2c\nserver:\n  read_timeout: 1s\n"+countingPolicy)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.proxy+"/upload", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = pw.Write([]byte("the start of a body")) }()
+	resp, err := h2cClient().Do(req)
+	if err != nil {
+		t.Fatalf("h2 request with a body that never ends: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("got %d %q, want a 408 problem", resp.StatusCode, body)
+	}
+	eventually(t, "the body timeout counted", func() bool {
+		return metric(t, g.admin, `ratelimit_client_errors_total{reason="body_timeout"}`) == 1
+	})
+	wantNoUpstreamErrors(t, g.admin)
+}

@@ -1,0 +1,267 @@
+package proxy
+
+// The forward's bookkeeping: what became of a request handed to the upstream (its fate, which
+// decides charge_on refunds), and how its body ended (a body the client broke is the client's
+// fault, never the upstream's).
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// forwardFate is what became of a request handed to the reverse proxy, as far as the upstream
+// is concerned. It decides whether a charge_on reservation may be given back.
+type forwardFate uint8
+
+const (
+	// fateNone: the request was not forwarded (the gateway answered it itself, or the client
+	// left before its turn in a leaky bucket). The zero value.
+	fateNone forwardFate = iota
+	// fateForwarded: handed to the upstream, which has not answered (yet). A request that ends
+	// so was abandoned by its client while the upstream worked on it.
+	fateForwarded
+	// fateAnswered: the upstream sent its answer's status.
+	fateAnswered
+	// fateUnanswered: the upstream may have received the request but did not answer it (a
+	// timeout, a reset), or the client's body failed: the gateway answered itself.
+	fateUnanswered
+	// fateUndelivered: the request never reached the upstream (its connection could not be
+	// made); the gateway answered 502.
+	fateUndelivered
+)
+
+// refundable reports whether a charge_on reservation may be given back when the answer is not
+// listed: when the answer that counts is the upstream's own (fateAnswered), or when the upstream
+// never saw the request (fateNone, fateUndelivered), whose answer is then the gateway's. A
+// request that may have reached the upstream and got no answer from it keeps its charge, since
+// the upstream may have done the work that charge_on guards (checked a password, counted a
+// lockout, sent an SMS): otherwise a client could hang up before every answer and never pay.
+func (f forwardFate) refundable() bool {
+	return f == fateNone || f == fateAnswered || f == fateUndelivered
+}
+
+// forwardWriter is the writer the reverse proxy answers a forwarded request through. It records
+// whether a final answer was written, and whether the upstream's answer arrived (fateAnswered,
+// its status written) or the gateway answered itself, which the error handler marks before it
+// writes. Unwrap keeps http.ResponseController (flushes, hijacks) working through it.
+type forwardWriter struct {
+	http.ResponseWriter
+	fate  forwardFate
+	wrote bool        // a final status (or a body) was written
+	body  *clientBody // the request's body, nil without one: for the error handler
+}
+
+func (w *forwardWriter) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		w.wrote = true
+		if w.fate == fateForwarded {
+			w.fate = fateAnswered
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *forwardWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	if w.fate == fateForwarded {
+		w.fate = fateAnswered
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *forwardWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands the connection over for a protocol switch: the reverse proxy writes the
+// upstream's 101 to it past WriteHeader, so the upstream's answer is recorded here.
+func (w *forwardWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.wrote = true
+		if w.fate == fateForwarded {
+			w.fate = fateAnswered
+		}
+	}
+	return c, brw, err
+}
+
+// gatewayAnswers marks the answer about to be written as the gateway's own, with the fate f.
+// w is the writer the reverse proxy handed its error handler: a *forwardWriter when the request
+// went through send.
+func gatewayAnswers(w http.ResponseWriter, f forwardFate) {
+	if fw, ok := w.(*forwardWriter); ok && fw.fate == fateForwarded {
+		fw.fate = f
+	}
+}
+
+// problemBadBody is the problem type of a 400 for a request body that broke its framing.
+const problemBadBody = problemBase + "malformed-body"
+
+// bodySettle bounds how long send waits for a body read that is failing to say how it failed,
+// once the request's context has ended: net/http cancels the context from inside the failing
+// Read (a read timeout, a closed connection), a moment before that Read returns.
+const bodySettle = time.Second
+
+// send hands r to the reverse proxy rp through st.fw, which records the forward's fate, and r's
+// body (if any) through a clientBody, which records how reading it ended: a forward that fails
+// because the client's body failed is the client's fault (see clientError), not the upstream's.
+func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp *httputil.ReverseProxy) {
+	st.fw = forwardWriter{ResponseWriter: w, fate: fateForwarded}
+	// Cleared also when the reverse proxy aborts the response with a panic: the pool must not
+	// keep the response or the body alive. The fate stays for giveBack.
+	defer func() { st.fw.ResponseWriter, st.fw.body = nil, nil }()
+	if r.Body == nil || r.Body == http.NoBody {
+		rp.ServeHTTP(&st.fw, r)
+		return
+	}
+	body := &clientBody{ReadCloser: r.Body}
+	r.Body = body
+	st.fw.body = body
+	rp.ServeHTTP(&st.fw, r)
+	if st.fw.wrote || r.Context().Err() == nil {
+		return
+	}
+	// The context ended while the body was being read, and the error handler left the answer
+	// to us (upstreamError). Over HTTP/1.1, server.read_timeout cutting a slow body off also
+	// cancels the context, so the reverse proxy took it for a client that left and wrote
+	// nothing, and net/http would then send an empty 200: the client is still there and owed
+	// a 408. Told apart from a client that left by the body's own error.
+	err := body.result()
+	if err == io.EOF {
+		return // read to its end: a client that left, counted by upstreamError
+	}
+	if err == nil {
+		err = body.settle(bodySettle)
+	}
+	if reason, ok := bodyFault(err); ok && reason == clientBodyTimeout {
+		h.clientError(w, r, reason, err)
+		return
+	}
+	// The client left mid-upload (its connection closed, its stream reset) or the body was
+	// not being read when it did. Nobody to answer; but a client that only closed its half of
+	// the connection still reads, and an empty 200 would tell it the upload went through.
+	h.m.canceled[stageUpstream].Inc()
+	gatewayAnswers(&st.fw, fateUnanswered)
+	if err != nil {
+		w.Header().Set("Connection", "close")
+		writeAnswer(w, r, nil, problem{Type: problemBadBody, Status: http.StatusBadRequest,
+			Detail: "The request body ended before its end."})
+	}
+}
+
+// clientError answers a forwarded request whose body failed by the client's doing, with err
+// the body's error: 408 when it was too slow, 400 when it broke its framing. It is counted in
+// ratelimit_client_errors_total, never as an upstream error: a client can produce it at will,
+// and it must page nobody.
+func (h *Handler) clientError(w http.ResponseWriter, r *http.Request, reason int, err error) {
+	h.m.clientErr[reason].Inc()
+	gatewayAnswers(w, fateUnanswered)
+	if ce := h.log.Check(zap.InfoLevel, "client body failed"); ce != nil {
+		ce.Write(zap.String("reason", clientReasonNames[reason]),
+			zap.String("protocol", protocolNames[protocolOf(r, isGRPC(r))]), zap.Error(err))
+	}
+	if r.ProtoMajor == 1 {
+		// The rest of the body, if any, is still on the connection: it cannot carry another
+		// request. (HTTP/2 resets only the stream; its connection serves on.)
+		w.Header().Set("Connection", "close")
+	}
+	if reason == clientBodyTimeout {
+		h.m.bodyTimeouts.Inc()
+		writeAnswer(w, r, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
+			Detail: "The request body was not received in full in time."})
+		return
+	}
+	writeAnswer(w, r, nil, problem{Type: problemBadBody, Status: http.StatusBadRequest,
+		Detail: "The request body is malformed or incomplete."})
+}
+
+// clientBody is a forwarded request's body. It records how reading it ended, so that a failed
+// forward is put down to the client when its body failed, however the transport reports that
+// (the reverse proxy's error handler only sees the transport's error, and an h2c upstream
+// transport reports a body that timed out as its own timeout). Read is called by the
+// transport's writer goroutine; result and settle by the handler. The transport never closes
+// it (the reverse proxy hands the transport a wrapper whose Close does nothing), so every read
+// error is the client's or its connection's, except a read after net/http closed the body
+// once the handler returned.
+type clientBody struct {
+	io.ReadCloser
+	mu   sync.Mutex
+	err  error         // the first read error; io.EOF: read to its end
+	wake chan struct{} // made by settle, closed when err is set
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && !errors.Is(err, http.ErrBodyReadAfterClose) {
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+			if b.wake != nil {
+				close(b.wake)
+			}
+		}
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+// result is how reading the body ended: io.EOF when read to its end, another error when it
+// failed, nil while it has not ended (or only the transport's Close ended it).
+func (b *clientBody) result() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// settle waits up to d for reading the body to end and returns result.
+func (b *clientBody) settle(d time.Duration) error {
+	b.mu.Lock()
+	if b.err != nil {
+		defer b.mu.Unlock()
+		return b.err
+	}
+	if b.wake == nil {
+		b.wake = make(chan struct{})
+	}
+	wake := b.wake
+	b.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wake:
+	case <-t.C:
+	}
+	return b.result()
+}
+
+// bodyFault maps how a client's body ended onto a client error reason; ok is false for a body
+// read to its end (io.EOF) or not ended (nil). A timeout is server.read_timeout: HTTP/1.1 sets
+// it as the connection's read deadline, HTTP/2 as a per-stream timer that fails the body with
+// os.ErrDeadlineExceeded. Anything else broke the body's framing or cut it short.
+func bodyFault(err error) (reason int, ok bool) {
+	if err == nil || err == io.EOF {
+		return 0, false
+	}
+	var ne net.Error
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return clientBodyTimeout, true
+	}
+	return clientBodyMalformed, true
+}
+
+// undelivered reports whether a transport error means that the request never reached the
+// upstream: the connection to it could not be made (refused, no route, a dial timeout).
+// Anything later (TLS, a reset, a timeout waiting for the answer) may have followed a request
+// the upstream received.
+func undelivered(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
