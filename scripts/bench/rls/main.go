@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -87,7 +88,7 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before it")
 	flag.IntVar(&o.conns, "conns", 4, "gRPC connections in the pool (Envoy keeps one per worker thread)")
 	flag.IntVar(&o.workers, "workers", 64, "concurrent calls (memory)")
-	flag.IntVar(&o.dynWork, "dynamodb-workers", 16, "concurrent calls on DynamoDB Local (one Java process on the same cores)")
+	flag.IntVar(&o.dynWork, "dynamodb-workers", 8, "concurrent calls on DynamoDB Local (one Java process on the same cores)")
 	flag.BoolVar(&o.dynamo, "dynamodb", true, "also run on DynamoDB Local")
 	flag.BoolVar(&o.goBench, "gobench", true, "run BenchmarkDecision first")
 	flag.StringVar(&o.benchTime, "benchtime", "1s", "-benchtime of BenchmarkDecision")
@@ -187,7 +188,7 @@ func dynamoStore() (string, []string, func(), error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	// on_error deny: a store failure is an error the load generator counts, never a fast OK.
-	block := fmt.Sprintf("store:\n  backend: dynamodb\n  timeout: 1s\n  on_error: deny\n  dynamodb:\n    table: bench-rls-%s\n    endpoint: %s\n    create_table: true\n", hex.EncodeToString(b[:]), inst.Endpoint)
+	block := fmt.Sprintf("store:\n  backend: dynamodb\n  timeout: 3s\n  on_error: deny\n  dynamodb:\n    table: bench-rls-%s\n    endpoint: %s\n    create_table: true\n", hex.EncodeToString(b[:]), inst.Endpoint)
 	return block, dynamolocal.Env(), func() { _ = inst.Stop() }, nil
 }
 
@@ -246,6 +247,7 @@ func runLoad(o options, storeBlock string, env []string) (result, error) {
 		reqs[i] = benchRequest(i)
 	}
 
+	var firstErr atomic.Pointer[error]
 	load := func(d time.Duration, record bool) (lat []time.Duration, over, errs int) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -266,6 +268,7 @@ func runLoad(o options, storeBlock string, env []string) (result, error) {
 					switch {
 					case err != nil:
 						myErrs++
+						firstErr.CompareAndSwap(nil, &err)
 					case resp.GetOverallCode() != pb.RateLimitResponse_OK:
 						myOver++
 					}
@@ -295,6 +298,9 @@ func runLoad(o options, storeBlock string, env []string) (result, error) {
 	if len(lat) == 0 {
 		return result{}, fmt.Errorf("no calls completed\n%s", logs.String())
 	}
+	if e := firstErr.Load(); e != nil {
+		fmt.Fprintf(os.Stderr, "first error: %v\ngateway log tail:\n%s\n", *e, tail(logs.String(), 2000))
+	}
 	slices.Sort(lat)
 	return result{
 		rate:       float64(len(lat)) / elapsed.Seconds(),
@@ -304,6 +310,13 @@ func runLoad(o options, storeBlock string, env []string) (result, error) {
 		over:       over,
 		errors:     errs,
 	}, nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
 
 // cpuTime is the process's user and system CPU time so far (Linux /proc).
