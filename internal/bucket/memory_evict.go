@@ -115,8 +115,8 @@ type MemoryEvictions struct {
 	// LeastUsed live keys were evicted because a shard reached its share of MaxKeys: the least
 	// used first, never one at its limit. Each forgave its client what it had used.
 	LeastUsed uint64
-	// Refused counts requests that needed a new key in a shard full of keys at their limit:
-	// they were rejected rather than reset anyone's limit.
+	// Refused counts charges (one per enforced policy of a request) that needed a new key in a
+	// shard full of keys at their limit: they were rejected rather than reset anyone's limit.
 	Refused uint64
 }
 
@@ -166,7 +166,9 @@ func (sh *shard) refuse(c *Charge, now int64, r *Result) {
 		limit = c.Limit.Burst
 	}
 	*r = Result{Limit: limit, Reset: retry, RetryAfter: retry}
-	sh.stats.refused++
+	if !c.Shadow { // a shadow charge rejects nothing
+		sh.stats.refused++
+	}
 }
 
 // sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap (or

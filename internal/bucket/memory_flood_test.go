@@ -210,7 +210,15 @@ func TestMemoryEvictionOrder(t *testing.T) {
 	if e := m.Evictions(); e.Refused == 0 {
 		t.Errorf("flood of keys at their limit: got %+v, want some refused", e)
 	}
+	// A shadow charge that needs a new key is not stored, rejects nothing, and is not counted.
 	before := m.Evictions()
+	var sr [1]Result
+	if ok, err := m.Take(ctx, now, []Charge{{Key: key(7, 1), Limit: light, Shadow: true}}, sr[:]); err != nil || !ok || sr[0].Allowed {
+		t.Errorf("shadow charge for a new key in a full shard: got admitted=%v %+v %v, want admitted, its verdict a rejection", ok, sr[0], err)
+	}
+	if after := m.Evictions(); after != before {
+		t.Errorf("shadow refusal: got %+v after %+v, want no count", after, before)
+	}
 	r := take(key(7, 0), light, 1)
 	if r.Allowed {
 		t.Fatalf("a new key in a shard full of keys at their limit: admitted, want refused")

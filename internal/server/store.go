@@ -66,7 +66,7 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 			}, func() float64 { return float64(m.Evictions().LeastUsed) })),
 			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "ratelimit_memory_keys_refused_total",
-				Help: "Requests rejected because they needed a new key in a memory-store shard at store.max_keys whose every key was at its limit.",
+				Help: "Charges (one per enforced policy of a request) rejected because they needed a new key in a memory-store shard at store.max_keys whose every key was at its limit.",
 			}, func() float64 { return float64(m.Evictions().Refused) })),
 		)
 		if err != nil {
