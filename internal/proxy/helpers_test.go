@@ -46,7 +46,7 @@ type fakePolicies struct {
 func (f *fakePolicies) Plan(_ *http.Request, p *policy.Plan) error {
 	f.plans.Add(1)
 	p.Reset()
-	if f.err != nil && !errors.Is(f.err, policy.ErrUnauthorized) {
+	if f.err != nil && !errors.Is(f.err, policy.ErrUnauthorized) && !errors.Is(f.err, policy.ErrBadRequest) {
 		return f.err
 	}
 	p.Charges = append(p.Charges, f.charges...)

@@ -34,9 +34,11 @@ import (
 type Policies interface {
 	// Plan fills p with the charges for r and the policy of each (p may hold an earlier
 	// request's plan; Plan resets it). An error wrapping policy.ErrUnauthorized means a bearer
-	// token failed verification; p then holds the charges (and Policies entries) of the
-	// request's matching ip policies only, so that garbage tokens still pay for the flood
-	// protection. On any other error p is empty.
+	// token failed verification, one wrapping policy.ErrBadRequest that the request cannot be
+	// judged unambiguously (answered 400, see judged.go); p then holds the charges (and
+	// Policies entries) of the request's matching ip policies only, so that garbage tokens and
+	// ambiguous requests still pay for the flood protection. On any other error p is empty.
+	// Before a request is forwarded, p.StripUnjudged removes from it what was not judged.
 	Plan(r *http.Request, p *policy.Plan) error
 	// Headers says how rate-limit response headers are written.
 	Headers() policy.Headers
@@ -136,7 +138,8 @@ type Options struct {
 //   - for an invalid bearer token, never forwarded: its ip charges (the only ones Plan leaves)
 //     are taken like any others; when they are not admitted, the 429 below; otherwise, and also
 //     when the store fails (OnError does not apply: the request is refused either way), a 401
-//     problem;
+//     problem; the same for a request Plan cannot judge unambiguously (an identity header with
+//     conflicting values, a dot segment in the path), with a 400 problem;
 //   - forward without rate-limit headers when no policy matched, or when the store failed and
 //     OnError is Allow; 503 problem with Retry-After: 1 when it failed and OnError is Deny;
 //   - 429 problem with Retry-After and X-RateLimit-* of the enforced policy that asks for the
