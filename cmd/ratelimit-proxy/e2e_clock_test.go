@@ -42,7 +42,11 @@ func TestTestClockOffsetShiftsDecisions(t *testing.T) {
 	endpoint := dynamoEndpoint(t)
 	table := "e2e-clock-" + randomSuffix()
 	up := newUpstream(t, nil)
-	cfg := dynamoStore(table, endpoint, true, "5s", "  on_error: deny\n") + minuteWindow
+	// Correction off: this test is about the flag's raw shift. With correction on, a replica
+	// corrects by up to max_correction (5 s) once it has measured, so whether the "1m ahead"
+	// replica is 60 s or 55 s ahead would depend on when its first probe came back, and near the
+	// start of a minute 55 s does not reach the next window.
+	cfg := dynamoStore(table, endpoint, true, "5s", "  on_error: deny\n") + "    clock: {correct: false}\n" + minuteWindow
 	now := startGateway(t, up.URL, cfg, awsEnv()...)
 	ahead := startGatewayArgs(t, []string{"--test-clock-offset=1m"}, up.URL, cfg, awsEnv()...)
 	behind := startGatewayArgs(t, []string{"--test-clock-offset", "-1m"}, up.URL, cfg, awsEnv()...)
