@@ -5,9 +5,7 @@ package main
 
 import (
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -92,35 +90,9 @@ func TestReloadNoLoopOnLogFileBesideConfig(t *testing.T) {
 // answers 200. The process is killed when the test ends.
 func startProcess(t *testing.T, out *os.File, admin string, args ...string) *gateway {
 	t.Helper()
-	g := &gateway{admin: admin, exited: make(chan struct{}), logs: &syncBuffer{}}
-	g.cmd = exec.Command(binary, args...)
-	g.cmd.Stdout, g.cmd.Stderr = out, out
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { g.exitErr = g.cmd.Wait(); close(g.exited) }()
-	t.Cleanup(func() {
-		_ = g.cmd.Process.Kill()
-		<-g.exited
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if resp, err := http.Get(admin + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return g
-			}
-		}
-		select {
-		case <-g.exited:
-			t.Fatalf("gateway exited before it was ready: %v", g.exitErr)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("gateway not ready after 20s")
-		}
-		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
-	}
+	g := &gateway{admin: admin, serveProc: startServe(t, args, nil, out)}
+	g.waitReady(t, admin, 20*time.Second)
+	return g
 }
 
 func tail(s string, n int) string {

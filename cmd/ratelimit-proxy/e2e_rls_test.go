@@ -10,9 +10,7 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -82,14 +80,11 @@ descriptors:
 
 // rlsGateway is a gateway serving RLS alone.
 type rlsGateway struct {
-	cmd        *exec.Cmd
+	*serveProc
 	admin      string // http://host:port
 	addr       string // the RLS port, host:port
 	configPath string
 	rulesDir   string
-	logs       *syncBuffer
-	exited     chan struct{}
-	exitErr    error
 	client     pb.RateLimitServiceClient
 	conn       *grpc.ClientConn
 }
@@ -113,44 +108,13 @@ func startRLSGateway(t *testing.T, files map[string]string, storeBlock, rulesDir
 	}
 	ports := freePorts(t, 2)
 	g := &rlsGateway{admin: "http://" + ports[0], addr: ports[1], configPath: filepath.Join(dir, "config.yaml"),
-		rulesDir: rulesDir, logs: &syncBuffer{}, exited: make(chan struct{})}
+		rulesDir: rulesDir}
 	cfg := fmt.Sprintf("admin_listen: %s\nrls:\n  listen: %s\n  config_dir: %s\n  response_headers: all\n%s", ports[0], ports[1], rulesDir, storeBlock)
 	if err := os.WriteFile(g.configPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g.cmd = exec.Command(binary, "serve", "--config", g.configPath)
-	g.cmd.Env = append(os.Environ(), env...)
-	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { g.exitErr = g.cmd.Wait(); close(g.exited) }()
-	t.Cleanup(func() {
-		_ = g.cmd.Process.Kill()
-		<-g.exited
-		if t.Failed() {
-			t.Logf("gateway logs:\n%s", g.logs.String())
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(g.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		select {
-		case <-g.exited:
-			t.Fatalf("gateway exited before it was ready: %v\n%s", g.exitErr, g.logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway not ready after 30s:\n%s", g.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
-	}
+	g.serveProc = startServe(t, []string{"serve", "--config", g.configPath}, env, nil)
+	g.waitReady(t, g.admin, 30*time.Second)
 	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -91,13 +91,67 @@ func freePorts(t *testing.T, n int) []string {
 }
 
 type gateway struct {
-	cmd        *exec.Cmd
+	*serveProc
 	proxy      string // http://host:port
 	admin      string
 	configPath string
-	logs       *syncBuffer
-	exited     chan struct{} // closed when the process has exited; then exitErr holds Wait's error
-	exitErr    error
+}
+
+// serveProc is a gateway process that a test started (startServe).
+type serveProc struct {
+	cmd     *exec.Cmd
+	logs    *syncBuffer   // its output, unless the test sent it elsewhere
+	exited  chan struct{} // closed when the process has exited; then exitErr holds Wait's error
+	exitErr error
+}
+
+// startServe starts the binary with args, env added to the environment, its output to out (nil:
+// the logs buffer). The process is killed when the test ends, and its logs shown if it failed.
+func startServe(t *testing.T, args, env []string, out io.Writer) *serveProc {
+	t.Helper()
+	p := &serveProc{logs: &syncBuffer{}, exited: make(chan struct{})}
+	if out == nil {
+		out = p.logs
+	}
+	p.cmd = exec.Command(binary, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = out, out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exitErr = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		if logs := p.logs.String(); t.Failed() && logs != "" {
+			t.Logf("gateway logs:\n%s", logs)
+		}
+	})
+	return p
+}
+
+// waitReady polls admin's /readyz until it answers 200; the test fails if the process exits
+// first or timeout passes.
+func (p *serveProc) waitReady(t *testing.T, admin string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if resp, err := http.Get(admin + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("gateway exited before it was ready: %v\n%s", p.exitErr, p.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not ready after %s:\n%s", timeout, p.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
+	}
 }
 
 // counting upstream: records how many requests reached it.
@@ -135,25 +189,8 @@ func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gatewa
 func startGatewayArgs(t *testing.T, args []string, upstreamURL, rest string, env ...string) *gateway {
 	t.Helper()
 	g := launchGateway(t, args, upstreamURL, rest, env...)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(g.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return g
-			}
-		}
-		select {
-		case <-g.exited:
-			t.Fatalf("gateway exited before it was ready: %v\n%s", g.exitErr, g.logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway not ready after 20s:\n%s", g.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
-	}
+	g.waitReady(t, g.admin, 20*time.Second)
+	return g
 }
 
 // launchGateway starts the gateway process (serve with args) and stops it at the test's end,
@@ -164,28 +201,14 @@ func launchGateway(t *testing.T, args []string, upstreamURL, rest string, env ..
 		waitOutHourEdge(t, hourEdgeMargin)
 	}
 	dir := t.TempDir()
-	g := &gateway{configPath: filepath.Join(dir, "config.yaml"), logs: &syncBuffer{}, exited: make(chan struct{})}
+	g := &gateway{configPath: filepath.Join(dir, "config.yaml")}
 	ports := freePorts(t, 2)
 	pa, aa := ports[0], ports[1]
 	g.proxy, g.admin = "http://"+pa, "http://"+aa
 	if err := os.WriteFile(g.configPath, []byte(config(pa, aa, upstreamURL, rest)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g.cmd = exec.Command(binary, append([]string{"serve", "--config", g.configPath}, args...)...)
-	g.cmd.Env = append(os.Environ(), env...)
-	g.cmd.Stdout = g.logs
-	g.cmd.Stderr = g.logs
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { g.exitErr = g.cmd.Wait(); close(g.exited) }()
-	t.Cleanup(func() {
-		_ = g.cmd.Process.Kill()
-		<-g.exited
-		if t.Failed() {
-			t.Logf("gateway logs:\n%s", g.logs.String())
-		}
-	})
+	g.serveProc = startServe(t, append([]string{"serve", "--config", g.configPath}, args...), env, nil)
 	return g
 }
 
