@@ -12,6 +12,13 @@ func SetLiveness(s *Store, grace time.Duration, now func() time.Time) {
 // whatever the store's wall-clock round trip, for tests on simulated time.
 func SetLeaseShift(s *Store, d time.Duration) { s.ls.forceShift, s.ls.forced = int64(d), true }
 
+// SetLeaseSlow makes every pool of s take rtt and dev as its store's round trip and its mean
+// deviation, whatever it measures, and treat the store as slow (several renewals in flight,
+// renewals placed ahead, edge drains): the slow-store paths on simulated time.
+func SetLeaseSlow(s *Store, rtt, dev time.Duration) {
+	s.ls.slowRTT, s.ls.slowDev, s.ls.slowForced = int64(rtt), int64(dev), true
+}
+
 // Settle waits until none of s's pools has a renewal in flight: a test that counts the store's
 // writes, or needs a pool's units to stay as they are, must not race the background renewal a
 // spent unit may have started (prefetch).
@@ -21,8 +28,8 @@ func Settle(s *Store) {
 		// ls.mu is not held while taking p.mu: a renewal's start takes them in the other order.
 		for _, p := range s.ls.list() {
 			p.mu.Lock()
-			if p.renewing {
-				done = append(done, p.done)
+			for _, r := range p.inflight {
+				done = append(done, r.done)
 			}
 			p.mu.Unlock()
 		}

@@ -35,9 +35,13 @@ type leasePools struct {
 	// the wall-clock round trip means nothing.
 	forceShift int64
 	forced     bool
-	stop       chan struct{} // closed by close: stops the sweeper
-	started    bool          // the sweeper is running
-	wg         sync.WaitGroup
+	// slowRTT and slowDev, when slowForced, replace every pool's measured round trip and make
+	// it slow (see pool.slow): tests of the slow-store paths on simulated time.
+	slowRTT, slowDev int64
+	slowForced       bool
+	stop             chan struct{} // closed by close: stops the sweeper
+	started          bool          // the sweeper is running
+	wg               sync.WaitGroup
 
 	// marker is the attribute of a window's item that holds giveSeq of this Store's last
 	// give-back applied to it (see refundGrant): r and a random id, one per Store.
@@ -81,12 +85,12 @@ type pool struct {
 	mu        sync.Mutex
 	forgotten bool // removed from ls.pools by the sweeper: a request that found it looks again
 	shards    []shard
-	grants    []grant // live, in the order they were taken
-	units     int64   // unspent units of grants
-	renewing  bool
-	done      chan struct{} // closed when the renewal in flight ends
-	waiting   int64         // requests waiting for that renewal
-	err       error         // the last renewal's error, for the requests that waited for it
+	grants    []grant    // live, in the order they were taken
+	units     int64      // unspent units of grants
+	inflight  []*renewal // renewals in flight, oldest first
+	waiting   int64      // units the requests waiting for a renewal need
+	lastStart int64      // instant the last renewal started
+	yield     float64    // units a renewal brings, smoothed
 	// emptyUntil: no shard had a unit to lease before this instant (the last renewal found all
 	// of them empty); requests until then are rejected here.
 	emptyUntil int64
@@ -95,7 +99,7 @@ type pool struct {
 	arrivals   int64   // requests since estAt
 	estAt      int64
 	lastUse    int64
-	// rtt is the smoothed round trip of a renewal, rttDev its mean deviation (see rto).
+	// rtt is the smoothed round trip of a lease call, rttDev its mean deviation (see rto).
 	rtt, rttDev int64
 	nextID      uint64       // of the next grant
 	fails       uint         // renewals in a row that found every shard empty
@@ -111,6 +115,7 @@ type shard struct {
 	tat          int64 // GCRA: the last tat learnt (0: unknown)
 	used, usedIn int64 // fixed window: the count last learnt, and the end of its window
 	empty        bool  // the last try found it empty: poll it with a read first
+	busy         int   // renewals of this Store writing it now
 }
 
 // grant is units reserved by one lease write, spendable until expires. A token bucket's write
@@ -163,6 +168,9 @@ func newPool(ls *leasePools, k leaseKey, n int64) *pool {
 		rtt: ls.s.live.rtt.Load(),
 	}
 	p.rttDev = p.rtt / 2 // as RFC 6298 starts: nothing known of the spread yet
+	if ls.slowForced {
+		p.rtt, p.rttDev = ls.slowRTT, ls.slowDev
+	}
 	// Replicas start on different shards (the key's digest and this Store's address would do;
 	// a random start spreads them without coordination).
 	p.home = rand.IntN(shards)

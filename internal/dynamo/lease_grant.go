@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
@@ -13,10 +14,11 @@ import (
 // Grants: the conditional write that takes units from one shard, and the grant it yields.
 
 // leaseShard leases from shard i: want units if the shard has that many, else all it has if that
-// is at least p.least(want). nil, nil: the shard is empty until its emptyUntil.
-func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*grant, error) {
+// is at least least (see pool.least). nil, nil: the shard is empty until its emptyUntil.
+func (p *pool) leaseShard(ctx context.Context, i int, n, want, least, shift int64) (*grant, error) {
 	p.mu.Lock()
 	sh := p.shards[i]
+	slow := p.slow()
 	p.mu.Unlock()
 	// The floor of the lease's places: want units must still fit above it (n + tauL). When
 	// they would not, the lease is cut rather than placed lower: units placed below the shift
@@ -30,15 +32,17 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*gr
 		f = n + max(0, min(shift, sh.tauL-want*sh.t))
 	}
 	pk := p.itemKey(i, n)
-	least := p.least(want)
 	// What the shard holds as far as we know picks the first form; a failed condition tells
 	// what it holds, and the next form fits that.
 	avail := sh.known(p, n)
-	if sh.empty {
+	if sh.empty && !slow {
 		// The shard was empty when last tried, and other replicas poll it too: a read, which
 		// neither takes the item's write capacity nor costs a write, tells whether a write
-		// would find least units, before one is sent.
+		// would find least units, before one is sent. Not on a slow store (see slow): there a
+		// read's round trip costs more places than the write it may save.
+		sent := time.Now()
 		item, err := p.ls.s.readItems(ctx, []string{pk})
+		p.sampled(sent)
 		if err != nil {
 			return nil, err
 		}
@@ -52,12 +56,14 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, shift int64) (*gr
 		}
 	}
 	for round := 0; round < 3; round++ {
-		fm := p.leaseForm(&sh, n, f, want, least, avail)
+		fm := p.leaseForm(&sh, n, f, want, least, avail, slow)
 		// Sent once (noRetry): a lease write is not idempotent (form (b) and a window's ADD take
 		// again; form (a) and a drain fail their condition and the units are lost), so the
 		// SDK must not re-send one whose answer was lost. A throttled write was not applied and
 		// is retried (updateItem).
+		sent := time.Now()
 		out, err := p.ls.s.updateItem(ctx, opLease, pk, fm.u, fm.rv, noRetry)
+		p.sampled(sent)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
@@ -101,7 +107,9 @@ type form struct {
 	u     update
 	rv    types.ReturnValue
 	drain bool  // took everything up to target: units = target - old (ALL_OLD)
+	edge  bool  // a token bucket's drain from the higher of tat and floor, whatever tat was
 	m     int64 // otherwise: exactly m units (ALL_NEW)
+	floor int64 // an edge drain's lowest place but one (on the grid of T)
 	// target is where a drain leaves tat (GCRA) or the count (window); want the most it takes.
 	target, want int64
 }
@@ -112,6 +120,17 @@ func (f form) most() int64 {
 		return f.want
 	}
 	return f.m
+}
+
+// onGrid is x on the grid of t (multiples of t since the epoch): the last point at or below it,
+// or with up the first at or above it. A token bucket's edge drains place tat on this grid, so
+// that the places of writes that find tat where another such write left it are whole units.
+func onGrid(x, t int64, up bool) int64 {
+	g := x - x%t
+	if up && g < x {
+		g += t
+	}
+	return g
 }
 
 // answered reports whether err is DynamoDB's own answer (the call was decided: a failed
@@ -159,18 +178,39 @@ func (sh *shard) refilled(p *pool, n, u int64) int64 {
 //     (GCRA SET tat = the last place that fits, on tat's grid of T; window SET count = the
 //     shard's count) while that is from least to want units, in one write whatever others
 //     took since we looked.
-func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64) form {
+func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64, slow bool) form {
 	drain := avail != unknown && avail < want
 	if p.gcra {
-		if !drain || sh.tat < f {
+		if edge := onGrid(n+sh.tauL, sh.t, false); want >= (edge-onGrid(f, sh.t, true))/sh.t || avail == unknown && slow {
+			// The lease wants every place it may take, or, on a slow store, nothing is known
+			// of the shard (not seen within a TTL: others may have leased from it since, or
+			// nobody did), where a write of the wrong form would cost a second round trip: up
+			// to the edge, from tat or the floor, whichever is higher, in one write whatever
+			// others took since we looked, and whatever tat is (idle or not). It fails only
+			// when fewer than least are left. Its floor is not f but the lowest place still
+			// alive at n: the places between a lagging tat and f would otherwise be skipped
+			// (lost to everyone), and taken they serve whatever requests come before they
+			// die, however late the lease lands.
+			floor := onGrid(n-p.ttl+sh.t, sh.t, true)
+			return form{drain: true, edge: true, target: edge, floor: floor, want: (edge - floor) / sh.t, rv: types.ReturnValueAllOld, u: update{
+				expr:   "SET #tat = :target, #ttl = :ttl",
+				cond:   "attribute_not_exists(#tat) OR #tat <= :most",
+				names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
+				values: map[string]types.AttributeValue{":target": num(edge), ":most": num(edge - least*sh.t), ":ttl": ttlAt(n + sh.tau)},
+			}}
+		}
+		if sh.tat < f || !drain && avail != unknown {
 			return form{u: leaseGCRA(n, f, sh.t, sh.tauL, want, sh.tat >= f), rv: types.ReturnValueAllNew, m: want}
 		}
-		target := sh.tat + (n+sh.tauL-sh.tat)/sh.t*sh.t
+		// Busy when last seen, but how much it holds now is not known (others lease from it
+		// too) or is less than want: the places from tat to the edge, while they are from
+		// least to want (a tat below the floor, lagging, fails and is learnt).
+		target := onGrid(n+sh.tauL, sh.t, false)
 		return form{drain: true, target: target, want: want, rv: types.ReturnValueAllOld, u: update{
 			expr:   "SET #tat = :target, #ttl = :ttl",
-			cond:   "#tat >= :floor AND #tat <= :most AND #tat >= :fewest",
+			cond:   "#tat >= :fewest AND #tat <= :most",
 			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
-			values: map[string]types.AttributeValue{":target": num(target), ":floor": num(f), ":most": num(target - least*sh.t), ":fewest": num(target - want*sh.t), ":ttl": ttlAt(n + sh.tau)},
+			values: map[string]types.AttributeValue{":target": num(target), ":most": num(target - least*sh.t), ":fewest": num(max(f, target-want*sh.t)), ":ttl": ttlAt(n + sh.tau)},
 		}}
 	}
 	ttl := ttlAt(fixedEnd(p.key.limit, n))
@@ -256,11 +296,21 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 	g := &grant{id: p.nextID, shard: i, at: n, pk: pk}
 	if p.gcra {
 		tat, ok, err := number(item, attrTat)
-		if err != nil || !ok {
+		if err != nil || !ok && !f.edge {
 			return nil, fmt.Errorf("update %s: no tat in the write's answer (%v)", pk, err)
 		}
 		var base int64 // the place before the first unit: max(old tat, n)
-		if f.drain {
+		if f.edge {
+			// item is the old one: units sit at base+T, ..., target, base the higher of the
+			// old tat (none: the floor) and the floor; the places between an old tat below
+			// the floor and the floor are skipped (see shift).
+			if !ok || tat < f.floor {
+				tat = f.floor
+			}
+			g.units = (f.target - tat) / sh.t
+			base, g.end, g.tail = f.target-g.units*sh.t, f.target, f.target
+			g.epoch, _ = epochOf(item)
+		} else if f.drain {
 			// item is the old one: units sit at tat+T, ..., tat+units*T <= target.
 			g.units = (f.target - tat) / sh.t
 			base, g.end = tat, f.target
@@ -270,7 +320,8 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 			g.units, base, g.end, g.tail = f.m, tat-f.m*sh.t, tat, tat
 			g.epoch, _ = epochOf(item)
 		}
-		sh.tat = g.end
+		// Another of this pool's writes may have landed after this one and answered first.
+		sh.tat = max(sh.tat, g.end)
 		// Unit j sits at base + j*T and may be spent until its place - T + ttl, so all of
 		// them until base + ttl.
 		g.expires = base + p.ttl

@@ -1,14 +1,17 @@
 package dynamo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
-// Renewal: one background lease write per pool at a time, over the shards that may have room.
+// Renewal: background lease writes, several in flight per pool on a slow store, each over the
+// shards that may have room.
 
 // A renewal runs for renewSlack times what the decision that started it had left, at least
 // renewFloor; renewTimeout when the decision had no deadline.
@@ -18,14 +21,59 @@ const (
 	renewTimeout = 2 * time.Second
 )
 
-// startRenewal starts one lease write in the background (the caller holds p.mu). It runs under
-// the deadline of the decision that needed it, not its cancellation: other requests may come to
-// wait for it.
-func (p *pool) startRenewal(ctx context.Context, n int64) {
-	p.renewing, p.err = true, nil
-	p.done = make(chan struct{})
-	want := p.want(n)
-	shift := p.shift()
+// leaseMaxInflight bounds the renewals of one pool in flight at a time on a slow store (see
+// slow; on a fast one, one at a time keeps up, and writes fewer, smaller leases). One at a
+// time cannot keep a token bucket's schedule leased when the round trip is a large part of its
+// burst time (tau): a place may only be leased within tau - ttl of it and must arrive before it
+// dies, so on a store that answers in 20 to 320 ms with tau = 500 ms a replica that waits for
+// each answer before it asks again leaves most places to expire unleased. Several in flight,
+// started a fraction of a round trip apart (see gap), lease the schedule as it refills whatever
+// the round trip; the bound keeps a replica's writes per second in check.
+const leaseMaxInflight = 6
+
+// renewal is one background lease write of a pool and the requests waiting for it.
+type renewal struct {
+	done    chan struct{} // closed when it ends
+	err     error         // set before done closes: its error, for the requests that waited
+	want    int64         // units it asked for
+	waiting int64         // units the requests waiting for it need
+	at      int64         // the instant it leases as of: its units are spent no earlier
+}
+
+// renewing reports whether a renewal is in flight (the caller holds p.mu).
+func (p *pool) renewing() bool { return len(p.inflight) > 0 }
+
+// gap is the least time between the starts of two renewals in flight together: a quarter of
+// the round trip a renewal is expected to stay within, so that at most leaseMaxInflight are in
+// flight and their answers arrive spread over the round trip.
+func (p *pool) gap() int64 { return p.rto() / leaseMaxInflight }
+
+// maxInflight is how many renewals the pool may have in flight now (the caller holds p.mu).
+func (p *pool) maxInflight() int {
+	if p.slow() {
+		return leaseMaxInflight
+	}
+	return 1
+}
+
+// startRenewal starts one lease write in the background (the caller holds p.mu) and returns
+// it. It runs under the deadline of the decision that needed it, not its cancellation: other
+// requests may come to wait for it.
+//
+// ahead is for a renewal that nobody waits for (prefetch): it is placed as if made a round trip
+// later (see leadTime), at r.at, and its units are spent from then on.
+func (p *pool) startRenewal(ctx context.Context, n int64, ahead bool) *renewal {
+	r := &renewal{done: make(chan struct{}), at: n}
+	if ahead {
+		r.at += p.leadTime()
+	}
+	shift := p.shift(r.at - n)
+	r.want = p.want(n)
+	if room := p.fits(shift); p.gcra && room >= 1 {
+		r.want = min(r.want, room) // as leaseShard cuts it: what requests may wait for
+	}
+	p.inflight = append(p.inflight, r)
+	p.lastStart = n
 	// Not derived from ctx: the renewal outlives the Take that started it, and a caller may
 	// recycle its context once Take returns (the proxy's does). Its deadline is longer than the
 	// decision's: a store slower than store.timeout fails the requests waiting for the renewal
@@ -40,72 +88,102 @@ func (p *pool) startRenewal(ctx context.Context, n int64) {
 	rctx = context.WithValue(rctx, throttleCounter{}, &p.throttled)
 	if !p.ls.goTracked(func() {
 		defer cancel()
-		p.renew(rctx, n, want, shift)
+		p.renew(rctx, r, shift)
 	}) {
 		cancel()
-		p.renewing, p.err = false, fmt.Errorf("dynamo: lease %s: %w", p.base, errLeasesClosed)
-		close(p.done)
+		p.finish(r, fmt.Errorf("dynamo: lease %s: %w", p.base, errLeasesClosed))
 	}
+	return r
 }
 
-// renew takes a lease of up to want units from the first shard that has some, starting at
-// home, and publishes it. It ends the renewal.
-func (p *pool) renew(ctx context.Context, n, want, shift int64) {
-	start := time.Now() // a round trip: wall-clock time whatever the decisions' instants
-	g, err := p.lease(ctx, n, want, shift)
-	rtt := int64(time.Since(start))
+// finish ends renewal r with err (the caller holds p.mu).
+func (p *pool) finish(r *renewal, err error) {
+	p.inflight = slices.DeleteFunc(p.inflight, func(x *renewal) bool { return x == r })
+	r.err = err
+	close(r.done)
+}
+
+// renew takes a lease of up to r.want units from the first shard that has some, as of r.at, and
+// publishes it. It ends the renewal.
+func (p *pool) renew(ctx context.Context, r *renewal, shift int64) {
+	n := r.at
+	g, err := p.lease(ctx, n, r.want, shift)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.sample(rtt)
+	var got int64
 	switch {
 	case err != nil:
-		p.err = fmt.Errorf("dynamo: lease %s: %w", p.base, err)
+		err = fmt.Errorf("dynamo: lease %s: %w", p.base, err)
 		p.ls.s.m.leases.WithLabelValues(leaseError).Inc()
 	case g == nil:
 		p.fails++
 		p.lastEmpty = max(p.lastEmpty, n)
 		p.ls.s.m.leases.WithLabelValues(leaseEmpty).Inc()
 	default:
+		got = g.units
 		p.grants = append(p.grants, p.chunks(*g)...)
 		p.hold(g.units)
 		p.emptyUntil, p.fails = 0, 0
 		p.ls.s.m.leases.WithLabelValues(leaseGranted).Inc()
 		p.ls.s.m.leaseUnits.WithLabelValues(unitsLeased).Add(float64(g.units))
 	}
-	p.renewing = false
-	close(p.done)
+	// What a renewal brings, smoothed: the renewals in flight are counted at that much (see
+	// prefetch), not at what they asked for, which a contended shard seldom has.
+	p.yield += (float64(got) - p.yield) / 4
+	p.finish(r, err)
 }
 
 // lease makes the conditional writes of one renewal. A nil grant and nil error mean every shard
 // is empty; then p.emptyUntil says until when.
 func (p *pool) lease(ctx context.Context, n, want, shift int64) (*grant, error) {
-	least := p.least(want)
-	// The home shard first, then at most one other that may have room, picked at random:
-	// replicas spread over the shards and stay, so that a shard is polled by few of them, and a
-	// replica whose own shard ran dry while others have room still moves.
+	// A window's home shard first, then at most one other that may have room, picked at
+	// random: replicas spread over the shards and stay, so that a shard is polled by few of
+	// them, and a replica whose own shard ran dry while others have room still moves. A token
+	// bucket's shards refill: the one this Store knows least recently (the most room, as far as
+	// it knows) first, so that each replica's renewals go round the shards, and every shard is
+	// leased within the time its places stay leasable however many replicas share it. A shard
+	// that another of this pool's renewals is writing comes last: what this Store knows of it is
+	// about to change, and two of its own writes racing on one item would fail each other's
+	// condition.
 	p.mu.Lock()
-	order := make([]int, 0, 2)
+	least := p.least(want, shift)
+	var order, others []int
 	if p.ready(p.home, n, least) {
 		order = append(order, p.home)
 	}
-	var others []int
 	for i := range p.shards {
 		if i != p.home && p.ready(i, n, least) {
 			others = append(others, i)
 		}
 	}
-	if len(others) > 0 {
-		order = append(order, others[rand.IntN(len(others))])
+	rand.Shuffle(len(others), func(i, j int) { others[i], others[j] = others[j], others[i] })
+	order = append(order, others...)
+	if p.gcra {
+		room := func(i int) int64 {
+			if a := p.shards[i].known(p, n); a != unknown {
+				return a
+			}
+			return math.MaxInt64
+		}
+		slices.SortStableFunc(order, func(i, j int) int { return cmp.Compare(room(j), room(i)) })
+	}
+	slices.SortStableFunc(order, func(i, j int) int { return cmp.Compare(p.shards[i].busy, p.shards[j].busy) })
+	order = order[:min(2, len(order))] // exploring costs a write a shard
+	if len(order) == 0 {
 	}
 	p.mu.Unlock()
 	for _, i := range order {
-		g, err := p.leaseShard(ctx, i, n, want, shift)
+		p.mu.Lock()
+		p.shards[i].busy++
+		p.mu.Unlock()
+		g, err := p.leaseShard(ctx, i, n, want, least, shift)
+		p.mu.Lock()
+		p.shards[i].busy--
+		if g != nil {
+			p.home = i // stay where there was room
+		}
+		p.mu.Unlock()
 		if err != nil || g != nil {
-			if g != nil {
-				p.mu.Lock()
-				p.home = i // stay where there was room
-				p.mu.Unlock()
-			}
 			return g, err
 		}
 	}
@@ -163,17 +241,26 @@ func (p *pool) anyReady(n, least int64) bool {
 // refilled, and all but one find it empty again. So each waits a random extra time that doubles
 // with every renewal that found the pool empty in a row (full jitter, at most four horizons):
 // with more replicas contending, each polls less often. While demand exceeds the rate that
-// capacity is not lost (another replica leases it), and the bound keeps a shard from filling up
-// unseen for long.
+// capacity is not lost (another replica leases it), and the bound (four horizons; for a token
+// bucket at most half the time a place stays leasable) keeps a shard from filling up unseen for
+// long.
 func (p *pool) emptied(i int, sh *shard, n, least int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	at := sh.refilled(p, n, least)
-	spread := min(max(at-n, p.horizon/16)<<min(p.fails, 10), 4*p.horizon)
+	most := 4 * p.horizon
+	if p.gcra {
+		// A token bucket's place may be leased only from tau - ttl before it until a round
+		// trip (the shift) before it dies: a shard left unpolled for longer than half that
+		// window loses the places that refilled meanwhile, which no other replica may take
+		// either when it too backs off.
+		most = min(most, max((sh.tauL-p.shift(0))/2, 1))
+	}
+	spread := min(max(at-n, p.horizon/16)<<min(p.fails, 10), most)
 	until := at + rand.Int64N(max(spread, 1))
 	if !p.gcra {
 		until = min(until, fixedEnd(p.key.limit, n))
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	s := &p.shards[i]
 	s.tat, s.used, s.usedIn = sh.tat, sh.used, sh.usedIn
 	s.emptyUntil, s.empty = until, true

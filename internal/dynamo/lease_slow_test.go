@@ -122,3 +122,74 @@ func TestHeldUnitsServeWhileRenewalIsSlowOrFails(t *testing.T) {
 		take(i)
 	}
 }
+
+// TestSlowStoreKeepsRenewalsInFlight: on a store whose round trip is a large part of the
+// bucket's burst time, one renewal at a time leaves most of the schedule to expire unleased
+// (issue 17, class 5: 0.80 of the pool unadmitted at a store p99 of 320 ms). A pool there keeps
+// several renewals in flight, started ahead of need, and a request that finds no unit while
+// they are on their way is answered at once (rejected, without an error) rather than held for
+// a round trip; what they bring is spent.
+func TestSlowStoreKeepsRenewalsInFlight(t *testing.T) {
+	leakCheck(t)
+	api := &gatedAPI{memAPI: newMemAPI(), open: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	s := newLeaseStores(t, api, 1, reg)[0]
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(api.open)
+		}
+	}
+	defer open() // before the stores' cleanup: the renewals in flight end
+	dynamo.SetLeaseSlow(s, 150*time.Millisecond, 60*time.Millisecond)
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 200, Burst: 100}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, Lease: bucket.Lease{Shards: 4, TTL: 100 * time.Millisecond}}
+	at := t0
+	take := func() (bool, error) {
+		at = at.Add(2500 * time.Microsecond) // 400/s, twice the rate
+		return s.Take(context.Background(), at, []bucket.Charge{c}, make([]bucket.Result, 1))
+	}
+	// While the store answers at once the pool learns the demand and leases.
+	for i := range 40 {
+		if _, err := take(); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		dynamo.Settle(s)
+	}
+	local := func() uint64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "ratelimit_dynamodb_lease_local_decision_seconds" {
+				return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		t.Fatal("no ratelimit_dynamodb_lease_local_decision_seconds")
+		return 0
+	}
+	// Now every call waits at the gate: 120 ms of requests, less than the round trip the
+	// renewals are placed ahead by, so none of them may wait for one.
+	api.shut.Store(true)
+	before, admitted := local(), 0
+	for i := range 48 {
+		ok, err := take()
+		if err != nil {
+			t.Fatalf("request %d while renewals are on their way: %v", i, err)
+		}
+		admitted += int(b2i(ok))
+	}
+	if got := local() - before; got != 48 {
+		t.Errorf("%d of 48 requests answered without waiting for a renewal, want all", got)
+	}
+	if most := api.most.Load(); most < 2 {
+		t.Errorf("at most %d renewal(s) in flight at once, want several", most)
+	}
+	open()
+	dynamo.Settle(s)
+	leased := units(t, reg, "leased")
+	t.Logf("%d of 48 admitted from units held; at most %d calls in flight; %v units leased", admitted, api.most.Load(), leased)
+}

@@ -3,6 +3,7 @@ package dynamo
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -60,11 +61,11 @@ func (ls *leasePools) sweep(n int64) {
 		p.expire(n)
 		// Requests waiting for a slow renewal are demand, not idleness: their grant must not
 		// be given back before they wake to spend it. A TTL without a request is idleness.
-		idle := p.waiting == 0 && !p.renewing && n-p.lastUse > p.ttl
+		idle := p.waiting == 0 && !p.renewing() && n-p.lastUse > p.ttl
 		if idle && p.units > 0 {
 			p.releaseAll()
 		}
-		if n-p.lastUse > leaseIdle*max(p.ttl, int64(time.Second)) && len(p.grants) == 0 && !p.renewing {
+		if n-p.lastUse > leaseIdle*max(p.ttl, int64(time.Second)) && len(p.grants) == 0 && !p.renewing() {
 			// Marked under p.mu, so that a request that found the pool before it was removed
 			// (and waits for p.mu) looks again rather than lease into a pool nobody sweeps
 			// or closes any more. p.mu before ls.mu, as in startRenewal.
@@ -120,12 +121,11 @@ func (ls *leasePools) close(ctx context.Context) error {
 	// so that each pool's grants go back newest first (see refundLater).
 	for _, p := range pools {
 		p.mu.Lock()
-		done := p.done
-		renewing := p.renewing
+		inflight := slices.Clone(p.inflight)
 		p.mu.Unlock()
-		if renewing {
+		for _, r := range inflight {
 			select {
-			case <-done:
+			case <-r.done:
 			case <-ctx.Done():
 			}
 		}

@@ -15,12 +15,15 @@ import (
 // leaseWaitMargin is how long before its deadline a request stops waiting for a renewal.
 const leaseWaitMargin = 5 * time.Millisecond
 
-// leaseMaxWaits bounds the renewals one charge waits for: renewals that other replicas keep
-// racing to the units mean the pool is empty, and the charge is rejected.
-const leaseMaxWaits = 3
+// leaseWaitFloor is the least a request waits for a renewal, whatever the round trips measured
+// so far (none yet, or a fast store's).
+const leaseWaitFloor = 50 * time.Millisecond
 
-// take decides a leased charge: from a grant when one has a unit, else by waiting for a
-// renewal, else rejected until a shard has units again.
+// rtoWait is how long a request waits for a renewal, given the pool's rto (ns).
+func rtoWait(rto int64) int64 { return max(rto, int64(leaseWaitFloor)) }
+
+// take decides a leased charge: from a grant when one has a unit, else by waiting for one
+// renewal that asked for its units, else rejected.
 func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 	// Decisions made here without a round trip (from a grant, or rejected while the pool is
 	// empty) are timed on their own: the store's decision histogram mixes them with the ones
@@ -59,7 +62,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		p.mu.Unlock()
 		return
 	}
-	for waits := 0; ; waits++ {
+	for again := false; ; again = true {
 		p.expire(n)
 		if s, from, ok := p.spend(n, cost); ok {
 			o.result, o.done, o.spent, o.spentAt = p.admitted(s), true, from, s
@@ -67,7 +70,11 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			p.mu.Unlock()
 			return
 		}
-		if p.emptyUntil > n || waits == leaseMaxWaits {
+		if p.emptyUntil > n || again {
+			p.prefetch(ctx, n) // a renewal made ahead may find what this request cannot
+			// A request waits for one renewal at most: one that came back without a unit for
+			// it (the shard had fewer than asked, or later requests spent them first) means
+			// the pool is short, as one exact bucket would be.
 			o.result, o.done = p.rejected(n), true
 			p.mu.Unlock()
 			return
@@ -77,18 +84,41 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			// the requests meanwhile are rejected at once rather than held for a round trip
 			// (two, with the read) that a slow store could stretch past their deadline. While
 			// the pool is empty, so would one exact bucket have rejected them.
-			if !p.renewing {
-				p.startRenewal(ctx, n)
+			if !p.renewing() {
+				p.startRenewal(ctx, n, false)
+			} else {
+				p.prefetch(ctx, n) // more in flight on a slow store, gap apart
 			}
 			o.result, o.done = p.rejected(n), true
 			p.mu.Unlock()
 			return
 		}
-		p.waiting += cost // counted in the renewal's size
-		if !p.renewing {
-			p.startRenewal(ctx, n)
+		// Wait for a renewal that asked for this request's units, or start one when none is
+		// in flight. Only for one that asked: requests beyond what the renewals in flight
+		// asked for would wait a round trip for units that later requests take, holding their
+		// connections meanwhile (on a slow store, most of a replica's), and the renewals after
+		// them serve the later requests anyway.
+		r := p.renewalFor(n, cost)
+		if r == nil && p.renewing() {
+			// Renewals are in flight and none asked for this request: they serve the
+			// requests after it, and more may start ahead of need. Unless the store has
+			// stopped answering them: that is on_error's to decide, not a rejection's.
+			if p.ls.s.live.silent() {
+				o.err = fmt.Errorf("dynamo: lease %s: no answer: %w", p.base, context.DeadlineExceeded)
+			} else {
+				p.prefetch(ctx, n)
+				o.result, o.done = p.rejected(n), true
+			}
+			p.mu.Unlock()
+			return
 		}
-		done := p.done
+		p.waiting += cost // counted in the size of a renewal started now
+		if r == nil {
+			r = p.startRenewal(ctx, n, false)
+		}
+		r.waiting += cost
+		done := r.done
+		wait := time.Duration(rtoWait(p.rto()))
 		p.mu.Unlock()
 		// A renewal still on its way when this decision's time is almost up is not an outage:
 		// the store answers, slowly, and the lease will serve the requests after this one. So
@@ -96,12 +126,16 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		// which would open the circuit breaker for every request. A renewal that fails is an
 		// error, and follows on_error.
 		waited = true
-		var late <-chan time.Time
+		// A wait ends after a round trip (rto, a high percentile of the store's), or at the
+		// deadline's margin if sooner: a renewal that takes longer has met a contended shard
+		// (a failed condition, a read, a second shard), and the renewals after it serve the
+		// requests after this one; a request held longer would hold its connection.
 		if d, ok := ctx.Deadline(); ok {
-			t := time.NewTimer(time.Until(d) - leaseWaitMargin)
-			defer t.Stop()
-			late = t.C
+			wait = min(wait, time.Until(d)-leaseWaitMargin)
 		}
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		late := t.C
 		throttledBefore := p.throttled.Load()
 		select {
 		case <-done:
@@ -124,8 +158,8 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		}
 		p.mu.Lock()
 		p.waiting -= cost
-		if p.err != nil {
-			o.err = p.err
+		if r.err != nil {
+			o.err = r.err
 			p.mu.Unlock()
 			return
 		}
@@ -186,13 +220,13 @@ type taken struct {
 	units int64
 }
 
-// spend takes k units (a charge's cost), all or none, from the oldest grants that have them, at
-// instant n or, if later, the write of the newest grant used. It returns that instant and the
-// units taken from each grant.
+// spend takes k units (a charge's cost), all or none, from the grants that have them at instant
+// n, those that expire first first: a grant is spent from its instant (at) until it expires, never before (a renewal
+// placed ahead may land early). It returns n and the units taken from each grant.
 func (p *pool) spend(n, k int64) (int64, []taken, bool) {
 	var live int64
 	for i := range p.grants {
-		if g := &p.grants[i]; g.units > 0 && max(n, g.at) <= g.expires {
+		if g := &p.grants[i]; g.units > 0 && g.at <= n && n <= g.expires {
 			live += g.units
 		}
 	}
@@ -200,23 +234,23 @@ func (p *pool) spend(n, k int64) (int64, []taken, bool) {
 		return 0, nil, false
 	}
 	var from []taken
-	s := n
-	for i := range p.grants {
-		g := &p.grants[i]
-		if k == 0 {
-			break
+	for k > 0 {
+		// The grant that expires first: with several renewals in flight, a later grant may
+		// hold units that die before an earlier one's.
+		j := -1
+		for i := range p.grants {
+			if g := &p.grants[i]; g.units > 0 && g.at <= n && n <= g.expires && (j < 0 || g.expires < p.grants[j].expires) {
+				j = i
+			}
 		}
-		if g.units == 0 || max(n, g.at) > g.expires {
-			continue
-		}
+		g := &p.grants[j]
 		u := min(g.units, k)
 		g.units -= u
 		p.hold(-u)
 		k -= u
-		s = max(s, g.at)
 		from = append(from, taken{g.id, u})
 	}
-	return s, from, true
+	return n, from, true
 }
 
 // giveBack returns units that spend took, when the group they were part of was rejected: they
@@ -268,4 +302,16 @@ func (p *pool) rejected(n int64) bucket.Result {
 		RetryAfter: wait,
 		Reset:      max(wait, time.Duration(p.resetAt-n)),
 	}
+}
+
+// renewalFor returns the oldest renewal in flight whose units a request at n may spend that
+// asked for cost more units than the requests already waiting for it need, or nil (the caller
+// holds p.mu).
+func (p *pool) renewalFor(n, cost int64) *renewal {
+	for _, r := range p.inflight {
+		if r.at <= n && r.want-r.waiting >= cost {
+			return r
+		}
+	}
+	return nil
 }

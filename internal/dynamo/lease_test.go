@@ -133,19 +133,25 @@ func TestLeasesNeverOverAdmit(t *testing.T) {
 	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 200, Burst: 100}
 	gate := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}
 	for _, shards := range []int{1, 4} {
-		for seed := uint64(1); seed <= 4; seed++ {
-			// Seed 4's renewals place their units as a store with a 40 ms round trip does.
-			shift := time.Duration(0)
+		for seed := uint64(1); seed <= 6; seed++ {
+			// Seed 4's renewals place their units as a store with a 40 ms round trip does;
+			// seeds 5 and 6 run the slow-store paths (several renewals in flight, placed a
+			// round trip ahead, edge drains) as on a store that answers in 150 ms +- 60 ms.
+			shift, slow := time.Duration(0), seed >= 5
 			if seed == 4 {
 				shift = 40 * time.Millisecond
 			}
-			t.Run(fmt.Sprintf("shards=%d/seed=%d/shift=%v", shards, seed, shift), func(t *testing.T) {
+			t.Run(fmt.Sprintf("shards=%d/seed=%d/shift=%v/slow=%v", shards, seed, shift, slow), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				api := newMemAPI()
 				reg := prometheus.NewRegistry()
 				stores := newLeaseStores(t, api, 5, reg)
 				for _, s := range stores {
-					dynamo.SetLeaseShift(s, shift)
+					if slow {
+						dynamo.SetLeaseSlow(s, 150*time.Millisecond, 60*time.Millisecond)
+					} else {
+						dynamo.SetLeaseShift(s, shift)
+					}
 				}
 				key, gateKey := newKey(t), newKey(t)
 				lease := bucket.Lease{Shards: shards, TTL: 100 * time.Millisecond}
@@ -715,11 +721,17 @@ type gatedAPI struct {
 	*memAPI
 	shut atomic.Bool
 	open chan struct{}
+	// held is the calls waiting at the gate now, most the most at once.
+	held, most atomic.Int64
 }
 
 func (g *gatedAPI) wait(ctx context.Context) error {
 	if !g.shut.Load() {
 		return nil
+	}
+	h := g.held.Add(1)
+	defer g.held.Add(-1)
+	for m := g.most.Load(); h > m && !g.most.CompareAndSwap(m, h); m = g.most.Load() {
 	}
 	select {
 	case <-g.open:

@@ -131,6 +131,10 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		holds = !hasTat || tat < val(":floor")
 	case "#tat >= :floor AND #tat <= :last": // a lease from a bucket past its floor
 		holds = hasTat && tat >= val(":floor") && tat <= val(":last")
+	case "#tat >= :fewest AND #tat <= :most": // a lease draining a bucket to its edge, capped
+		holds = hasTat && tat >= val(":fewest") && tat <= val(":most")
+	case "attribute_not_exists(#tat) OR #tat <= :most": // a lease draining a bucket to its edge
+		holds = !hasTat || tat <= val(":most")
 	case "#tat >= :floor AND #tat <= :most AND #tat >= :fewest": // a lease draining a bucket
 		holds = hasTat && tat >= val(":floor") && tat <= val(":most") && tat >= val(":fewest")
 	case "#count <= :most AND #count >= :fewest": // a lease draining a window
