@@ -160,7 +160,12 @@
 // a lease is kept as chunks that expire with their own first units, so its later units outlive
 // its first); a fixed window's are part of its count, spent in its window. The bucket may be
 // split over shards (rate/k and the burst's parts each, adding up to the whole). Sizes,
-// placement and renewals follow each pool's measured round trip (mean + 4 mean deviations).
+// placement and renewals follow each pool's measured round trip (mean + 4 mean deviations, per
+// call). On a store whose round trip is a large part of the time a place stays leasable (slow),
+// a pool keeps several renewals in flight; those nobody waits for are made as of a round trip
+// ahead, their units spent from that instant on, never before; and a shard not seen lately is
+// drained to its edge in one write whatever it holds. A request waits for one renewal at most,
+// and only one that asked for its units.
 //
 // Unspent units go back exactly or not at all: a window's count at any time; a token bucket's
 // only while no write came after them (tat and since unchanged), since moving tat back after

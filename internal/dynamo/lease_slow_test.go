@@ -193,3 +193,128 @@ func TestSlowStoreKeepsRenewalsInFlight(t *testing.T) {
 	leased := units(t, reg, "leased")
 	t.Logf("%d of 48 admitted from units held; at most %d calls in flight; %v units leased", admitted, api.most.Load(), leased)
 }
+
+// TestLeaseOnHungStoreIsAnError: a leased charge whose renewal gets no answer at all (a store
+// that is down or hung) fails when its deadline comes, so that on_error decides, rather than
+// being rejected as if the pool were empty.
+func TestLeaseOnHungStoreIsAnError(t *testing.T) {
+	leakCheck(t)
+	s := newLeaseStores(t, &fakeAPI{block: true}, 1, nil)[0]
+	// Silent for longer than this is down, not slow (the default is a second).
+	dynamo.SetLiveness(s, 10*time.Millisecond, time.Now)
+	c := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 10}, Lease: bucket.Lease{Shards: 1}}
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+		ok, err := s.Take(ctx, t0, []bucket.Charge{c}, make([]bucket.Result, 1))
+		cancel()
+		if ok || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("decision %d on a hung store: got admitted=%v err=%v, want context.DeadlineExceeded", i, ok, err)
+		}
+	}
+}
+
+// gatedAPI answers from a memAPI, but once shut is set its calls wait for open to close (a
+// store that answers, slowly).
+type gatedAPI struct {
+	*memAPI
+	shut atomic.Bool
+	open chan struct{}
+	// held is the calls waiting at the gate now, most the most at once.
+	held, most atomic.Int64
+}
+
+func (g *gatedAPI) wait(ctx context.Context) error {
+	if !g.shut.Load() {
+		return nil
+	}
+	h := g.held.Add(1)
+	defer g.held.Add(-1)
+	for m := g.most.Load(); h > m && !g.most.CompareAndSwap(m, h); m = g.most.Load() {
+	}
+	select {
+	case <-g.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gatedAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if err := g.wait(ctx); err != nil {
+		return nil, err
+	}
+	return g.memAPI.UpdateItem(ctx, in, o...)
+}
+
+func (g *gatedAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	if err := g.wait(ctx); err != nil {
+		return nil, err
+	}
+	return g.memAPI.BatchGetItem(ctx, in, o...)
+}
+
+// noDeadline hides its context's deadline: only Done says when it ends, as when the scheduler
+// runs a waiter after its deadline has passed rather than its margin before.
+type noDeadline struct{ context.Context }
+
+func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// wallClock is a settable clock, safe for concurrent use.
+type wallClock struct{ ns atomic.Int64 }
+
+func (c *wallClock) Now() time.Time        { return time.Unix(0, c.ns.Load()) }
+func (c *wallClock) Add(d time.Duration)   { c.ns.Add(int64(d)) }
+func newWallClock(at time.Time) *wallClock { c := &wallClock{}; c.ns.Store(at.UnixNano()); return c }
+
+// TestLateWaiterOnSlowStoreIsRejected: a leased charge whose deadline comes while it waits for
+// the renewal of a store that answers, slowly, is rejected (the pool had nothing for it in
+// time), not failed: an error would open the circuit breaker for every request of a replica
+// whose store is merely slow. Also when the deadline, not the margin before it, is what the
+// waiter sees first, and after a long idle spell (no answers because nothing was asked). Once
+// the store has left a call unanswered for longer than the grace, waiters fail: on_error decides.
+func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
+	leakCheck(t)
+	api := &gatedAPI{memAPI: newMemAPI(), open: make(chan struct{})}
+	s := newLeaseStores(t, api, 1, nil)[0]
+	defer close(api.open) // before the stores' cleanup: the renewal in flight ends
+	clock := newWallClock(t0)
+	dynamo.SetLiveness(s, 100*time.Millisecond, clock.Now)
+	c := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 10}, Lease: bucket.Lease{Shards: 1}}
+	take := func(ctx context.Context) (bool, error) {
+		return s.Take(ctx, time.Now(), []bucket.Charge{c}, make([]bucket.Result, 1))
+	}
+	// A first lease answered at once: the store answers. It holds one unit (no demand seen
+	// yet), which the first request spends.
+	if ok, err := take(context.Background()); !ok || err != nil {
+		t.Fatalf("first request: got admitted=%v err=%v, want admitted", ok, err)
+	}
+	// Spending it may have started a prefetch: let it end, and spend what it brought, so that
+	// the requests below find the pool empty and must wait for a renewal.
+	dynamo.Settle(s)
+	for range c.Limit.Burst + 1 {
+		if ok, decided := s.TakeLocal(time.Now(), []bucket.Charge{c}, make([]bucket.Result, 1)); !ok || !decided {
+			break
+		}
+	}
+	clock.Add(10 * time.Second) // idle: no call, so none unanswered
+	api.shut.Store(true)
+	for i := range 6 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		var wctx context.Context = ctx
+		if i%2 == 1 {
+			wctx = noDeadline{ctx}
+		}
+		ok, err := take(wctx)
+		cancel()
+		if ok || err != nil {
+			t.Errorf("request %d waiting for a slow renewal (deadline hidden: %v): got admitted=%v err=%v, want rejected without an error",
+				i, i%2 == 1, ok, err)
+		}
+	}
+	clock.Add(200 * time.Millisecond) // the renewal has waited past the grace: the store is silent
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if ok, err := take(ctx); ok || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("waiting on a store silent past the grace: got admitted=%v err=%v, want context.DeadlineExceeded", ok, err)
+	}
+}
