@@ -43,17 +43,21 @@ type renewal struct {
 // renewing reports whether a renewal is in flight (the caller holds p.mu).
 func (p *pool) renewing() bool { return len(p.inflight) > 0 }
 
-// gap is the least time between the starts of two renewals in flight together: a quarter of
-// the round trip a renewal is expected to stay within, so that at most leaseMaxInflight are in
-// flight and their answers arrive spread over the round trip.
-func (p *pool) gap() int64 { return p.rto() / leaseMaxInflight }
+// gap is the least time between the starts of two renewals in flight together: the round trip a
+// renewal is expected to stay within over the renewals that may be in flight, so that their
+// answers arrive spread over the round trip.
+func (p *pool) gap() int64 { return p.rto() / int64(p.maxInflight()) }
 
-// maxInflight is how many renewals the pool may have in flight now (the caller holds p.mu).
+// maxInflight is how many renewals the pool may have in flight now (the caller holds p.mu): on a
+// slow store, four per time a place stays leasable (tau - ttl) that the round trip (rto) spans,
+// at most leaseMaxInflight, so that a renewal goes out about every quarter of that time whatever
+// the round trip; one on a fast store.
 func (p *pool) maxInflight() int {
-	if p.slow() {
-		return leaseMaxInflight
+	if !p.slow() {
+		return 1
 	}
-	return 1
+	span := max(p.shards[len(p.shards)-1].tauL, 1)
+	return int(min(max((4*p.rto()+span-1)/span, 1), leaseMaxInflight))
 }
 
 // startRenewal starts one lease write in the background (the caller holds p.mu) and returns

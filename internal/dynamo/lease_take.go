@@ -98,7 +98,12 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		// asked for would wait a round trip for units that later requests take, holding their
 		// connections meanwhile (on a slow store, most of a replica's), and the renewals after
 		// them serve the later requests anyway.
-		r := p.renewalFor(n, cost)
+		var r *renewal
+		if !p.slow() {
+			// On a slow store a request never joins a renewal in flight: its round trip is
+			// most of a decision's, and the renewals after it serve the requests after this one.
+			r = p.renewalFor(n, cost)
+		}
 		if r == nil && p.renewing() {
 			// Renewals are in flight and none asked for this request: they serve the
 			// requests after it, and more may start ahead of need. Unless the store has

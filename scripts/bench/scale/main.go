@@ -565,12 +565,33 @@ policies:
 	return b.String()
 }
 
+// handedOut is every address freeAddr has returned in this run. A port is free only until the
+// process it is meant for binds it, and the replicas start one after another without waiting for
+// each to bind: the kernel may hand the port of a replica still starting to the next one (one
+// replica's admin address then answered by another's proxy, which a readiness check and a
+// metrics scrape cannot tell apart).
+var (
+	handedMu  sync.Mutex
+	handedOut = map[string]bool{}
+)
+
 func freeAddr() (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", nil, err
+		}
+		a := l.Addr().String()
+		handedMu.Lock()
+		dup := handedOut[a]
+		handedOut[a] = true
+		handedMu.Unlock()
+		if !dup {
+			return a, func() { l.Close() }, nil
+		}
+		l.Close()
 	}
-	return l.Addr().String(), func() { l.Close() }, nil
+	return "", nil, errors.New("no loopback port that was not handed out already")
 }
 
 func startReplica(ctx context.Context, o options, i int, table, relayURL, upstreamURL string) (*replica, error) {
