@@ -128,7 +128,8 @@ func TestHeldUnitsServeWhileRenewalIsSlowOrFails(t *testing.T) {
 // (issue 17, class 5: 0.80 of the pool unadmitted at a store p99 of 320 ms). A pool there keeps
 // several renewals in flight, started ahead of need, and a request that finds no unit while
 // they are on their way is answered at once (rejected, without an error) rather than held for
-// a round trip; what they bring is spent.
+// a round trip; what they bring is spent, and a result's Remaining counts only what can be spent
+// at its instant.
 func TestSlowStoreKeepsRenewalsInFlight(t *testing.T) {
 	leakCheck(t)
 	api := &gatedAPI{memAPI: newMemAPI(), open: make(chan struct{})}
@@ -192,6 +193,30 @@ func TestSlowStoreKeepsRenewalsInFlight(t *testing.T) {
 	dynamo.Settle(s)
 	leased := units(t, reg, "leased")
 	t.Logf("%d of 48 admitted from units held; at most %d calls in flight; %v units leased", admitted, api.most.Load(), leased)
+	// The renewals made ahead landed before their instant. What a result says remains is what
+	// can be spent at its instant: theirs are not counted until then.
+	checked := 0
+	for range 40 {
+		at = at.Add(10 * time.Millisecond)
+		r := make([]bucket.Result, 1)
+		if ok, _ := s.TakeLocal(at, []bucket.Charge{c}, r); !ok {
+			continue
+		}
+		promised, spent := r[0].Remaining, int64(0)
+		for spent <= promised {
+			if ok, _ := s.TakeLocal(at, []bucket.Charge{c}, make([]bucket.Result, 1)); !ok {
+				break
+			}
+			spent++
+		}
+		if spent != promised {
+			t.Fatalf("at +%v: Remaining %d, but %d more could be spent then", at.Sub(t0), promised, spent)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no instant with a unit to spend: Remaining was never checked")
+	}
 }
 
 // TestLeaseOnHungStoreIsAnError: a leased charge whose renewal gets no answer at all (a store

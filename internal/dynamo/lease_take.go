@@ -229,13 +229,7 @@ type taken struct {
 // n, those that expire first first: a grant is spent from its instant (at) until it expires, never before (a renewal
 // placed ahead may land early). It returns n and the units taken from each grant.
 func (p *pool) spend(n, k int64) (int64, []taken, bool) {
-	var live int64
-	for i := range p.grants {
-		if g := &p.grants[i]; g.units > 0 && g.at <= n && n <= g.expires {
-			live += g.units
-		}
-	}
-	if live < k {
+	if p.spendable(n) < k {
 		return 0, nil, false
 	}
 	var from []taken
@@ -285,14 +279,27 @@ func (p *pool) giveBack(from []taken, n int64) {
 	}
 }
 
-// admitted is the result of a charge spent at s. Remaining is what this Store still holds.
+// admitted is the result of a charge spent at s. Remaining is what this Store holds that a
+// charge at s could spend.
 func (p *pool) admitted(s int64) bucket.Result {
 	return bucket.Result{
 		Allowed:   true,
 		Limit:     limitValue(p.key.limit),
-		Remaining: p.units,
+		Remaining: p.spendable(s),
 		Reset:     time.Duration(max(0, p.resetAt-s)),
 	}
+}
+
+// spendable is the units a charge at n could spend now: held, alive, and not of a renewal made
+// ahead whose instant is still to come.
+func (p *pool) spendable(n int64) int64 {
+	var u int64
+	for i := range p.grants {
+		if g := &p.grants[i]; g.at <= n && n <= g.expires {
+			u += g.units
+		}
+	}
+	return u
 }
 
 // rejected is the result of a charge at n while every shard is empty.
