@@ -89,41 +89,29 @@ func NewMonitor(o MonitorOptions) (*Monitor, error) {
 	m := &Monitor{o: o}
 	m.last.Store(&state{})
 	if o.Registerer != nil {
-		gauge := func(name, help string, f func(*state) float64) prometheus.Collector {
-			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
-				func() float64 { return f(m.last.Load()) })
-		}
 		unknown := math.NaN()
-		err := errors.Join(
-			o.Registerer.Register(gauge("ratelimit_clock_offset_seconds",
-				"Measured offset of this host's clock: "+o.Subject+"'s time minus the local time (middle of the interval; NaN until measured).",
-				func(s *state) float64 {
-					if !s.est.Known {
-						return unknown
-					}
-					return s.est.Offset().Seconds()
-				})),
-			o.Registerer.Register(gauge("ratelimit_clock_offset_uncertainty_seconds",
-				"Half the width of the interval that holds the clock offset (NaN until measured).",
-				func(s *state) float64 {
-					if !s.est.Known {
-						return unknown
-					}
-					return s.est.Uncertainty().Seconds()
-				})),
-			o.Registerer.Register(gauge("ratelimit_clock_error_bound_seconds",
-				"Bound on how far the clock decisions use is from "+o.Subject+"'s, whatever the offset is within the measured interval (NaN until measured).",
-				func(s *state) float64 {
-					if !s.est.Known {
-						return unknown
-					}
-					return s.est.ErrorBound(s.corr).Seconds()
-				})),
-			o.Registerer.Register(gauge("ratelimit_clock_correction_seconds",
-				"Correction added to the local clock for decisions (0 when store.dynamodb.clock.correct is off).",
-				func(s *state) float64 { return s.corr.Seconds() })),
-		)
-		if err != nil {
+		known := func(f func(*state) float64) func(*state) float64 {
+			return func(s *state) float64 {
+				if !s.est.Known {
+					return unknown
+				}
+				return f(s)
+			}
+		}
+		c := &gauges{m: m}
+		c.add("ratelimit_clock_offset_seconds",
+			"Measured offset of this host's clock: "+o.Subject+"'s time minus the local time (middle of the interval; NaN until measured).",
+			known(func(s *state) float64 { return s.est.Offset().Seconds() }))
+		c.add("ratelimit_clock_offset_uncertainty_seconds",
+			"Half the width of the interval that holds the clock offset (NaN until measured).",
+			known(func(s *state) float64 { return s.est.Uncertainty().Seconds() }))
+		c.add("ratelimit_clock_error_bound_seconds",
+			"Bound on how far the clock decisions use is from "+o.Subject+"'s, whatever the offset is within the measured interval (NaN until measured).",
+			known(func(s *state) float64 { return s.est.ErrorBound(s.corr).Seconds() }))
+		c.add("ratelimit_clock_correction_seconds",
+			"Correction added to the local clock for decisions (0 when store.dynamodb.clock.correct is off).",
+			func(s *state) float64 { return s.corr.Seconds() })
+		if err := o.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register clock metrics: %w", err)
 		}
 	}
@@ -235,5 +223,33 @@ func (m *Monitor) Run(ctx context.Context, probe func(ctx context.Context) error
 		}
 		cancel()
 		t.Reset(0)
+	}
+}
+
+// gauges exports the clock gauges of one Update's state per scrape: read one by one while
+// Updates go on, a scrape could pair one estimate's offset with the next one's correction.
+type gauges struct {
+	m     *Monitor
+	descs []*prometheus.Desc
+	vals  []func(*state) float64
+}
+
+func (g *gauges) add(name, help string, f func(*state) float64) {
+	g.descs = append(g.descs, prometheus.NewDesc(name, help, nil, nil))
+	g.vals = append(g.vals, f)
+}
+
+// Describe implements prometheus.Collector.
+func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range g.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (g *gauges) Collect(ch chan<- prometheus.Metric) {
+	s := g.m.last.Load()
+	for i, d := range g.descs {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, g.vals[i](s))
 	}
 }

@@ -174,3 +174,47 @@ func TestNewMonitorRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestMonitorGaugesOfOneEstimate: a scrape exports the gauges of one Update, however Updates
+// and scrapes interleave. Read one by one, a scrape could pair a known offset with the
+// correction of an estimate that had aged out (0), or the other way round.
+func TestMonitorGaugesOfOneEstimate(t *testing.T) {
+	e, end := fed(-2 * time.Second)
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewMonitor(MonitorOptions{Estimator: e, Correct: true, MaxCorrection: 5 * time.Second, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if i%2 == 0 {
+				m.Update(end) // known: 2 s behind, corrected
+			} else {
+				m.Update(end.Add(time.Hour)) // the exchanges aged out: unknown, no correction
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for range 3000 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := map[string]float64{}
+		for _, mf := range mfs {
+			v[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+		off, corr := v["ratelimit_clock_offset_seconds"], v["ratelimit_clock_correction_seconds"]
+		if math.IsNaN(off) != (corr == 0) {
+			t.Fatalf("one scrape: offset %v with correction %v, want both of one estimate", off, corr)
+		}
+	}
+}
