@@ -21,8 +21,6 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +39,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
 )
 
 // valuesN is how many distinct values each descriptor draws from.
@@ -209,7 +208,7 @@ func runLoad(o options, storeBlock string, env []string) (result, error) {
 	if err := os.WriteFile(filepath.Join(dir, "bench.yaml"), []byte(benchRules), 0o600); err != nil {
 		return result{}, err
 	}
-	ports, err := freePorts(2)
+	ports, err := harness.FreeAddrs(2)
 	if err != nil {
 		return result{}, err
 	}
@@ -229,7 +228,7 @@ func runLoad(o options, storeBlock string, env []string) (result, error) {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 	}()
-	if err := waitReady("http://"+ports[0]+"/readyz", 60*time.Second); err != nil {
+	if err := harness.WaitReady(context.Background(), "http://"+ports[0]+"/readyz", nil, 60*time.Second); err != nil {
 		return result{}, fmt.Errorf("%w\n%s", err, logs.String())
 	}
 
@@ -334,32 +333,4 @@ func cpuTime(pid int) (time.Duration, error) {
 	st, _ := strconv.ParseInt(fs[12], 10, 64)
 	const ticks = 100 // USER_HZ on Linux
 	return time.Duration(ut+st) * time.Second / ticks, nil
-}
-
-func waitReady(url string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond) // polling a process with a deadline
-	}
-	return fmt.Errorf("gateway not ready after %s", within)
-}
-
-func freePorts(n int) ([]string, error) {
-	out := make([]string, n)
-	for i := range out {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		out[i] = l.Addr().String()
-	}
-	return out, nil
 }

@@ -47,6 +47,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
 )
 
 // options are the run's knobs.
@@ -82,21 +83,21 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("scale", flag.ContinueOnError)
 	var lease string
-	fs.IntVar(&o.replicas, "replicas", atoi(envOr("BENCH_SCALE_REPLICAS", "8")), "gateway processes (BENCH_SCALE_REPLICAS)")
-	fs.Float64Var(&o.rate, "rate", atof(envOr("BENCH_SCALE_RATE", "2000")), "the pool's rate per second (BENCH_SCALE_RATE)")
-	fs.Float64Var(&o.burst, "burst", atof(envOr("BENCH_SCALE_BURST", "1000")), "the pool's burst (BENCH_SCALE_BURST)")
-	fs.IntVar(&o.itemCap, "item-cap", atoi(envOr("BENCH_SCALE_ITEM_CAP", "200")), "writes per item per second the relay lets through (BENCH_SCALE_ITEM_CAP)")
-	fs.IntVar(&o.shards, "shards", atoi(envOr("BENCH_SCALE_SHARDS", "4")), "items the pool is split over, with leases (BENCH_SCALE_SHARDS)")
+	fs.IntVar(&o.replicas, "replicas", harness.Atoi(envOr("BENCH_SCALE_REPLICAS", "8")), "gateway processes (BENCH_SCALE_REPLICAS)")
+	fs.Float64Var(&o.rate, "rate", harness.Atof(envOr("BENCH_SCALE_RATE", "2000")), "the pool's rate per second (BENCH_SCALE_RATE)")
+	fs.Float64Var(&o.burst, "burst", harness.Atof(envOr("BENCH_SCALE_BURST", "1000")), "the pool's burst (BENCH_SCALE_BURST)")
+	fs.IntVar(&o.itemCap, "item-cap", harness.Atoi(envOr("BENCH_SCALE_ITEM_CAP", "200")), "writes per item per second the relay lets through (BENCH_SCALE_ITEM_CAP)")
+	fs.IntVar(&o.shards, "shards", harness.Atoi(envOr("BENCH_SCALE_SHARDS", "4")), "items the pool is split over, with leases (BENCH_SCALE_SHARDS)")
 	fs.StringVar(&lease, "lease", envOr("BENCH_SCALE_LEASE", "1"), "1: lease mode on a named pool; 0: the baseline without (BENCH_SCALE_LEASE)")
-	fs.Float64Var(&o.load, "load", atof(envOr("BENCH_SCALE_LOAD", "2")), "offered rate as a multiple of the pool's rate (BENCH_SCALE_LOAD)")
-	fs.DurationVar(&o.warmup, "warmup", dur(envOr("BENCH_SCALE_WARMUP", "3s")), "load before the measurement, not counted: warms the replicas' connections and DynamoDB Local's paths (BENCH_SCALE_WARMUP)")
-	fs.DurationVar(&o.pause, "pause", dur(envOr("BENCH_SCALE_PAUSE", "2s")), "no load between the warm-up and the measurement, so that the pool is full again and every lease has gone back (BENCH_SCALE_PAUSE)")
-	fs.DurationVar(&o.steady, "steady", dur(envOr("BENCH_SCALE_STEADY", "20s")), "steady phase (BENCH_SCALE_STEADY)")
-	fs.DurationVar(&o.shift, "shift", dur(envOr("BENCH_SCALE_SHIFT", "10s")), "load-shift phase (BENCH_SCALE_SHIFT)")
-	fs.IntVar(&o.conns, "conns", atoi(envOr("BENCH_SCALE_CONNS", "128")), "keep-alive connections per replica (BENCH_SCALE_CONNS)")
-	fs.DurationVar(&o.storeTimeout, "store-timeout", dur(envOr("BENCH_SCALE_STORE_TIMEOUT", "200ms")), "the replicas' store.timeout (BENCH_SCALE_STORE_TIMEOUT)")
-	fs.DurationVar(&o.storeDelay, "store-delay", dur(envOr("BENCH_SCALE_STORE_DELAY", "0s")), "the relay delays every call to the store by this much, plus -store-jitter (BENCH_SCALE_STORE_DELAY)")
-	fs.DurationVar(&o.storeJitter, "store-jitter", dur(envOr("BENCH_SCALE_STORE_JITTER", "0s")), "and by a uniform random part in [0, this] (BENCH_SCALE_STORE_JITTER)")
+	fs.Float64Var(&o.load, "load", harness.Atof(envOr("BENCH_SCALE_LOAD", "2")), "offered rate as a multiple of the pool's rate (BENCH_SCALE_LOAD)")
+	fs.DurationVar(&o.warmup, "warmup", harness.Dur(envOr("BENCH_SCALE_WARMUP", "3s")), "load before the measurement, not counted: warms the replicas' connections and DynamoDB Local's paths (BENCH_SCALE_WARMUP)")
+	fs.DurationVar(&o.pause, "pause", harness.Dur(envOr("BENCH_SCALE_PAUSE", "2s")), "no load between the warm-up and the measurement, so that the pool is full again and every lease has gone back (BENCH_SCALE_PAUSE)")
+	fs.DurationVar(&o.steady, "steady", harness.Dur(envOr("BENCH_SCALE_STEADY", "20s")), "steady phase (BENCH_SCALE_STEADY)")
+	fs.DurationVar(&o.shift, "shift", harness.Dur(envOr("BENCH_SCALE_SHIFT", "10s")), "load-shift phase (BENCH_SCALE_SHIFT)")
+	fs.IntVar(&o.conns, "conns", harness.Atoi(envOr("BENCH_SCALE_CONNS", "128")), "keep-alive connections per replica (BENCH_SCALE_CONNS)")
+	fs.DurationVar(&o.storeTimeout, "store-timeout", harness.Dur(envOr("BENCH_SCALE_STORE_TIMEOUT", "200ms")), "the replicas' store.timeout (BENCH_SCALE_STORE_TIMEOUT)")
+	fs.DurationVar(&o.storeDelay, "store-delay", harness.Dur(envOr("BENCH_SCALE_STORE_DELAY", "0s")), "the relay delays every call to the store by this much, plus -store-jitter (BENCH_SCALE_STORE_DELAY)")
+	fs.DurationVar(&o.storeJitter, "store-jitter", harness.Dur(envOr("BENCH_SCALE_STORE_JITTER", "0s")), "and by a uniform random part in [0, this] (BENCH_SCALE_STORE_JITTER)")
 	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
 	fs.StringVar(&o.out, "out", ".cache/bench", "where scale.json, scale-phases.json and the replicas' logs go")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the whole run")
@@ -123,31 +124,6 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-steady %v, -shift %v, -warmup %v, -pause %v: want a positive steady phase and no negative one", o.steady, o.shift, o.warmup, o.pause)
 	}
 	return o, nil
-}
-
-// Bad numbers in the environment become 0 (or -1) and fail the checks above with the flag's name.
-func atoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
-func atof(s string) float64 {
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return -1
-	}
-	return f
-}
-
-func dur(s string) time.Duration {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return -1
-	}
-	return d
 }
 
 func main() {
@@ -217,23 +193,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	if err := createTable(ctx, client, table); err != nil {
 		return err
 	}
-	// A cold DynamoDB Local (its JIT, on a busy machine) answers its first writes in hundreds of
-	// milliseconds, past store.timeout, and each replica's circuit would open on its first
-	// decision. Warm it with writes straight to it, outside the relay and the measurement:
+	// Warm DynamoDB Local with writes straight to it, outside the relay and the measurement:
 	// rounds of one second until the median is under 10 ms, at most 15 rounds.
-	for round := 1; ; round++ {
-		p50, err := warmUp(ctx, client, table, time.Second)
-		if err == nil {
-			err = ctx.Err()
-		}
-		if err != nil {
-			return err
-		}
-		if p50 < 10*time.Millisecond || round == 15 {
-			fmt.Fprintf(stdout, "DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes from 8 goroutines\n", p50.Round(10*time.Microsecond), round)
-			break
-		}
+	p50, rounds, err := dynamolocal.WarmUp(ctx, client, table, "bench-scale-warm-up", 15)
+	if err != nil {
+		return err
 	}
+	fmt.Fprintf(stdout, "DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes from 8 goroutines\n", p50.Round(10*time.Microsecond), rounds)
 
 	relay, err := ddbrelay.New(ddb.Endpoint, ddbrelay.Options{
 		WritesPerItemPerSecond: o.itemCap, Delay: o.storeDelay, Jitter: o.storeJitter, Seed: uint64(time.Now().UnixNano()),
@@ -242,13 +208,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		return err
 	}
 	timed := &timedHandler{h: relay}
-	relayURL, closeRelay, err := serve(timed)
+	relayURL, closeRelay, err := harness.Serve(timed)
 	if err != nil {
 		return err
 	}
 	cleanups = append(cleanups, closeRelay)
 
-	upstreamURL, closeUpstream, err := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstreamURL, closeUpstream, err := harness.Serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, "ok\n")
 	}))
@@ -274,8 +240,16 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		wg.Wait()
 	}
 	cleanups = append(cleanups, stopAll)
+	// Every replica's two addresses are chosen together, before any starts: a port is free only
+	// until its process binds it, and chosen one replica at a time the kernel could hand the
+	// port of a replica still starting to the next (one replica's admin address then answered
+	// by another's proxy, which the readiness check and the metrics scrape cannot tell apart).
+	addrs, err := harness.FreeAddrs(2 * len(reps))
+	if err != nil {
+		return err
+	}
 	for i := range reps {
-		r, err := startReplica(ctx, o, i, table, relayURL, upstreamURL)
+		r, err := startReplica(ctx, o, i, addrs[2*i], addrs[2*i+1], table, relayURL, upstreamURL)
 		if r != nil {
 			reps[i] = r
 		}
@@ -402,73 +376,12 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// serve serves h on a free loopback port.
-func serve(h http.Handler) (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	return "http://" + l.Addr().String(), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
-}
-
 // createTable creates the table as the gateway's create_table does (pk S, on demand, TTL), with
 // the harness's own client straight to DynamoDB Local, so that no replica races another for it.
 func createTable(ctx context.Context, client *dynamodb.Client, table string) error {
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return dynamo.CreateTable(cctx, client, table)
-}
-
-// warmUp sends UpdateItems to one item of the table (not one the gateways use) from 8
-// goroutines for d and returns their median latency.
-func warmUp(ctx context.Context, client *dynamodb.Client, table string, d time.Duration) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	var (
-		mu   sync.Mutex
-		lat  []time.Duration
-		errs int
-	)
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				t := time.Now()
-				_, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-					TableName:                 aws.String(table),
-					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "bench-scale-warm-up"}},
-					UpdateExpression:          aws.String("ADD #n :one"),
-					ExpressionAttributeNames:  map[string]string{"#n": "n"},
-					ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
-				})
-				mu.Lock()
-				switch {
-				case err == nil:
-					lat = append(lat, time.Since(t))
-				case ctx.Err() == nil:
-					errs++
-				default:
-					// Cut off by the round's end: it took at least this long.
-					lat = append(lat, time.Since(t))
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if errs > 0 {
-		return 0, fmt.Errorf("warm-up: %d UpdateItems to DynamoDB Local failed", errs)
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return lat[len(lat)/2], nil
 }
 
 // timedHandler records how long h took to answer each request.
@@ -565,47 +478,8 @@ policies:
 	return b.String()
 }
 
-// handedOut is every address freeAddr has returned in this run. A port is free only until the
-// process it is meant for binds it, and the replicas start one after another without waiting for
-// each to bind: the kernel may hand the port of a replica still starting to the next one (one
-// replica's admin address then answered by another's proxy, which a readiness check and a
-// metrics scrape cannot tell apart).
-var (
-	handedMu  sync.Mutex
-	handedOut = map[string]bool{}
-)
-
-func freeAddr() (string, func(), error) {
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", nil, err
-		}
-		a := l.Addr().String()
-		handedMu.Lock()
-		dup := handedOut[a]
-		handedOut[a] = true
-		handedMu.Unlock()
-		if !dup {
-			return a, func() { l.Close() }, nil
-		}
-		l.Close()
-	}
-	return "", nil, errors.New("no loopback port that was not handed out already")
-}
-
-func startReplica(ctx context.Context, o options, i int, table, relayURL, upstreamURL string) (*replica, error) {
-	// Both listeners stay open until both addresses are chosen, so they differ.
-	pa, closeP, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	aa, closeA, err := freeAddr()
-	closeP()
-	if err != nil {
-		return nil, err
-	}
-	closeA()
+// startReplica starts replica i on proxy address pa and admin address aa.
+func startReplica(ctx context.Context, o options, i int, pa, aa, table, relayURL, upstreamURL string) (*replica, error) {
 	dir := filepath.Join(o.out, "scale-replicas")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -648,27 +522,13 @@ func startReplica(ctx context.Context, o options, i int, table, relayURL, upstre
 
 // waitReady polls /readyz until it answers 200, the process exits or the deadline passes.
 func (r *replica) waitReady(ctx context.Context, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.admin+"/readyz", nil)
-		if res, err := http.DefaultClient.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
+	if err := harness.WaitReady(ctx, r.admin+"/readyz", r.exited, limit); err != nil {
+		if errors.Is(err, harness.ErrExited) {
+			err = fmt.Errorf("%w: %v", err, r.exitErr)
 		}
-		select {
-		case <-r.exited:
-			return fmt.Errorf("replica %d exited before it was ready: %v (log: %s)", r.i, r.exitErr, r.log.Name())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond): // polling a process, with a deadline
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("replica %d not ready after %v (log: %s)", r.i, limit, r.log.Name())
-		}
+		return fmt.Errorf("replica %d: %w (log: %s)", r.i, err, r.log.Name())
 	}
+	return nil
 }
 
 // stop ends the replica with SIGTERM (a clean shutdown returns its leases), then SIGKILL.

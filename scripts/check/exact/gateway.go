@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
 )
 
 // replica is one gateway: a `serve` process, restarted in place after a kill.
@@ -37,19 +37,6 @@ type replica struct {
 }
 
 func (r *replica) url() string { return "http://" + r.proxy }
-
-func freeAddrs(n int) ([]string, error) {
-	addrs := make([]string, n)
-	for i := range addrs {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		addrs[i] = l.Addr().String()
-	}
-	return addrs, nil
-}
 
 // start runs the process (again, after a kill: same config, same addresses).
 func (r *replica) start() error {
@@ -93,27 +80,10 @@ func (r *replica) state() (*exec.Cmd, chan struct{}) {
 // waitReady polls /readyz until it answers 200, the process exits or the deadline passes.
 func (r *replica) waitReady(ctx context.Context, limit time.Duration) error {
 	_, exited := r.state()
-	deadline := time.Now().Add(limit)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.admin+"/readyz", nil)
-		if res, err := http.DefaultClient.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("replica %d exited before it was ready (log: %s)", r.i, r.logPath)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond): // polling a process, with a deadline
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("replica %d not ready after %v (log: %s)", r.i, limit, r.logPath)
-		}
+	if err := harness.WaitReady(ctx, "http://"+r.admin+"/readyz", exited, limit); err != nil {
+		return fmt.Errorf("replica %d: %w (log: %s)", r.i, err, r.logPath)
 	}
+	return nil
 }
 
 // kill ends the process with SIGKILL and waits for it.

@@ -39,6 +39,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
 )
 
 // Summary is exact.json: the exact field set.
@@ -64,21 +65,21 @@ func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("check-exact", flag.ContinueOnError)
 	var modes, kinds, exclude, seed string
 	var kill, correct string
-	fs.IntVar(&o.replicas, "replicas", atoi(envOr("CHECK_EXACT_REPLICAS", "3")), "gateway processes per run, at least 3 (CHECK_EXACT_REPLICAS)")
-	fs.DurationVar(&o.duration, "duration", dur(envOr("CHECK_EXACT_DURATION", "60s")), "load per run (CHECK_EXACT_DURATION)")
+	fs.IntVar(&o.replicas, "replicas", harness.Atoi(envOr("CHECK_EXACT_REPLICAS", "3")), "gateway processes per run, at least 3 (CHECK_EXACT_REPLICAS)")
+	fs.DurationVar(&o.duration, "duration", harness.Dur(envOr("CHECK_EXACT_DURATION", "60s")), "load per run (CHECK_EXACT_DURATION)")
 	fs.StringVar(&modes, "modes", envOr("CHECK_EXACT_MODES", "refund,transaction"), "group modes, one run each per repeat (CHECK_EXACT_MODES)")
-	fs.IntVar(&o.repeats, "repeats", atoi(envOr("CHECK_EXACT_REPEATS", "2")), "runs of every mode, each with its own seed (CHECK_EXACT_REPEATS)")
+	fs.IntVar(&o.repeats, "repeats", harness.Atoi(envOr("CHECK_EXACT_REPEATS", "2")), "runs of every mode, each with its own seed (CHECK_EXACT_REPEATS)")
 	fs.StringVar(&seed, "seed", envOr("CHECK_EXACT_SEED", ""), "the first run's seed, the next ones follow (CHECK_EXACT_SEED; default: random, printed)")
-	fs.Float64Var(&o.faultRate, "fault-rate", atof(envOr("CHECK_EXACT_FAULT_RATE", "0.02")), "probability of each fault kind per DynamoDB call (CHECK_EXACT_FAULT_RATE)")
-	fs.DurationVar(&o.faultDelay, "fault-delay", dur(envOr("CHECK_EXACT_FAULT_DELAY", "150ms")), "a delay fault's extra wait (CHECK_EXACT_FAULT_DELAY)")
+	fs.Float64Var(&o.faultRate, "fault-rate", harness.Atof(envOr("CHECK_EXACT_FAULT_RATE", "0.02")), "probability of each fault kind per DynamoDB call (CHECK_EXACT_FAULT_RATE)")
+	fs.DurationVar(&o.faultDelay, "fault-delay", harness.Dur(envOr("CHECK_EXACT_FAULT_DELAY", "150ms")), "a delay fault's extra wait (CHECK_EXACT_FAULT_DELAY)")
 	fs.StringVar(&kinds, "faults", envOr("CHECK_EXACT_FAULTS", "drop_response,duplicate,reset,delay,throttle"), "fault kinds injected (CHECK_EXACT_FAULTS)")
-	fs.DurationVar(&o.offset, "clock-offset", dur(envOr("CHECK_EXACT_CLOCK_OFFSET", "100ms")), "replicas run with clocks offset by 0, +this, -this (CHECK_EXACT_CLOCK_OFFSET)")
-	fs.DurationVar(&o.storeDelay, "store-delay", dur(envOr("CHECK_EXACT_STORE_DELAY", "0s")), "every DynamoDB call waits this long more at the relay (CHECK_EXACT_STORE_DELAY)")
-	fs.DurationVar(&o.storeJitter, "store-jitter", dur(envOr("CHECK_EXACT_STORE_JITTER", "0s")), "plus a uniform random part in [0, this] (CHECK_EXACT_STORE_JITTER)")
+	fs.DurationVar(&o.offset, "clock-offset", harness.Dur(envOr("CHECK_EXACT_CLOCK_OFFSET", "100ms")), "replicas run with clocks offset by 0, +this, -this (CHECK_EXACT_CLOCK_OFFSET)")
+	fs.DurationVar(&o.storeDelay, "store-delay", harness.Dur(envOr("CHECK_EXACT_STORE_DELAY", "0s")), "every DynamoDB call waits this long more at the relay (CHECK_EXACT_STORE_DELAY)")
+	fs.DurationVar(&o.storeJitter, "store-jitter", harness.Dur(envOr("CHECK_EXACT_STORE_JITTER", "0s")), "plus a uniform random part in [0, this] (CHECK_EXACT_STORE_JITTER)")
 	fs.StringVar(&correct, "clock-correct", envOr("CHECK_EXACT_CLOCK_CORRECT", "1"), "1: the replicas correct their clocks against DynamoDB's Date (the default of store.dynamodb.clock.correct); 0: they decide on their offset clocks as they are (CHECK_EXACT_CLOCK_CORRECT)")
 	fs.StringVar(&kill, "kill", envOr("CHECK_EXACT_KILL", "1"), "1: SIGKILL replica 0 mid-load and restart it (CHECK_EXACT_KILL)")
-	fs.Float64Var(&o.load, "load", atof(envOr("CHECK_EXACT_LOAD", "0.5")), "offered load as a multiple of the base rates (1: about twice each limit; 0.5 about matches it, for a busy 2-core machine) (CHECK_EXACT_LOAD)")
-	fs.DurationVar(&o.storeTimeout, "store-timeout", dur(envOr("CHECK_EXACT_STORE_TIMEOUT", "2s")), "the replicas' store.timeout (CHECK_EXACT_STORE_TIMEOUT)")
+	fs.Float64Var(&o.load, "load", harness.Atof(envOr("CHECK_EXACT_LOAD", "0.5")), "offered load as a multiple of the base rates (1: about twice each limit; 0.5 about matches it, for a busy 2-core machine) (CHECK_EXACT_LOAD)")
+	fs.DurationVar(&o.storeTimeout, "store-timeout", harness.Dur(envOr("CHECK_EXACT_STORE_TIMEOUT", "2s")), "the replicas' store.timeout (CHECK_EXACT_STORE_TIMEOUT)")
 	fs.StringVar(&exclude, "exclude", envOr("CHECK_EXACT_EXCLUDE", ""), "policies left out, of tb, tbl, lb, fw, fwl, sw, q, cc and gate (gate: no group is ever rejected by a second policy); name@mode leaves it out in one group mode only, e.g. gate@refund (CHECK_EXACT_EXCLUDE)")
 	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
 	fs.StringVar(&o.out, "out", ".cache/check", "where exact.json, exact-runs.json and the replicas' logs go")
@@ -126,30 +127,6 @@ func split(s string) []string {
 		}
 	}
 	return out
-}
-
-func atoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
-func atof(s string) float64 {
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return -1
-	}
-	return f
-}
-
-func dur(s string) time.Duration {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return -1
-	}
-	return d
 }
 
 func main() {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactcheck"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
 )
 
 // options are one check's knobs.
@@ -102,7 +102,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	if err := dynamo.CreateTable(ctx, client, table); err != nil {
 		return res, err
 	}
-	p50, rounds, err := warmUp(ctx, client, table, o.warmRounds)
+	p50, rounds, err := dynamolocal.WarmUp(ctx, client, table, "check-exact-warm-up", o.warmRounds)
 	if err != nil {
 		return res, err
 	}
@@ -116,13 +116,13 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	if err != nil {
 		return res, err
 	}
-	relayURL, closeRelay, err := serve(relay)
+	relayURL, closeRelay, err := harness.Serve(relay)
 	if err != nil {
 		return res, err
 	}
 	cleanups = append(cleanups, closeRelay)
 	up := newUpstream()
-	upURL, closeUp, err := serve(up)
+	upURL, closeUp, err := harness.Serve(up)
 	if err != nil {
 		return res, err
 	}
@@ -144,7 +144,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	}
 	reps := make([]*replica, o.replicas)
 	offsets := []time.Duration{0, o.offset, -o.offset}
-	addrs, err := freeAddrs(2 * o.replicas)
+	addrs, err := harness.FreeAddrs(2 * o.replicas)
 	if err != nil {
 		return res, err
 	}
@@ -344,21 +344,6 @@ func capacity(l exactcheck.Limit, span time.Duration) float64 {
 }
 
 func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
-
-// serve runs h on a loopback listener.
-func serve(h http.Handler) (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	return "http://" + l.Addr().String(), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
-}
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -1,4 +1,4 @@
-package main
+package dynamolocal
 
 import (
 	"context"
@@ -12,14 +12,17 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// warmUp writes one item straight to DynamoDB Local (outside the relay and the history) from 8
-// goroutines in rounds of one second until the median write is under 10 ms, at most maxRounds.
-// A cold DynamoDB Local (its JIT, on a busy machine) answers its first writes in hundreds of
-// milliseconds, past store.timeout, and every replica's circuit would open on its first
-// decisions: the check would then see only 503s.
-func warmUp(ctx context.Context, client *dynamodb.Client, table string, maxRounds int) (time.Duration, int, error) {
+// WarmUp writes item pk of table (one no gateway uses) straight to DynamoDB Local from 8
+// goroutines, in rounds of one second, until a round's median write is under 10 ms or maxRounds
+// rounds have run, and returns the last round's median and the rounds run. A cold DynamoDB Local
+// (its JIT, on a busy machine) answers its first writes in hundreds of milliseconds, past a
+// gateway's store.timeout, and every replica's circuit would open on its first decisions.
+func WarmUp(ctx context.Context, client *dynamodb.Client, table, pk string, maxRounds int) (time.Duration, int, error) {
 	for round := 1; ; round++ {
-		p50, err := warmRound(ctx, client, table)
+		p50, err := warmRound(ctx, client, table, pk)
+		if err == nil {
+			err = ctx.Err()
+		}
 		if err != nil {
 			return 0, round, err
 		}
@@ -29,7 +32,8 @@ func warmUp(ctx context.Context, client *dynamodb.Client, table string, maxRound
 	}
 }
 
-func warmRound(ctx context.Context, client *dynamodb.Client, table string) (time.Duration, error) {
+// warmRound is one second of writes; it returns their median latency.
+func warmRound(ctx context.Context, client *dynamodb.Client, table, pk string) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	var (
@@ -39,14 +43,12 @@ func warmRound(ctx context.Context, client *dynamodb.Client, table string) (time
 		wg   sync.WaitGroup
 	)
 	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for ctx.Err() == nil {
 				t := time.Now()
 				_, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 					TableName:                 aws.String(table),
-					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "check-exact-warm-up"}},
+					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}},
 					UpdateExpression:          aws.String("ADD #n :one"),
 					ExpressionAttributeNames:  map[string]string{"#n": "n"},
 					ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
@@ -59,11 +61,11 @@ func warmRound(ctx context.Context, client *dynamodb.Client, table string) (time
 				}
 				mu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	if err := context.Cause(ctx); errs > 0 || len(lat) == 0 {
-		return 0, fmt.Errorf("warm-up: %d UpdateItems to DynamoDB Local failed (%v)", errs, err)
+	if errs > 0 || len(lat) == 0 {
+		return 0, fmt.Errorf("warm-up: %d UpdateItems to DynamoDB Local failed", errs)
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return lat[len(lat)/2], nil
