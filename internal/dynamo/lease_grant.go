@@ -175,7 +175,7 @@ func (sh *shard) refilled(p *pool, n, u int64) int64 {
 //   - want fits, or nothing is known: exactly want units (GCRA form (a) when idle, (b) when
 //     not; window ADD want);
 //   - fewer than want but at least least: a drain, which takes every unit the shard holds
-//     (GCRA SET tat = the last place that fits, on tat's grid of T; window SET count = the
+//     (GCRA SET tat = the last place that fits, on the grid of T; window SET count = the
 //     shard's count) while that is from least to want units, in one write whatever others
 //     took since we looked.
 func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64, slow bool) form {

@@ -19,9 +19,6 @@ const leaseWaitMargin = 5 * time.Millisecond
 // so far (none yet, or a fast store's).
 const leaseWaitFloor = 50 * time.Millisecond
 
-// rtoWait is how long a request waits for a renewal, given the pool's rto (ns).
-func rtoWait(rto int64) int64 { return max(rto, int64(leaseWaitFloor)) }
-
 // take decides a leased charge: from a grant when one has a unit, else by waiting for one
 // renewal that asked for its units, else rejected.
 func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
@@ -64,8 +61,8 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 	}
 	for again := false; ; again = true {
 		p.expire(n)
-		if s, from, ok := p.spend(n, cost); ok {
-			o.result, o.done, o.spent, o.spentAt = p.admitted(s), true, from, s
+		if from, left, ok := p.spend(n, cost); ok {
+			o.result, o.done, o.spent, o.spentAt = p.admitted(n, left), true, from, n
 			p.prefetch(ctx, n)
 			p.mu.Unlock()
 			return
@@ -109,7 +106,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			// requests after it, and more may start ahead of need. Unless the store has
 			// stopped answering them: that is on_error's to decide, not a rejection's.
 			if p.ls.s.live.silent() {
-				o.err = fmt.Errorf("dynamo: lease %s: no answer: %w", p.base, context.DeadlineExceeded)
+				o.err = p.noAnswer()
 			} else {
 				p.prefetch(ctx, n)
 				o.result, o.done = p.rejected(n), true
@@ -123,7 +120,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		}
 		r.waiting += cost
 		done := r.done
-		wait := time.Duration(rtoWait(p.rto()))
+		wait := time.Duration(max(p.rto(), int64(leaseWaitFloor)))
 		p.mu.Unlock()
 		// A renewal still on its way when this decision's time is almost up is not an outage:
 		// the store answers, slowly, and the lease will serve the requests after this one. So
@@ -172,6 +169,12 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 	}
 }
 
+// noAnswer is the error of a charge that needs a renewal while the store has left a call without
+// an answer for over its grace (it may be down or hung): on_error's to decide, not a rejection's.
+func (p *pool) noAnswer() error {
+	return fmt.Errorf("dynamo: lease %s: no answer: %w", p.base, context.DeadlineExceeded)
+}
+
 // late decides a charge whose deadline came while it waited for a renewal: rejected (the pool
 // had nothing for it in time) while the store answers, an error (on_error decides) when the
 // renewal was throttled or the store has left a call without an answer for over a second.
@@ -184,7 +187,7 @@ func (p *pool) late(o *op, n, cost, throttledBefore int64) {
 		o.err = fmt.Errorf("dynamo: lease %s: %w: the renewal was throttled", p.base, ErrThrottled)
 	case p.ls.s.live.silent():
 		// The store may be down or hung, which is on_error's to decide, not a rejection's.
-		o.err = fmt.Errorf("dynamo: lease %s: no answer: %w", p.base, context.DeadlineExceeded)
+		o.err = p.noAnswer()
 	default:
 		o.result, o.done = p.rejected(n), true
 	}
@@ -208,8 +211,8 @@ func (ls *leasePools) takeLocal(o *op, n int64) bool {
 	p.arrivals += cost
 	p.lastUse = max(p.lastUse, n)
 	p.expire(n)
-	if s, from, ok := p.spend(n, cost); ok {
-		o.pool, o.result, o.done, o.spent, o.spentAt = p, p.admitted(s), true, from, s
+	if from, left, ok := p.spend(n, cost); ok {
+		o.pool, o.result, o.done, o.spent, o.spentAt = p, p.admitted(n, left), true, from, n
 		return true
 	}
 	if p.emptyUntil > n {
@@ -226,11 +229,13 @@ type taken struct {
 }
 
 // spend takes k units (a charge's cost), all or none, from the grants that have them at instant
-// n, those that expire first first: a grant is spent from its instant (at) until it expires, never before (a renewal
-// placed ahead may land early). It returns n and the units taken from each grant.
-func (p *pool) spend(n, k int64) (int64, []taken, bool) {
-	if p.spendable(n) < k {
-		return 0, nil, false
+// n, those that expire first first: a grant is spent from its instant (at) until it expires,
+// never before (a renewal placed ahead may land early). It returns the units taken from each
+// grant and those left to spend at n.
+func (p *pool) spend(n, k int64) ([]taken, int64, bool) {
+	left := p.spendable(n)
+	if left < k {
+		return nil, 0, false
 	}
 	var from []taken
 	for k > 0 {
@@ -247,9 +252,10 @@ func (p *pool) spend(n, k int64) (int64, []taken, bool) {
 		g.units -= u
 		p.hold(-u)
 		k -= u
+		left -= u
 		from = append(from, taken{g.id, u})
 	}
-	return n, from, true
+	return from, left, true
 }
 
 // giveBack returns units that spend took, when the group they were part of was rejected: they
@@ -279,14 +285,14 @@ func (p *pool) giveBack(from []taken, n int64) {
 	}
 }
 
-// admitted is the result of a charge spent at s. Remaining is what this Store holds that a
-// charge at s could spend.
-func (p *pool) admitted(s int64) bucket.Result {
+// admitted is the result of a charge spent at n, left the units this Store still holds that a
+// charge at n could spend.
+func (p *pool) admitted(n, left int64) bucket.Result {
 	return bucket.Result{
 		Allowed:   true,
 		Limit:     limitValue(p.key.limit),
-		Remaining: p.spendable(s),
-		Reset:     time.Duration(max(0, p.resetAt-s)),
+		Remaining: left,
+		Reset:     time.Duration(max(0, p.resetAt-n)),
 	}
 }
 
