@@ -186,6 +186,18 @@ func (s *Store) takeSlots(ctx context.Context, ops []op, n int64) (admitted, dec
 	return false, true, err
 }
 
+// tookSlot decides o from the item its slot take left (the count includes o's own slot).
+func (o *op) tookSlot(item map[string]types.AttributeValue) {
+	c, _, err := number(item, attrCount)
+	if err != nil {
+		o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
+		return
+	}
+	o.applied, o.done = true, true
+	_, o.result = bucket.Concurrent(c-1, o.c.Limit)
+	o.result.Token = o.slot
+}
+
 // applySlot takes o's slot: admitted while fewer than the limit are taken; when the key is
 // full, expired slots (of replicas that stopped renewing) are reaped and the take tried again.
 func (s *Store) applySlot(ctx context.Context, o *op, n int64) {
@@ -194,25 +206,11 @@ func (s *Store) applySlot(ctx context.Context, o *op, n int64) {
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
-			c, _, err := number(out.Attributes, attrCount)
-			if err != nil {
-				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
-				return
-			}
-			o.applied, o.done = true, true
-			_, o.result = bucket.Concurrent(c-1, o.c.Limit)
-			o.result.Token = o.slot
+			o.tookSlot(out.Attributes)
 			return
 		case errors.As(err, &ccf) && ccf.Item[slotAttr(o.slot)] != nil:
 			// The SDK re-sent a take whose answer was lost, and the first attempt landed.
-			c, _, err := number(ccf.Item, attrCount)
-			if err != nil {
-				o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
-				return
-			}
-			o.applied, o.done = true, true
-			_, o.result = bucket.Concurrent(c-1, o.c.Limit)
-			o.result.Token = o.slot
+			o.tookSlot(ccf.Item)
 			return
 		case errors.As(err, &ccf):
 			reaped, rerr := s.reap(ctx, o.pk, ccf.Item, n)
