@@ -3,6 +3,7 @@ package dynamo_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -342,4 +343,55 @@ func TestLateWaiterOnSlowStoreIsRejected(t *testing.T) {
 	if ok, err := take(ctx); ok || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("waiting on a store silent past the grace: got admitted=%v err=%v, want context.DeadlineExceeded", ok, err)
 	}
+}
+
+// TestEdgeDrainsSentOnce: on a slow store a token bucket's leases are mostly edge drains (SET tat
+// = edge, whatever tat is). One whose answer is lost after it was applied must not be re-sent by
+// the SDK (a second copy would find nothing and hide the first's units): it is sent once, its
+// units are counted unanswered, and what the replicas admit stays within one exact bucket.
+func TestEdgeDrainsSentOnce(t *testing.T) {
+	api, table := localTable(t)
+	leakCheck(t)
+	var writes atomic.Int64
+	lossy := &lossyAPI{API: api, lose: func(in *dynamodb.UpdateItemInput) bool {
+		return isLeaseWrite(in) && writes.Add(1)%3 == 0 // every third lease write's answer is lost
+	}}
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 200, Burst: 100}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, Lease: bucket.Lease{Shards: 2, TTL: 100 * time.Millisecond}}
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	var stores []*dynamo.Store
+	for _, reg := range regs {
+		s := dynamo.New(lossy, dynamo.Options{Table: table, Now: frozen, Registerer: reg})
+		dynamo.SetLeaseSlow(s, 150*time.Millisecond, 60*time.Millisecond)
+		t.Cleanup(func() { closeLeases(t, s) })
+		stores = append(stores, s)
+	}
+	var admitted []int64
+	for i := range 800 { // 2 s at 400/s over two replicas: twice the rate
+		s := stores[i%2]
+		at := t0.Add(time.Duration(i) * 2500 * time.Microsecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ok, err := s.Take(ctx, at, []bucket.Charge{c}, make([]bucket.Result, 1))
+		cancel()
+		if err == nil && ok {
+			admitted = append(admitted, at.UnixNano())
+		}
+		dynamo.Settle(s)
+	}
+	unanswered := units(t, regs[0], "unanswered") + units(t, regs[1], "unanswered")
+	lossy.mu.Lock()
+	lost, resent := lossy.lost, lossy.resent
+	lossy.mu.Unlock()
+	if lost == 0 {
+		t.Fatal("no answer lost: the test tested nothing")
+	}
+	if resent > 0 {
+		t.Errorf("%d lease writes re-sent after their answer was lost, want 0 (sent once)", resent)
+	}
+	if unanswered == 0 {
+		t.Errorf("%d answers lost, 0 units counted unanswered", lost)
+	}
+	slices.Sort(admitted)
+	checkGCRABound(t, admitted, limit)
+	t.Logf("%d admitted; %d answers lost, %v units unanswered", len(admitted), lost, unanswered)
 }
