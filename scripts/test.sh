@@ -32,7 +32,9 @@ if ! python3 -c 'import flask' 2>/dev/null && ! /usr/bin/python3 -c 'import flas
   fi
 fi
 
-go test -race -count=1 -v ./... >"$log" 2>&1
+# -timeout: the end-to-end package runs for minutes on a loaded 2-core machine; the default 10 m
+# per-package limit is a wall-clock bet, not a check.
+go test -race -count=1 -timeout 30m -v ./... >"$log" 2>&1
 rc=$?
 
 grep -E '^(ok|FAIL|\?)\s' "$log"
