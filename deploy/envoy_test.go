@@ -87,12 +87,13 @@ func walkAnys(m protoreflect.Message, f func(*anypb.Any)) {
 	})
 }
 
-// TestEnvoyBootstrapValid decodes deploy/envoy/envoy.yaml into Envoy's Bootstrap and validates
-// it; then, since a per-client limit is only as good as the client address it keys on, every
+// TestEnvoyBootstrapValid decodes the Envoy bootstraps (deploy/envoy/envoy.yaml, and
+// deploy/envoy/local/envoy.yaml of docs/envoy.md's "Trying it locally") into Envoy's Bootstrap
+// and validates them; then, since a per-client limit is only as good as the client address it keys on, every
 // connection manager whose routes send a remote_address descriptor must say where that address
 // comes from (use_remote_address at the edge, xff_num_trusted_hops behind trusted proxies).
 func TestEnvoyBootstrapValid(t *testing.T) {
-	for _, d := range readDocs(t, "deploy/envoy/envoy.yaml") {
+	for _, d := range readDocs(t, "deploy/envoy/envoy.yaml", "deploy/envoy/local/envoy.yaml") {
 		var b bootstrapv3.Bootstrap
 		if err := decodeEnvoy(d.json, &b); err != nil {
 			t.Fatalf("%s: %v", d.file, err)
@@ -306,7 +307,7 @@ var failOpenComment = regexp.MustCompile(`(?i)fail(s|ing)?[ -](open|closed)`)
 // TestEnvoyFailureModeComments: a comment just above failure_mode_deny (Envoy) or failOpen
 // (Contour) that says "fail open" or "fail closed" says what the value does.
 func TestEnvoyFailureModeComments(t *testing.T) {
-	for _, name := range glob(t, "deploy/envoy/*.yaml") {
+	for _, name := range append(glob(t, "deploy/envoy/*.yaml"), glob(t, "deploy/envoy/local/*.yaml")...) {
 		f, err := os.Open(filepath.Join(root(), name))
 		if err != nil {
 			t.Fatal(err)
