@@ -16,7 +16,9 @@ COPY configs/example.yaml /etc/ratelimit-proxy/config.yaml
 # Inside a container the example's loopback addresses would be unreachable; a pod reaches the
 # proxy on :8080 and Prometheus scrapes :9090 (keep 9090 off any Service or Ingress).
 ENV RATELIMIT_LISTEN=:8080 RATELIMIT_ADMIN_LISTEN=:9090
-USER nonroot:nonroot
+# distroless' nonroot user, by number: with runAsNonRoot the kubelet can only verify a numeric
+# user ("image has non-numeric user (nonroot), cannot verify user is non-root").
+USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["/ratelimit-proxy"]
 CMD ["serve", "--config", "/etc/ratelimit-proxy/config.yaml"]

@@ -11,7 +11,10 @@ package main
 // one picks the other's pods or Services, so applying both is safe.
 //
 // The manifests are decoded into small structs of the fields they use rather than k8s.io/api's
-// types: those would add about half a minute of compilation to every fresh CI run.
+// types: those would add about half a minute of compilation to every run of this package's
+// end-to-end tests. The strict decoding into k8s.io/api's types and the admission rules (a
+// numeric runAsUser, references defined, no admin port on a Service, NetworkPolicies) are
+// deploy/k8s_test.go's, a package of its own.
 
 import (
 	"bytes"
@@ -98,6 +101,8 @@ type k8sContainer struct {
 	} `yaml:"resources"`
 	SecurityContext *struct {
 		RunAsNonRoot             bool `yaml:"runAsNonRoot"`
+		RunAsUser                *int `yaml:"runAsUser"`
+		RunAsGroup               *int `yaml:"runAsGroup"`
 		ReadOnlyRootFilesystem   bool `yaml:"readOnlyRootFilesystem"`
 		AllowPrivilegeEscalation bool `yaml:"allowPrivilegeEscalation"`
 		Capabilities             struct {

@@ -330,6 +330,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	for _, backend := range []string{"memory", "dynamodb"} {
 		exported = append(exported, exportedSeriesNames(parseFamilies(t, scrape(t, backend)))...)
 	}
+	exported = append(exported, exportedSeriesNames(parseFamilies(t, rlsScrape(t)))...) // the RLS row
 	for _, n := range queried {
 		if !slices.Contains(exported, n) {
 			t.Errorf("the dashboard queries %s, which the gateway does not export", n)

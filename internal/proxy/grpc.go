@@ -122,7 +122,7 @@ type grpcRejection struct {
 }
 
 // newGRPCRejection renders the answer to a call over policy name's limit that may be retried
-// after retry (RetryInfo) or retrySecs whole seconds (Retry-After, the message).
+// after retry (RetryInfo, the message) or retrySecs whole seconds (Retry-After).
 func newGRPCRejection(typ, name string, retry time.Duration, retrySecs, limit, reset, remaining int64) *grpcRejection {
 	g := &grpcRejection{typ: typ, retry: retry, limit: limit, reset: reset, remaining: remaining, retryAfter: retryAfter(retrySecs)}
 	g.vals = [3]string{strconv.FormatInt(limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(reset, 10)}
@@ -133,13 +133,11 @@ func newGRPCRejection(typ, name string, retry time.Duration, retrySecs, limit, r
 		b.WriteString("Rate limit of policy \"")
 	}
 	b.WriteString(name)
+	// The message states the RetryInfo delay itself (one source for the wait a client reads);
+	// only the retry-after metadata rounds it up to whole seconds, as the HTTP header does.
 	b.WriteString("\" exceeded; retry after ")
-	b.WriteString(strconv.FormatInt(retrySecs, 10))
-	if retrySecs == 1 {
-		b.WriteString(" second.")
-	} else {
-		b.WriteString(" seconds.")
-	}
+	b.WriteString(retry.String())
+	b.WriteString(".")
 	msg := b.String()
 	g.message = []string{grpcMessage(msg)}
 	g.details = []string{retryDetails(msg, retry)}

@@ -118,6 +118,11 @@ func TestGRPC_RejectedIsResourceExhaustedWithRetryInfo(t *testing.T) {
 		if got, want := ri.GetRetryDelay().AsDuration(), 1501*time.Millisecond; got != want {
 			t.Errorf("answer %d: RetryInfo delay got %v, want %v", i, got, want)
 		}
+		// The message states the wait RetryInfo holds, not another rounding of it.
+		const msg = `Rate limit of policy "per-key" exceeded; retry after 1.501s.`
+		if got := res.Header.Get("Grpc-Message"); got != msg || st.GetMessage() != msg {
+			t.Errorf("answer %d: grpc-message %q, status message %q, want %q", i, got, st.GetMessage(), msg)
+		}
 	}
 	if got := hs.up.hits.Load(); got != 0 {
 		t.Errorf("upstream hits = %d, want 0", got)

@@ -16,11 +16,12 @@ const (
 	callStoreErrorAllowed        // the store failed; answered OK (store.on_error allow)
 	callStoreErrorDenied         // the store failed; answered UNAVAILABLE (store.on_error deny)
 	callInvalid                  // the request was malformed: answered INVALID_ARGUMENT
+	callUnlimited                // answered OK: every matched rule is unlimited (nothing charged)
 	numCallResults
 )
 
 var callResultNames = [numCallResults]string{
-	"ok", "over_limit", "unmatched", "store_error_allowed", "store_error_denied", "invalid",
+	"ok", "over_limit", "unmatched", "store_error_allowed", "store_error_denied", "invalid", "unlimited",
 }
 
 // Metrics are the rate limit service's Prometheus collectors. Labels hold configured domains
@@ -90,7 +91,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}))
 	m.calls = register(reg, &errs, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ratelimit_rls_calls_total",
-		Help: "ShouldRateLimit calls by domain (\"\" when unknown) and result (ok, over_limit, unmatched, store_error_allowed, store_error_denied, invalid).",
+		Help: "ShouldRateLimit calls by domain (\"\" when unknown) and result (ok, over_limit, unmatched, unlimited, store_error_allowed, store_error_denied, invalid).",
 	}, []string{"domain", "result"}))
 	m.callDuration = register(reg, &errs, prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "ratelimit_rls_call_duration_seconds",

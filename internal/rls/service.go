@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -257,7 +258,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		c.views = append(c.views, view)
 	}
 	if len(c.charges) == 0 {
-		domCalls[callUnmatched].Inc()
+		if slices.Contains(c.kinds, kindUnlimited) {
+			domCalls[callUnlimited].Inc()
+		} else {
+			domCalls[callUnmatched].Inc()
+		}
 		return resp, nil
 	}
 

@@ -285,6 +285,17 @@ func TestUnlimitedAndUnmatchedNeedNoStore(t *testing.T) {
 	if resp.GetOverallCode() != pb.RateLimitResponse_OK || resp.Statuses[0].GetLimitRemaining() != math.MaxUint32 {
 		t.Errorf("got %v, want OK with vip unlimited", resp)
 	}
+	ask(t, s, d("other", "y"))
+	// An unlimited descriptor matched a rule: it is counted apart from a call that matched none.
+	for result, want := range map[string]float64{"unlimited": 1, "unmatched": 1, "ok": 0} {
+		c, err := s.o.Metrics.calls.GetMetricWithLabelValues("d", result)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(c); got != want {
+			t.Errorf("ratelimit_rls_calls_total{domain=\"d\",result=%q}: got %v, want %v", result, got, want)
+		}
+	}
 }
 
 func TestInvalidCalls(t *testing.T) {

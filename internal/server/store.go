@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -111,8 +112,15 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 		// a store that does not answer is no reason not to start: on_error decides meanwhile.
 		wctx, wcancel := context.WithTimeout(ctx, min(StartupTimeout, max(time.Second, 5*cfg.Store.Timeout)))
 		if err := ds.Warm(wctx, warmConns); err != nil {
-			log.Warn("dynamodb did not answer at startup; decisions follow store.on_error until it does",
-				zap.String("table", d.Table), zap.Error(err))
+			var missing *types.ResourceNotFoundException
+			if errors.As(err, &missing) {
+				// It answered: no such table there. Say which, where, and how to make it.
+				log.Error(fmt.Sprintf("table %s not found in region %s; decisions follow store.on_error until it exists", d.Table, client.Options().Region),
+					zap.String("endpoint", d.Endpoint), zap.String("hint", "store.dynamodb.create_table: true, or ratelimit-proxy table create --config FILE"))
+			} else {
+				log.Warn("dynamodb did not answer at startup; decisions follow store.on_error until it does",
+					zap.String("table", d.Table), zap.Error(err))
+			}
 		}
 		wcancel()
 		closeStore = func(ctx context.Context) error {
