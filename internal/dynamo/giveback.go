@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -26,10 +24,6 @@ const (
 	giveBackBackoff  = 5 * time.Millisecond
 )
 
-// attrGiven is the set (NS) of the give-backs applied to a GCRA item since its last charge
-// write, which empties it: a re-sent give-back finds its id there.
-const attrGiven = "g"
-
 // The give-back rule of a token or leaky bucket. A charge A of cost N added d = N*T to tat.
 // Every later write i at instant t_i did tat = max(tat, t_i) + m_i*T. In a bucket that never saw
 // A, the same writes leave tat lower by d_i = min(d_{i-1}, max(0, tat_{i-1} - t_i)) (tat_{i-1}
@@ -45,19 +39,22 @@ const attrGiven = "g"
 // gives back g = min(d, c1, ..., c_{j-1}) in one write conditioned on A still being at j and
 // those slacks still at least g: SET tat = tat - g, and c_i = c_i - d for the later writes
 // (their slacks in the bucket without A are at least that much smaller: d at most, so
-// subtracting d keeps every later give-back on the safe side). A charge whose write left the
+// subtracting d keeps every later give-back on the safe side). The same write replaces A's
+// marker at j with the give-back's own id: that settles whether it landed, since the id moves
+// down the chain with the entry whatever writes come after, and A's marker, gone for good,
+// makes every later copy of the give-back fail. A charge whose write left the
 // chain, or came before a write that found the bucket idle, gives nothing back: stricter,
 // never looser. The charges of one coalesced write are one write at one instant: each can be
 // given back, in any order.
 
 // gcraRefund is the give-back of g of a charge of d = N*T whose write (marker wid) is at
-// position pos of the chain; gid is the give-back's own id.
+// position pos of the chain; gid is the give-back's own id, which takes wid's place.
 func gcraRefund(d, g int64, pos int, wid, gid uint64) update {
 	u := update{
-		expr:   "SET #tat = #tat - :t",
-		cond:   "#wp = :w AND NOT contains(#g, :gid)",
-		names:  map[string]string{"#tat": attrTat, "#wp": chainW(pos), "#g": attrGiven},
-		values: map[string]types.AttributeValue{":t": num(g), ":w": unum(wid), ":gid": unum(gid), ":gs": &types.AttributeValueMemberNS{Value: []string{strconv.FormatUint(gid, 10)}}},
+		expr:   "SET #tat = #tat - :t, #wp = :gid",
+		cond:   "#wp = :w",
+		names:  map[string]string{"#tat": attrTat, "#wp": chainW(pos)},
+		values: map[string]types.AttributeValue{":t": num(g), ":w": unum(wid), ":gid": unum(gid)},
 	}
 	if pos > 1 {
 		u.values[":d"] = num(d)
@@ -68,7 +65,6 @@ func gcraRefund(d, g int64, pos int, wid, gid uint64) update {
 		u.cond += " AND " + c + " >= :t"
 		u.expr += ", " + c + " = " + c + " - :d"
 	}
-	u.expr += " ADD #g :gs"
 	return u
 }
 
@@ -89,17 +85,11 @@ func refundable(item map[string]types.AttributeValue, wid uint64, d int64) (pos 
 	return 0, 0, false
 }
 
-// given reports whether the give-back gid is in item's set of applied give-backs.
-func given(item map[string]types.AttributeValue, gid uint64) bool {
-	ns, ok := item[attrGiven].(*types.AttributeValueMemberNS)
-	return ok && slices.Contains(ns.Value, strconv.FormatUint(gid, 10))
-}
-
 // gcraGiveBack gives back what is exact of a GCRA charge of d = N*T applied by the write
 // marked wid on item pk: first assuming nothing wrote since (one write), else from the chain
-// its failed condition returned. It is idempotent: every attempt carries the same give-back
-// id, which a landed attempt leaves in the item's set (cleared by the next charge write, after
-// which the chain position no longer matches either).
+// its failed condition returned. Its outcome is settled by its own id only: every attempt
+// (ours, and the SDK's copies of them) carries the same id, which a landed attempt leaves in
+// the chain in place of wid; an attempt that finds wid no longer in the chain can never land.
 func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid uint64) bool {
 	gid := newMarker()
 	pos, g := 1, d
@@ -112,12 +102,14 @@ func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid ui
 				return true, nil
 			case !errors.As(err, &ccf):
 				return false, err
-			case given(ccf.Item, gid):
+			case chainPos(ccf.Item, gid) > 0:
 				return true, nil // an earlier attempt landed
 			}
 			var ok bool
 			if pos, g, ok = refundable(ccf.Item, wid, d); !ok {
-				return true, nil // nothing exact to give back: stricter
+				// Nothing exact to give back (stricter), or wid left the chain: then no
+				// attempt of ours can land any more, and whether one did does not matter.
+				return true, nil
 			}
 		}
 		return true, nil // the chain kept moving under us: stricter

@@ -87,11 +87,10 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		cond, ok = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")"), !sealed
 	}
 	holds := true
-	if strings.HasPrefix(cond, "#wp = :w AND NOT contains(#g, :gid)") { // a charge's give-back (gcraRefund)
+	if strings.HasPrefix(cond, "#wp = :w") { // a charge's give-back (gcraRefund)
 		w, hasW := item[in.ExpressionAttributeNames["#wp"]]
-		_, given := item["g:"+strconv.FormatInt(val(":gid"), 10)]
-		holds = hasW && w == val(":w") && !given
-		for _, term := range strings.Split(cond, " AND ")[2:] {
+		holds = hasW && w == val(":w")
+		for _, term := range strings.Split(cond, " AND ")[1:] {
 			name, _, _ := strings.Cut(term, " >= ")
 			c, hasC := item[in.ExpressionAttributeNames[name]]
 			holds = holds && hasC && c >= val(":t")
@@ -174,7 +173,6 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	const chain = 8
 	switch {
 	case strings.HasPrefix(expr, "SET #tat = :next, #ttl = :ttl, #w1 = :w"): // form (a), chain reset
-		memClearGiven(item)
 		item["tat"], item["w1"], item["c1"] = val(":next"), val(":w"), val(":idle")
 		for i := 2; i <= chain; i++ {
 			delete(item, "w"+strconv.Itoa(i))
@@ -183,7 +181,6 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		out["tat"] = memNum(item["tat"])
 		return res, nil
 	case strings.HasPrefix(expr, "SET #tat = #tat + :t, #ttl = :ttl, #w"): // form (b), chain pushed
-		memClearGiven(item)
 		for i := chain; i >= 2; i-- {
 			prev := strconv.Itoa(i - 1)
 			if w, ok := item["w"+prev]; ok {
@@ -201,10 +198,10 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		item["tat"] += val(":t")
 		out["tat"] = memNum(item["tat"])
 		return res, nil
-	case strings.HasPrefix(expr, "SET #tat = #tat - :t"): // a give-back (gcraRefund)
+	case strings.HasPrefix(expr, "SET #tat = #tat - :t, #wp = :gid"): // a give-back (gcraRefund)
 		item["tat"] -= val(":t")
-		item["g:"+strconv.FormatInt(val(":gid"), 10)] = 1
-		sets, _ := strings.CutSuffix(strings.TrimPrefix(expr, "SET #tat = #tat - :t"), " ADD #g :gs")
+		item[in.ExpressionAttributeNames["#wp"]] = val(":gid")
+		sets := strings.TrimPrefix(expr, "SET #tat = #tat - :t, #wp = :gid")
 		for _, a := range strings.Split(strings.TrimPrefix(sets, ", "), ", ") {
 			if name, _, ok := strings.Cut(a, " = "); ok {
 				item[in.ExpressionAttributeNames[name]] -= val(":d")
