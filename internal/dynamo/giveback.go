@@ -3,7 +3,10 @@ package dynamo
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -116,53 +119,103 @@ func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid ui
 	})
 }
 
-// countGiveBack takes c off a counter item (window, slot, quota period) while cond holds. It is
-// idempotent: it carries this Store's next give-back number in the Store's marker attribute
-// (giveMark), and applies only while the item's is lower. A re-sent attempt that landed before
-// finds its own number; one overtaken by a later give-back of this Store finds a higher number,
-// and is sent again with a new number only when no attempt of it can have landed (every
-// earlier one failed its condition); otherwise whether it landed is unknown, and it counts as
-// failed (stricter at worst).
+// The give-back of a counter (window, sliding-window slot, quota period) carries its own id,
+// gid, and lands only while gid is not in the item's set g of the ids applied in its current
+// epoch e: whatever else writes to the item, gid in g says it landed, and no copy of it (the
+// store's retries, a duplicate or a late write on the network) can land a second time. The set
+// is bounded whatever the number of processes giving back: when it holds giveBackIDs ids, the
+// next give-back starts a new epoch (e+1) with its own id alone, and every give-back is
+// conditioned on the epoch it was sent for, so a copy of one whose id the new epoch dropped
+// fails too. A give-back learns an item's epoch from a failed condition (and keeps it in the
+// Store's epochs cache): a first attempt with a stale epoch costs one more round trip.
+
+// Item attributes of a counter's give-backs.
+const (
+	attrGiven = "g" // NS: ids of the give-backs applied in the current epoch
+	attrEpoch = "e" // N: the epoch of g; absent = 0
+)
+
+// giveBackIDs bounds the ids a counter item keeps in g (about 12 bytes each).
+const giveBackIDs = 64
+
+// countRefund is the give-back of c from a counter item while cond holds, sent for epoch e with
+// id gid: it adds gid to g, or (reset) starts epoch e+1 with g = {gid} when g is full.
+func countRefund(c int64, cond string, gid uint64, e int64, reset bool) update {
+	u := update{
+		names: map[string]string{"#count": attrCount, "#g": attrGiven, "#e": attrEpoch},
+		values: map[string]types.AttributeValue{
+			":minus": num(-c), ":gid": unum(gid), ":k": num(giveBackIDs),
+			":gs": &types.AttributeValueMemberNS{Value: []string{strconv.FormatUint(gid, 10)}},
+		},
+	}
+	if strings.Contains(cond, ":n") {
+		u.values[":n"] = num(c)
+	}
+	epoch := "attribute_not_exists(#e)"
+	if e != 0 {
+		epoch = "#e = :e"
+		u.values[":e"] = num(e)
+	}
+	u.cond = "(" + cond + ") AND " + epoch
+	if !reset {
+		u.expr = "ADD #count :minus, #g :gs"
+		u.cond += " AND (attribute_not_exists(#g) OR (size(#g) < :k AND NOT contains(#g, :gid)))"
+		return u
+	}
+	u.expr = "ADD #count :minus SET #g = :gs, #e = :next"
+	u.values[":next"] = num(e + 1)
+	u.cond += " AND size(#g) >= :k AND NOT contains(#g, :gid)"
+	return u
+}
+
+// countGiveBack takes c off a counter item while cond holds, exactly once or not at all (see
+// countRefund). Every attempt is sent once (noRetry): the store sees every lost answer, so it
+// knows which attempts may have landed. An attempt whose answer was lost is re-sent with the
+// same id and epoch: whichever copy lands first makes the others fail. When the item's epoch
+// has moved on, an attempt that may have landed in the old one cannot be told from one that
+// did not (its id was dropped): the give-back stops there, counted as failed (stricter at
+// worst); otherwise it is sent again for the new epoch.
 func (s *Store) countGiveBack(ctx context.Context, op, pk string, c int64, cond string) bool {
-	seq := s.giveSeq.Add(1)
-	unsure := false // an attempt may have landed without our knowing
+	gid := newMarker()
+	e, _ := s.epochs.get(pk, 0)
+	reset, unsure := false, false
 	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
 		for range maxRounds {
-			u := update{
-				expr:   "ADD #count :minus SET #b = :seq",
-				cond:   "(" + cond + ") AND (attribute_not_exists(#b) OR #b < :seq)",
-				names:  map[string]string{"#count": attrCount, "#b": s.giveMark},
-				values: map[string]types.AttributeValue{":minus": num(-c), ":seq": num(seq)},
-			}
-			if strings.Contains(cond, ":n") {
-				u.values[":n"] = num(c)
-			}
-			_, err := s.updateItem(ctx, op, pk, u, types.ReturnValueNone)
+			_, err := s.updateItem(ctx, op, pk, countRefund(c, cond, gid, e, reset), types.ReturnValueNone, noRetry)
 			var ccf *types.ConditionalCheckFailedException
 			switch {
 			case err == nil:
+				if reset {
+					s.epochs.put(pk, e+1, math.MaxInt64, 0)
+				}
 				return true, nil
 			case !errors.As(err, &ccf):
-				unsure = true
+				unsure = true // it may have landed, or land later: re-sent as it is
 				return false, err
 			}
-			b, _, _ := number(ccf.Item, s.giveMark)
-			switch {
-			case b == seq:
+			ids, _ := ccf.Item[attrGiven].(*types.AttributeValueMemberNS)
+			if ids != nil && slices.Contains(ids.Value, strconv.FormatUint(gid, 10)) {
 				return true, nil // an earlier attempt landed
-			case b < seq:
-				return true, nil // cond failed: nothing to give back (window gone, count lower)
-			case unsure:
-				return false, errGiveBackUnknown
 			}
-			seq = s.giveSeq.Add(1) // overtaken by a later give-back of ours, and never applied
+			ie, _, _ := number(ccf.Item, attrEpoch)
+			s.epochs.put(pk, ie, math.MaxInt64, 0)
+			switch {
+			case ie != e && unsure:
+				return false, errGiveBackUnknown
+			case ie != e:
+				e, reset = ie, false // no attempt landed: sent again for the item's epoch
+			case !reset && ids != nil && len(ids.Value) >= giveBackIDs:
+				reset = true // g is full: a new epoch
+			default:
+				return true, nil // cond failed: nothing to give back (window gone, count lower)
+			}
 		}
 		return false, ErrContention
 	})
 }
 
 // errGiveBackUnknown says that a give-back may or may not have landed, and cannot be sent again.
-var errGiveBackUnknown = errors.New("dynamo: give-back unanswered, then overtaken: whether it landed is unknown")
+var errGiveBackUnknown = errors.New("dynamo: give-back unanswered, then its epoch ended: whether it landed is unknown")
 
 // slotGiveBack releases concurrency slot id of item pk: idempotent, it removes only its own slot
 // attribute, if it is still there.

@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -243,5 +245,80 @@ func TestLeaseGiveBackABA(t *testing.T) {
 	most := int((tau - int64(lease.TTL)) / tt)
 	if got > most {
 		t.Errorf("admitted at 0 s after A's 5 went back and B leased 5: got %d, want at most %d (A's give-back applied once)", got, most)
+	}
+}
+
+// TestGiveBackMarkersBounded: thousands of processes (Stores, each with its own ids) take and
+// give back a charge_on charge on one month-long quota item. What the item carries for the
+// give-backs stays bounded (a marker per process would grow it by one attribute each, toward
+// DynamoDB's 400 KB item limit), and the count stays exact: all given back, the quota admits
+// its whole limit and no more.
+func TestGiveBackMarkersBounded(t *testing.T) {
+	const processes, workers = 2000, 8
+	api, table := localTable(t)
+	limit := bucket.Limit{Algorithm: bucket.Quota, Count: workers, Period: bucket.Month}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, Refundable: true}
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range next {
+				s := dynamo.New(api, dynamo.Options{Table: table})
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ok, err := s.Take(ctx, t0, []bucket.Charge{c}, make([]bucket.Result, 1))
+				if err == nil && ok {
+					err = s.Release(ctx, t0, []bucket.Taken{{Charge: c, At: t0}})
+				} else if err == nil {
+					t.Errorf("a process's only charge: rejected, want admitted")
+				}
+				cancel()
+				if err != nil {
+					t.Errorf("a process's take and give-back: %v", err)
+				}
+			}
+		})
+	}
+	for i := range processes {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	out, err := api.Scan(context.Background(), &dynamodb.ScanInput{
+		TableName: aws.String(table), ConsistentRead: aws.Bool(true),
+		FilterExpression:          aws.String("begins_with(pk, :k)"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":k": &types.AttributeValueMemberS{Value: c.Key.String()}},
+	})
+	if err != nil {
+		t.Fatalf("Scan: %v", err)
+	}
+	if len(out.Items) != 1 {
+		t.Fatalf("items of the quota: got %d, want 1", len(out.Items))
+	}
+	item := out.Items[0]
+	size := 0
+	for name, v := range item {
+		size += len(name)
+		switch v := v.(type) {
+		case *types.AttributeValueMemberS:
+			size += len(v.Value)
+		case *types.AttributeValueMemberN:
+			size += len(v.Value)
+		case *types.AttributeValueMemberNS:
+			for _, n := range v.Value {
+				size += len(n)
+			}
+		}
+	}
+	e, _ := strconv.Atoi(item["e"].(*types.AttributeValueMemberN).Value)
+	t.Logf("after %d processes' give-backs: %d attributes, about %d bytes, epoch %d", processes, len(item), size, e)
+	if len(item) > 6 || size > 2048 {
+		t.Errorf("the quota item after %d processes' give-backs: %d attributes, about %d bytes; want at most 6 and 2 KB (bounded whatever the number of processes)", processes, len(item), size)
+	}
+	if e == 0 {
+		t.Errorf("the give-back set never started a new epoch in %d give-backs: the bound was not exercised", processes)
+	}
+	s := plainReplica(t, dynamo.Options{})
+	if got := admits(t, s, t0, c, int(limit.Count)+1); got != int(limit.Count) {
+		t.Errorf("admitted after every charge was given back: got %d, want exactly %d", got, limit.Count)
 	}
 }

@@ -97,13 +97,40 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		}
 		cond = ""
 	}
-	if c, found := strings.CutSuffix(cond, " AND (attribute_not_exists(#b) OR #b < :seq)"); found { // a counter's give-back
-		b, hasB := item[in.ExpressionAttributeNames["#b"]]
-		holds = !hasB || b < val(":seq")
-		cond = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")")
-		if cond == "#count >= :n" {
-			holds, cond = holds && hasCnt && cnt >= val(":n"), ""
+	if user, rest, found := strings.Cut(cond, ") AND #e = :e AND "); found || strings.Contains(cond, ") AND attribute_not_exists(#e) AND ") { // a counter's give-back (countRefund)
+		if !found {
+			user, rest, _ = strings.Cut(cond, ") AND attribute_not_exists(#e) AND ")
 		}
+		e, hasE := item["e"]
+		if found {
+			holds = hasE && e == val(":e")
+		} else {
+			holds = !hasE
+		}
+		ids, given := 0, false
+		for k := range item {
+			if strings.HasPrefix(k, "g:") {
+				ids++
+				given = given || k == "g:"+strconv.FormatInt(val(":gid"), 10)
+			}
+		}
+		switch rest {
+		case "(attribute_not_exists(#g) OR (size(#g) < :k AND NOT contains(#g, :gid)))":
+			holds = holds && (ids == 0 || ids < int(val(":k")) && !given)
+		case "size(#g) >= :k AND NOT contains(#g, :gid)":
+			holds = holds && ids >= int(val(":k")) && !given
+		default:
+			panic("unknown give-back condition " + rest)
+		}
+		switch strings.TrimPrefix(user, "(") {
+		case "#count >= :n":
+			holds = holds && hasCnt && cnt >= val(":n")
+		case "attribute_exists(#count)":
+			holds = holds && hasCnt
+		default:
+			panic("unknown give-back condition " + user)
+		}
+		cond = ""
 	}
 	switch cond {
 	case "": // unconditional (a seal)
@@ -151,10 +178,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	if !ok {
 		var old map[string]types.AttributeValue
 		if item != nil {
-			old = map[string]types.AttributeValue{}
-			for k, v := range item {
-				old[k] = memNum(v)
-			}
+			old = memAttrs(item)
 		}
 		return nil, &types.ConditionalCheckFailedException{Message: aws.String("cond"), Item: old}
 	}
@@ -163,10 +187,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		f.items[pk] = item
 	}
 	if in.ReturnValues == types.ReturnValueAllOld {
-		old := map[string]types.AttributeValue{}
-		for k, v := range item {
-			old[k] = memNum(v)
-		}
+		old := memAttrs(item)
 		defer func() { out = old }()
 	}
 	out = map[string]types.AttributeValue{}
@@ -208,9 +229,15 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 			}
 		}
 		return res, nil
-	case expr == "ADD #count :minus SET #b = :seq": // a counter's give-back
+	case expr == "ADD #count :minus, #g :gs": // a counter's give-back
 		item["count"] += val(":minus")
-		item[in.ExpressionAttributeNames["#b"]] = val(":seq")
+		item["g:"+strconv.FormatInt(val(":gid"), 10)] = 1
+		return res, nil
+	case expr == "ADD #count :minus SET #g = :gs, #e = :next": // a counter's give-back, new epoch
+		memClearGiven(item)
+		item["count"] += val(":minus")
+		item["g:"+strconv.FormatInt(val(":gid"), 10)] = 1
+		item["e"] = val(":next")
 		return res, nil
 	}
 	switch expr {
@@ -273,14 +300,29 @@ func (f *memAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInpu
 			if !ok {
 				continue
 			}
-			av := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}}
-			for name, v := range item {
-				av[name] = memNum(v)
-			}
+			av := memAttrs(item)
+			av["pk"] = &types.AttributeValueMemberS{Value: pk}
 			out[table] = append(out[table], av)
 		}
 	}
 	return &dynamodb.BatchGetItemOutput{Responses: out}, nil
+}
+
+// memAttrs is item as DynamoDB returns it: its "g:<id>" entries as the number set g.
+func memAttrs(item map[string]int64) map[string]types.AttributeValue {
+	out := map[string]types.AttributeValue{}
+	var ids []string
+	for k, v := range item {
+		if id, ok := strings.CutPrefix(k, "g:"); ok {
+			ids = append(ids, id)
+			continue
+		}
+		out[k] = memNum(v)
+	}
+	if len(ids) > 0 {
+		out["g"] = &types.AttributeValueMemberNS{Value: ids}
+	}
+	return out
 }
 
 // memClearGiven empties an item's set of give-backs (kept as one "g:<id>" entry per id).

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -134,10 +133,8 @@ type Store struct {
 	leases     leases           // concurrency slots held, renewed until released
 	now        func() time.Time // Options.Now
 	log        *zap.Logger
-	// giveMark is the attribute of a counter item that holds giveSeq of this Store's last
-	// give-back applied to it (see countGiveBack): b and a random id, one per Store.
-	giveMark string
-	giveSeq  atomic.Int64
+	// epochs is the give-back epoch last seen per counter item (see countGiveBack).
+	epochs *boundedCache[string, int64]
 	// giveLogAt is when the last failed give-back was logged (Unix ns); giveLogged counts the
 	// failures not logged since.
 	giveLogAt, giveLogged atomic.Int64
@@ -186,7 +183,7 @@ func New(api API, o Options) *Store {
 		slotLease:  cmp.Or(o.SlotLease, defaultSlotLease),
 		leases:     leases{stop: make(chan struct{})},
 		log:        o.Logger,
-		giveMark:   fmt.Sprintf("b%016x", rand.Uint64()),
+		epochs:     newBoundedCache[string, int64](size),
 		now:        o.Now,
 	}
 	if s.now == nil {
