@@ -169,49 +169,74 @@ func countRefund(c int64, cond string, gid uint64, e int64, reset bool) update {
 }
 
 // countGiveBack takes c off a counter item while cond holds, exactly once or not at all (see
-// countRefund). Every attempt is sent once (noRetry): the store sees every lost answer, so it
-// knows which attempts may have landed. An attempt whose answer was lost is re-sent with the
-// same id and epoch: whichever copy lands first makes the others fail. When the item's epoch
-// has moved on, an attempt that may have landed in the old one cannot be told from one that
-// did not (its id was dropped): the give-back stops there, counted as failed (stricter at
-// worst); otherwise it is sent again for the new epoch.
+// countRefund), retried as retryGiveBack says.
 func (s *Store) countGiveBack(ctx context.Context, op, pk string, c int64, cond string) bool {
-	gid := newMarker()
-	e, _ := s.epochs.get(pk, 0)
-	reset, unsure := false, false
+	g := s.newCountGive(op, pk, c, cond)
 	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
-		for range maxRounds {
-			_, err := s.updateItem(ctx, op, pk, countRefund(c, cond, gid, e, reset), types.ReturnValueNone, noRetry)
-			var ccf *types.ConditionalCheckFailedException
-			switch {
-			case err == nil:
-				if reset {
-					s.epochs.put(pk, e+1, math.MaxInt64, 0)
-				}
-				return true, nil
-			case !errors.As(err, &ccf):
-				unsure = true // it may have landed, or land later: re-sent as it is
-				return false, err
-			}
-			ids, _ := ccf.Item[attrGiven].(*types.AttributeValueMemberNS)
-			if ids != nil && slices.Contains(ids.Value, strconv.FormatUint(gid, 10)) {
-				return true, nil // an earlier attempt landed
-			}
-			ie, _, _ := number(ccf.Item, attrEpoch)
-			s.epochs.put(pk, ie, math.MaxInt64, 0)
-			switch {
-			case ie != e && unsure:
-				return false, errGiveBackUnknown
-			case ie != e:
-				e, reset = ie, false // no attempt landed: sent again for the item's epoch
-			case !reset && ids != nil && len(ids.Value) >= giveBackIDs:
-				reset = true // g is full: a new epoch
-			default:
-				return true, nil // cond failed: nothing to give back (window gone, count lower)
-			}
-		}
-		return false, ErrContention
+		done, _, err := g.attempt(ctx)
+		return done, err
 	})
+}
+
+// countGive is one counter give-back: its id and what its attempts so far have told.
+type countGive struct {
+	s      *Store
+	op, pk string
+	c      int64
+	cond   string
+	gid    uint64
+	e      int64 // the epoch it is sent for
+	reset  bool  // g is full: start a new epoch
+	unsure bool  // an attempt may have landed without our knowing
+}
+
+func (s *Store) newCountGive(op, pk string, c int64, cond string) *countGive {
+	e, _ := s.epochs.get(pk, 0)
+	return &countGive{s: s, op: op, pk: pk, c: c, cond: cond, gid: newMarker(), e: e}
+}
+
+// attempt sends the give-back until its outcome is known: done with landed when it applied,
+// done without when cond failed (nothing to give back), not done with the error when an
+// attempt's answer was lost (attempt again: the same id and epoch) or whether it landed can no
+// longer be known (errGiveBackUnknown). Every attempt is sent once (noRetry), so the store sees
+// every lost answer and knows which attempts may have landed. An attempt whose answer was lost
+// is re-sent with the same id and epoch: whichever copy lands first makes the others fail. When
+// the item's epoch has moved on, an attempt that may have landed in the old one cannot be told
+// from one that did not (its id was dropped): the give-back stops there, counted as failed
+// (stricter at worst); otherwise it is sent again for the new epoch.
+func (g *countGive) attempt(ctx context.Context) (done, landed bool, err error) {
+	s := g.s
+	for range maxRounds {
+		_, err := s.updateItem(ctx, g.op, g.pk, countRefund(g.c, g.cond, g.gid, g.e, g.reset), types.ReturnValueNone, noRetry)
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case err == nil:
+			if g.reset {
+				s.epochs.put(g.pk, g.e+1, math.MaxInt64, 0)
+			}
+			return true, true, nil
+		case !errors.As(err, &ccf):
+			g.unsure = true // it may have landed, or land later: re-sent as it is
+			return false, false, err
+		}
+		ids, _ := ccf.Item[attrGiven].(*types.AttributeValueMemberNS)
+		if ids != nil && slices.Contains(ids.Value, strconv.FormatUint(g.gid, 10)) {
+			return true, true, nil // an earlier attempt landed
+		}
+		ie, _, _ := number(ccf.Item, attrEpoch)
+		s.epochs.put(g.pk, ie, math.MaxInt64, 0)
+		switch {
+		case ie != g.e && g.unsure:
+			return false, false, errGiveBackUnknown
+		case ie != g.e:
+			g.e, g.reset = ie, false // no attempt landed: sent again for the item's epoch
+		case !g.reset && ids != nil && len(ids.Value) >= giveBackIDs:
+			g.reset = true // g is full: a new epoch
+		default:
+			return true, false, nil // cond failed: nothing to give back (window gone, count lower)
+		}
+	}
+	return false, false, ErrContention
 }
 
 // errGiveBackUnknown says that a give-back may or may not have landed, and cannot be sent again.

@@ -126,10 +126,10 @@ func leaseGCRA(n, f, t, tauL, m int64, formB bool) update {
 	ttl := ttlAt(n + tauL) // tat never passes n + tauL
 	if !formB {
 		return update{
-			expr:   "SET #tat = :next, #ttl = :ttl, #since = :now",
+			expr:   "SET #tat = :next, #ttl = :ttl",
 			cond:   "attribute_not_exists(#tat) OR #tat < :floor",
-			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL, "#since": attrSince},
-			values: map[string]types.AttributeValue{":next": num(f + m*t), ":now": num(n), ":floor": num(f), ":ttl": ttl},
+			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
+			values: map[string]types.AttributeValue{":next": num(f + m*t), ":floor": num(f), ":ttl": ttl},
 		}
 	}
 	return update{
