@@ -16,8 +16,10 @@ import (
 
 // Give-backs: what goes back when a group is rejected (refund.go), when a charge_on answer
 // did not consume (Release) and when a slot is released. Each is exact or stricter (never
-// roomier than if the charge had never been made), and idempotent, so that it can be retried
-// until it lands: the SDK's retries and ours may re-send it after a lost answer.
+// roomier than if the charge had never been made), and lands at most once: it carries its own
+// id, and its outcome is settled by that id only, never by what the item's state shows (others
+// change it, and values recur), so that it can be retried until it lands whatever other
+// replicas write meanwhile.
 
 // Give-backs are retried at most giveBackAttempts times, with full-jitter backoff from
 // giveBackBackoff, within the caller's context; one that still fails is counted
