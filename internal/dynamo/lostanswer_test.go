@@ -322,3 +322,38 @@ func TestGiveBackMarkersBounded(t *testing.T) {
 		t.Errorf("admitted after every charge was given back: got %d, want exactly %d", got, limit.Count)
 	}
 }
+
+// TestCounterGiveBackLostAcrossEpochs: A's give-back lands and its answer is lost; before A
+// retries, other processes' give-backs fill the item's set of ids and start a new epoch, which
+// drops A's id. Whether A's give-back landed can no longer be told, so A stops (the give-back
+// counted as failed) instead of sending it again: the count stays exact, given back once.
+func TestCounterGiveBackLostAcrossEpochs(t *testing.T) {
+	limit := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 100, Window: time.Hour}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, Refundable: true}
+	b := plainReplica(t, dynamo.Options{})
+	const others = 70 // more than the 64 ids an epoch keeps
+	d := &loseThenDoer{op: "UpdateItem", match: ":minus", between: func() {
+		for range others {
+			if ok, _ := mustTake(t, b, t0, c); !ok {
+				t.Errorf("B's take: rejected, want admitted")
+			}
+			if err := b.Release(context.Background(), t0, []bucket.Taken{{Charge: c, At: t0}}); err != nil {
+				t.Errorf("B's give-back: %v", err)
+			}
+		}
+	}}
+	reg := prometheus.NewRegistry()
+	a := lossyReplica(t, d, dynamo.Options{Registerer: reg})
+	if got := admits(t, a, t0, c, 10); got != 10 {
+		t.Fatalf("A's ten: got %d admitted, want 10", got)
+	}
+	err := a.Release(context.Background(), t0, []bucket.Taken{{Charge: c, At: t0}})
+	d.check(t)
+	if err == nil {
+		t.Errorf("A's give-back whose epoch ended after its answer was lost: no error, want it counted as failed")
+	}
+	// 10 taken by A, one given back (once): 91 left in the window.
+	if got := admits(t, b, t0, c, 100); got != 91 {
+		t.Errorf("admitted after A's give-back: got %d, want 91 (given back exactly once)", got)
+	}
+}
