@@ -137,7 +137,9 @@ const (
 	attrEpoch = "e" // N: the epoch of g; absent = 0
 )
 
-// giveBackIDs bounds the ids a counter item keeps in g (about 12 bytes each).
+// giveBackIDs bounds the ids a counter item keeps in g (about 11 bytes each): 64 keep the item
+// under 1 KB, one write unit per write (DynamoDB bills a write by the item's size), while a
+// fleet's processes each pay one more round trip per new epoch, every 64 give-backs at most.
 const giveBackIDs = 64
 
 // countRefund is the give-back of c from a counter item while cond holds, sent for epoch e with
