@@ -132,13 +132,19 @@
 // The SDK re-sends a call whose answer was lost (a reset connection, a timeout, a 500), and the
 // first attempt may have been applied. So every write is idempotent or sent once. Charges are
 // sent once (noRetry): a lost answer fails the decision and the charge counts as spent; a GCRA
-// charge's marker also lets a duplicate that arrives after it see that it landed. Give-backs
-// are idempotent: a GCRA give-back adds its id to the item's set g (emptied by the next charge
-// write) and applies only while its id is not there; a counter's carries this Store's sequence
-// number in its attribute b<store id> and applies only while the item's is lower; a slot
-// release removes its own slot. A slot take applies only while its slot is absent, and a take
-// that got no answer is released at once. Seals and renewals set values; a transaction carries
-// the SDK's ClientRequestToken across its retries. docs/dynamodb.md has the table.
+// charge's marker also lets a duplicate that arrives after it see that it landed. A write's
+// outcome is settled only by its own unique marker, never by re-deriving it from state others
+// change or by a condition on values that can recur, and every SDK retry is disabled for the
+// call or identical to the store's own. So a GCRA give-back writes its id into the chain in
+// place of the charge's marker (found wherever later writes move it; the charge's marker never
+// comes back); a counter's adds its id to the item's bounded set g, conditioned on the set's
+// epoch e (see countRefund); a leased token bucket's is conditioned on the marker its lease
+// write left in lv and leaves its id there; a slot release removes its own slot. Counter and
+// lease give-backs are sent once per attempt and retried by the store with the same id. A slot
+// take applies only while its slot is absent, and a take that got no answer is released at
+// once. Seals and renewals set values; a transaction carries the SDK's ClientRequestToken across
+// its retries. A write refused with TransactionConflictException was not applied and is retried
+// within the deadline. docs/dynamodb.md has the table.
 //
 // # Deny cache
 //
@@ -168,10 +174,10 @@
 // and only one that asked for its units.
 //
 // Unspent units go back exactly or not at all: a window's count at any time; a token bucket's
-// only while no write came after them (tat and since unchanged), since moving tat back after
-// another write could return refill the bucket lost to its cap. A lease write is sent once (not
-// idempotent); give-backs are idempotent (conditional on the tat they replace; a window's carries
-// a per-Store marker attribute r<id>) and retried within a bound. A rejected group gives its
+// only while no write came after them (lv still the marker of our lease write), since moving
+// tat back after another write could return refill the bucket lost to its cap. A lease write is
+// sent once (not idempotent); give-backs carry their own id (in lv, or a window's set g) and are
+// retried within a bound. A rejected group gives its
 // units back to their grants. Every unit leased is counted spent, refunded or expired. See
 // docs/shared-pools.md.
 //
@@ -186,19 +192,18 @@
 // attribute ttl (Unix seconds). Items (K = the charge's bucket.Key in hex, a digest: no raw client
 // value is ever stored):
 //
-//	pk = K#g           tat (N, Unix ns)   w1..w8, c1..c8 (N), g (NS) ttl token and leaky bucket state, chain of last writes
-//	pk = K#w<start>    count (N)          b<id> (N)     ttl   fixed window starting at <start> Unix ns
-//	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10))
-//	pk = K#q<start>    count (N)          b<id> (N)     ttl   calendar quota period starting at <start> Unix ns
+//	pk = K#g           tat (N, Unix ns)   w1..w8, c1..c8 (N) ttl  token and leaky bucket state, chain of last writes
+//	pk = K#w<start>    count (N)          g (NS), e (N) ttl   fixed window starting at <start> Unix ns
+//	pk = K#s<slot>     count (N)          sealed (BOOL) ttl   sliding-window slot number <slot> (Unix ns / (Window/10)); g, e too
+//	pk = K#q<start>    count (N)          g (NS), e (N) ttl   calendar quota period starting at <start> Unix ns
 //	pk = K#c           count (N)          l<id> (N)     ttl   concurrency slots taken, one l<id> lease expiry per slot (see concurrency.go)
-//	pk = K#g#l<i>      tat (N)            since (N)     ttl   shard i of a leased token bucket
-//	pk = K#w<start>#l<i> count (N)        r<id> (N)     ttl   shard i of a leased fixed window; r<id>: a Store's last give-back (see lease_giveback.go)
+//	pk = K#g#l<i>      tat (N)            lv (N)        ttl   shard i of a leased token bucket; lv: the last write's marker (see lease_giveback.go)
+//	pk = K#w<start>#l<i> count (N)        g (NS), e (N) ttl   shard i of a leased fixed window
 //
-// since is the instant of the last lease write that found the shard idle; w1..w8 and c1..c8
-// are the chain of a bucket's last charge writes and g the give-backs applied since the last
-// (see Give-backs); b<id> is the number of a Store's last give-back to a counter (a slot's item
-// may carry it too); sealed marks a closed
-// slot whose count is final (its item exists, without count, when the slot had no request).
+// w1..w8 and c1..c8 are the chain of a bucket's last charge writes (see Give-backs); g holds
+// the ids of the give-backs applied to a counter in its epoch e (at most giveBackIDs); lv the
+// marker of the last write to a leased bucket's shard; sealed marks a closed slot whose count
+// is final (its item exists, without count, when the slot had no request).
 //
 // ttl is one hour after the item can last affect a decision (tat's latest value, the window's
 // or the quota period's end, the instant the slot stops being counted), so DynamoDB's lazy TTL deletion never removes

@@ -3,6 +3,7 @@ package dynamo
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -15,8 +16,10 @@ import (
 
 // Give-backs: what goes back when a group is rejected (refund.go), when a charge_on answer
 // did not consume (Release) and when a slot is released. Each is exact or stricter (never
-// roomier than if the charge had never been made), and idempotent, so that it can be retried
-// until it lands: the SDK's retries and ours may re-send it after a lost answer.
+// roomier than if the charge had never been made), and lands at most once: it carries its own
+// id, and its outcome is settled by that id only, never by what the item's state shows (others
+// change it, and values recur), so that it can be retried until it lands whatever other
+// replicas write meanwhile.
 
 // Give-backs are retried at most giveBackAttempts times, with full-jitter backoff from
 // giveBackBackoff, within the caller's context; one that still fails is counted
@@ -25,10 +28,6 @@ const (
 	giveBackAttempts = 4
 	giveBackBackoff  = 5 * time.Millisecond
 )
-
-// attrGiven is the set (NS) of the give-backs applied to a GCRA item since its last charge
-// write, which empties it: a re-sent give-back finds its id there.
-const attrGiven = "g"
 
 // The give-back rule of a token or leaky bucket. A charge A of cost N added d = N*T to tat.
 // Every later write i at instant t_i did tat = max(tat, t_i) + m_i*T. In a bucket that never saw
@@ -45,19 +44,22 @@ const attrGiven = "g"
 // gives back g = min(d, c1, ..., c_{j-1}) in one write conditioned on A still being at j and
 // those slacks still at least g: SET tat = tat - g, and c_i = c_i - d for the later writes
 // (their slacks in the bucket without A are at least that much smaller: d at most, so
-// subtracting d keeps every later give-back on the safe side). A charge whose write left the
+// subtracting d keeps every later give-back on the safe side). The same write replaces A's
+// marker at j with the give-back's own id: that settles whether it landed, since the id moves
+// down the chain with the entry whatever writes come after, and A's marker, gone for good,
+// makes every later copy of the give-back fail. A charge whose write left the
 // chain, or came before a write that found the bucket idle, gives nothing back: stricter,
 // never looser. The charges of one coalesced write are one write at one instant: each can be
 // given back, in any order.
 
 // gcraRefund is the give-back of g of a charge of d = N*T whose write (marker wid) is at
-// position pos of the chain; gid is the give-back's own id.
+// position pos of the chain; gid is the give-back's own id, which takes wid's place.
 func gcraRefund(d, g int64, pos int, wid, gid uint64) update {
 	u := update{
-		expr:   "SET #tat = #tat - :t",
-		cond:   "#wp = :w AND NOT contains(#g, :gid)",
-		names:  map[string]string{"#tat": attrTat, "#wp": chainW(pos), "#g": attrGiven},
-		values: map[string]types.AttributeValue{":t": num(g), ":w": unum(wid), ":gid": unum(gid), ":gs": &types.AttributeValueMemberNS{Value: []string{strconv.FormatUint(gid, 10)}}},
+		expr:   "SET #tat = #tat - :t, #wp = :gid",
+		cond:   "#wp = :w",
+		names:  map[string]string{"#tat": attrTat, "#wp": chainW(pos)},
+		values: map[string]types.AttributeValue{":t": num(g), ":w": unum(wid), ":gid": unum(gid)},
 	}
 	if pos > 1 {
 		u.values[":d"] = num(d)
@@ -68,7 +70,6 @@ func gcraRefund(d, g int64, pos int, wid, gid uint64) update {
 		u.cond += " AND " + c + " >= :t"
 		u.expr += ", " + c + " = " + c + " - :d"
 	}
-	u.expr += " ADD #g :gs"
 	return u
 }
 
@@ -89,17 +90,11 @@ func refundable(item map[string]types.AttributeValue, wid uint64, d int64) (pos 
 	return 0, 0, false
 }
 
-// given reports whether the give-back gid is in item's set of applied give-backs.
-func given(item map[string]types.AttributeValue, gid uint64) bool {
-	ns, ok := item[attrGiven].(*types.AttributeValueMemberNS)
-	return ok && slices.Contains(ns.Value, strconv.FormatUint(gid, 10))
-}
-
 // gcraGiveBack gives back what is exact of a GCRA charge of d = N*T applied by the write
 // marked wid on item pk: first assuming nothing wrote since (one write), else from the chain
-// its failed condition returned. It is idempotent: every attempt carries the same give-back
-// id, which a landed attempt leaves in the item's set (cleared by the next charge write, after
-// which the chain position no longer matches either).
+// its failed condition returned. Its outcome is settled by its own id only: every attempt
+// (ours, and the SDK's copies of them) carries the same id, which a landed attempt leaves in
+// the chain in place of wid; an attempt that finds wid no longer in the chain can never land.
 func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid uint64) bool {
 	gid := newMarker()
 	pos, g := 1, d
@@ -112,65 +107,144 @@ func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid ui
 				return true, nil
 			case !errors.As(err, &ccf):
 				return false, err
-			case given(ccf.Item, gid):
+			case chainPos(ccf.Item, gid) > 0:
 				return true, nil // an earlier attempt landed
 			}
 			var ok bool
 			if pos, g, ok = refundable(ccf.Item, wid, d); !ok {
-				return true, nil // nothing exact to give back: stricter
+				// Nothing exact to give back (stricter), or wid left the chain: then no
+				// attempt of ours can land any more, and whether one did does not matter.
+				return true, nil
 			}
 		}
 		return true, nil // the chain kept moving under us: stricter
 	})
 }
 
-// countGiveBack takes c off a counter item (window, slot, quota period) while cond holds. It is
-// idempotent: it carries this Store's next give-back number in the Store's marker attribute
-// (giveMark), and applies only while the item's is lower. A re-sent attempt that landed before
-// finds its own number; one overtaken by a later give-back of this Store finds a higher number,
-// and is sent again with a new number only when no attempt of it can have landed (every
-// earlier one failed its condition); otherwise whether it landed is unknown, and it counts as
-// failed (stricter at worst).
+// The give-back of a counter (window, sliding-window slot, quota period) carries its own id,
+// gid, and lands only while gid is not in the item's set g of the ids applied in its current
+// epoch e: whatever else writes to the item, gid in g says it landed, and no copy of it (the
+// store's retries, a duplicate or a late write on the network) can land a second time. The set
+// is bounded whatever the number of processes giving back: when it holds giveBackIDs ids, the
+// next give-back starts a new epoch (e+1) with its own id alone, and every give-back is
+// conditioned on the epoch it was sent for, so a copy of one whose id the new epoch dropped
+// fails too. A give-back learns an item's epoch from a failed condition (and keeps it in the
+// Store's epochs cache): a first attempt with a stale epoch costs one more round trip.
+
+// Item attributes of a counter's give-backs.
+const (
+	attrGiven = "g" // NS: ids of the give-backs applied in the current epoch
+	attrEpoch = "e" // N: the epoch of g; absent = 0
+)
+
+// giveBackIDs bounds the ids a counter item keeps in g (about 11 bytes each): 64 keep the item
+// under 1 KB, one write unit per write (DynamoDB bills a write by the item's size), while a
+// fleet's processes each pay one more round trip per new epoch, every 64 give-backs at most.
+const giveBackIDs = 64
+
+// countRefund is the give-back of c from a counter item while cond holds, sent for epoch e with
+// id gid: it adds gid to g, or (reset) starts epoch e+1 with g = {gid} when g is full.
+func countRefund(c int64, cond string, gid uint64, e int64, reset bool) update {
+	u := update{
+		names: map[string]string{"#count": attrCount, "#g": attrGiven, "#e": attrEpoch},
+		values: map[string]types.AttributeValue{
+			":minus": num(-c), ":gid": unum(gid), ":k": num(giveBackIDs),
+			":gs": &types.AttributeValueMemberNS{Value: []string{strconv.FormatUint(gid, 10)}},
+		},
+	}
+	if strings.Contains(cond, ":n") {
+		u.values[":n"] = num(c)
+	}
+	epoch := "attribute_not_exists(#e)"
+	if e != 0 {
+		epoch = "#e = :e"
+		u.values[":e"] = num(e)
+	}
+	u.cond = "(" + cond + ") AND " + epoch
+	if !reset {
+		u.expr = "ADD #count :minus, #g :gs"
+		u.cond += " AND (attribute_not_exists(#g) OR (size(#g) < :k AND NOT contains(#g, :gid)))"
+		return u
+	}
+	u.expr = "ADD #count :minus SET #g = :gs, #e = :next"
+	u.values[":next"] = num(e + 1)
+	u.cond += " AND size(#g) >= :k AND NOT contains(#g, :gid)"
+	return u
+}
+
+// countGiveBack takes c off a counter item while cond holds, exactly once or not at all (see
+// countRefund), retried as retryGiveBack says.
 func (s *Store) countGiveBack(ctx context.Context, op, pk string, c int64, cond string) bool {
-	seq := s.giveSeq.Add(1)
-	unsure := false // an attempt may have landed without our knowing
+	g := s.newCountGive(op, pk, c, cond)
 	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
-		for range maxRounds {
-			u := update{
-				expr:   "ADD #count :minus SET #b = :seq",
-				cond:   "(" + cond + ") AND (attribute_not_exists(#b) OR #b < :seq)",
-				names:  map[string]string{"#count": attrCount, "#b": s.giveMark},
-				values: map[string]types.AttributeValue{":minus": num(-c), ":seq": num(seq)},
-			}
-			if strings.Contains(cond, ":n") {
-				u.values[":n"] = num(c)
-			}
-			_, err := s.updateItem(ctx, op, pk, u, types.ReturnValueNone)
-			var ccf *types.ConditionalCheckFailedException
-			switch {
-			case err == nil:
-				return true, nil
-			case !errors.As(err, &ccf):
-				unsure = true
-				return false, err
-			}
-			b, _, _ := number(ccf.Item, s.giveMark)
-			switch {
-			case b == seq:
-				return true, nil // an earlier attempt landed
-			case b < seq:
-				return true, nil // cond failed: nothing to give back (window gone, count lower)
-			case unsure:
-				return false, errGiveBackUnknown
-			}
-			seq = s.giveSeq.Add(1) // overtaken by a later give-back of ours, and never applied
-		}
-		return false, ErrContention
+		done, _, err := g.attempt(ctx)
+		return done, err
 	})
 }
 
+// countGive is one counter give-back: its id and what its attempts so far have told.
+type countGive struct {
+	s      *Store
+	op, pk string
+	c      int64
+	cond   string
+	gid    uint64
+	e      int64 // the epoch it is sent for
+	reset  bool  // g is full: start a new epoch
+	unsure bool  // an attempt may have landed without our knowing
+}
+
+func (s *Store) newCountGive(op, pk string, c int64, cond string) *countGive {
+	e, _ := s.epochs.get(pk, 0)
+	return &countGive{s: s, op: op, pk: pk, c: c, cond: cond, gid: newMarker(), e: e}
+}
+
+// attempt sends the give-back until its outcome is known: done with landed when it applied,
+// done without when cond failed (nothing to give back), not done with the error when an
+// attempt's answer was lost (attempt again: the same id and epoch) or whether it landed can no
+// longer be known (errGiveBackUnknown). Every attempt is sent once (noRetry), so the store sees
+// every lost answer and knows which attempts may have landed. An attempt whose answer was lost
+// is re-sent with the same id and epoch: whichever copy lands first makes the others fail. When
+// the item's epoch has moved on, an attempt that may have landed in the old one cannot be told
+// from one that did not (its id was dropped): the give-back stops there, counted as failed
+// (stricter at worst); otherwise it is sent again for the new epoch.
+func (g *countGive) attempt(ctx context.Context) (done, landed bool, err error) {
+	s := g.s
+	for range maxRounds {
+		_, err := s.updateItem(ctx, g.op, g.pk, countRefund(g.c, g.cond, g.gid, g.e, g.reset), types.ReturnValueNone, noRetry)
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case err == nil:
+			if g.reset {
+				s.epochs.put(g.pk, g.e+1, math.MaxInt64, 0)
+			}
+			return true, true, nil
+		case !errors.As(err, &ccf):
+			g.unsure = true // it may have landed, or land later: re-sent as it is
+			return false, false, err
+		}
+		ids, _ := ccf.Item[attrGiven].(*types.AttributeValueMemberNS)
+		if ids != nil && slices.Contains(ids.Value, strconv.FormatUint(g.gid, 10)) {
+			return true, true, nil // an earlier attempt landed
+		}
+		ie, _, _ := number(ccf.Item, attrEpoch)
+		s.epochs.put(g.pk, ie, math.MaxInt64, 0)
+		switch {
+		case ie != g.e && g.unsure:
+			return false, false, errGiveBackUnknown
+		case ie != g.e:
+			g.e, g.reset = ie, false // no attempt landed: sent again for the item's epoch
+		case !g.reset && ids != nil && len(ids.Value) >= giveBackIDs:
+			g.reset = true // g is full: a new epoch
+		default:
+			return true, false, nil // cond failed: nothing to give back (window gone, count lower)
+		}
+	}
+	return false, false, ErrContention
+}
+
 // errGiveBackUnknown says that a give-back may or may not have landed, and cannot be sent again.
-var errGiveBackUnknown = errors.New("dynamo: give-back unanswered, then overtaken: whether it landed is unknown")
+var errGiveBackUnknown = errors.New("dynamo: give-back unanswered, then its epoch ended: whether it landed is unknown")
 
 // slotGiveBack releases concurrency slot id of item pk: idempotent, it removes only its own slot
 // attribute, if it is still there.

@@ -103,7 +103,8 @@ func noRetry(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }
 
 // updateItem sends u to item pk; u.cond may be empty (an unconditional write). op labels the
 // call in the metrics. A throttled write was not applied, so it is retried (see retryThrottled),
-// whatever optFns say about the SDK's own retries.
+// whatever optFns say about the SDK's own retries; so is one refused because a transaction was
+// writing the item (see retryConflict).
 func (s *Store) updateItem(ctx context.Context, op, pk string, u update, rv types.ReturnValue, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
 	in := &dynamodb.UpdateItemInput{
 		TableName:                 aws.String(s.table),
@@ -121,7 +122,7 @@ func (s *Store) updateItem(ctx context.Context, op, pk string, u update, rv type
 		s.m.requests.WithLabelValues(op).Inc()
 		start := time.Now()
 		out, err := s.api.UpdateItem(ctx, in, optFns...)
-		if err == nil || !s.retryThrottled(ctx, op, attempt, err, time.Since(start)) {
+		if err == nil || !s.retryThrottled(ctx, op, attempt, err, time.Since(start)) && !retryConflict(ctx, attempt, err, time.Since(start)) {
 			if attempt > 0 && err != nil && ctx.Err() != nil {
 				// The retries of a throttled write ran into the deadline: throttling, not an
 				// outage, is why the decision failed.
@@ -182,6 +183,31 @@ const (
 	throttleCap        = 50 * time.Millisecond
 )
 
+// retryConflict waits before retrying a call that DynamoDB refused with
+// TransactionConflictException: another replica's transaction (mode: transaction) was writing
+// the item. The call was not applied, so sending it again is safe for any write; false when err
+// is not such a refusal, or when the wait and another call would not end well before ctx's
+// deadline (as for throttling).
+func retryConflict(ctx context.Context, attempt int, err error, took time.Duration) bool {
+	var tce *types.TransactionConflictException
+	if !errors.As(err, &tce) || attempt >= maxThrottleRetries {
+		return false
+	}
+	return backoff(ctx, attempt, took)
+}
+
+// backoff waits a full-jitter delay before retry attempt+1 of a call that took took and was not
+// applied; false, without waiting, when the wait and another call as long would not end well
+// before ctx's deadline, or when ctx ends first.
+func backoff(ctx context.Context, attempt int, took time.Duration) bool {
+	ceiling := min(throttleCap, throttleBase<<min(attempt, 8))
+	d := time.Duration(rand.Int64N(int64(ceiling)) + 1)
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d+max(throttleMargin, 2*took) {
+		return false
+	}
+	return sleepCtx(ctx, d)
+}
+
 // retryThrottled counts a throttled call (that took took) and waits before its retry; false when
 // err is not a throttle or the wait and another call as long would not end well before ctx's
 // deadline (the caller then fails, and the decision follows on_error).
@@ -197,19 +223,7 @@ func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err 
 		return false
 	}
 	s.m.throttled.WithLabelValues(op).Inc()
-	ceiling := min(throttleCap, throttleBase<<min(attempt, 8))
-	d := time.Duration(rand.Int64N(int64(ceiling)) + 1)
 	// Give up while there is still time to say why: a decision that ends on its deadline
 	// reads as a store timeout (an outage, to the circuit breaker) rather than as throttling.
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d+max(throttleMargin, 2*took) {
-		return false
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return backoff(ctx, attempt, took)
 }

@@ -2,7 +2,6 @@ package dynamo
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -42,11 +41,6 @@ type leasePools struct {
 	stop             chan struct{} // closed by close: stops the sweeper
 	started          bool          // the sweeper is running
 	wg               sync.WaitGroup
-
-	// marker is the attribute of a window's item that holds giveSeq of this Store's last
-	// give-back applied to it (see refundGrant): r and a random id, one per Store.
-	marker  string
-	giveSeq atomic.Int64
 }
 
 type leaseKey struct {
@@ -64,7 +58,6 @@ func newLeasePools(s *Store, now func() time.Time) *leasePools {
 	}
 	return &leasePools{
 		s: s, now: now, pools: make(map[leaseKey]*pool), stop: make(chan struct{}),
-		marker: fmt.Sprintf("r%016x", rand.Uint64()),
 	}
 }
 
@@ -79,7 +72,8 @@ type pool struct {
 	ttl, horizon int64
 	home         int // the shard tried first
 
-	// giveMu makes the pool's give-backs serial, so that their markers reach an item in order.
+	// giveMu makes the pool's give-backs serial: a token bucket's chunks go back newest first,
+	// each conditioned on the marker the one before it left.
 	giveMu sync.Mutex
 
 	mu        sync.Mutex
@@ -129,11 +123,11 @@ type grant struct {
 	expires int64
 	write   uint64 // id of the write's first chunk
 	last    bool   // the write's last chunk (a window's one grant)
-	// GCRA: the tat our write left, and since, for giving units back while nobody wrote after
-	// us, and tail, the place of our last unit (a drain may leave tat a fraction of T past it);
-	// fixed window: the window's item.
+	// GCRA: the tat our write left, and mark, the marker it left in lv, for giving units back
+	// while nobody wrote after us, and tail, the place of our last unit (a drain may leave tat
+	// a fraction of T past it); fixed window: the window's item.
 	end, tail int64
-	epoch     epoch
+	mark      uint64
 	pk        string
 }
 

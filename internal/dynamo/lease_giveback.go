@@ -15,9 +15,9 @@ import (
 const refundTimeout = 2 * time.Second
 
 // refundLater gives the unspent units of gs back in the background, newest grant first: a token
-// bucket's grant can go back only while it is the last lease of its shard, so giving back the
-// newest first lets the one before it go back too (the caller holds p.mu and has taken the
-// units out of the pool).
+// bucket's grant can go back only while nothing but our own give-backs wrote to its shard after
+// it, so giving back the newest first lets the one before it go back too (the caller holds p.mu
+// and has taken the units out of the pool).
 func (p *pool) refundLater(gs ...grant) {
 	var units int64
 	for _, g := range gs {
@@ -36,108 +36,118 @@ func (p *pool) refundLater(gs ...grant) {
 }
 
 // refundAll gives the unspent units of gs (in the order they were taken) back, newest first. A
-// chunk that is not its write's last can go back only once the chunk after it went back whole
-// (its places then end where tat is): otherwise it is counted expired without a write.
+// token bucket's grant can go back only while the last write to its shard is its own lease
+// write, or the give-back of the grant after it that went back whole (whose places then end
+// where tat is): that give-back's id, left in lv, is what the next one conditions on. A chunk
+// that is not its write's last, without such a give-back after it, is counted expired without
+// a write.
 func (p *pool) refundAll(ctx context.Context, gs []grant) {
-	next := map[uint64]bool{} // write -> the chunk after the one at hand went back whole
+	after := map[int]uint64{} // shard -> lv left by the give-back just made there, whole
 	for i := len(gs) - 1; i >= 0; i-- {
 		g := gs[i]
-		if !g.last && !next[g.write] {
+		mark, chained := after[g.shard]
+		delete(after, g.shard)
+		if chained {
+			g.mark = mark
+		} else if !g.last {
 			p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
 			continue
 		}
-		next[g.write] = p.refundGrant(ctx, g) && g.units == g.size
+		if gid, ok := p.refundGrant(ctx, g); ok && p.gcra && g.units == g.size {
+			after[g.shard] = gid
+		}
 	}
 }
 
 // Give-backs are retried, within refundTimeout, at most refundAttempts times: each attempt is
-// idempotent (see refundGrant), so a re-sent one whose first answer was lost changes nothing.
+// sent once (no SDK retry), and re-sent with the same id, so a copy whose first answer was lost
+// changes nothing (see refundGrant).
 const (
 	refundAttempts = 4
 	refundBackoff  = 20 * time.Millisecond
 )
 
 // refundGrant gives g's unspent units back to its item, exactly or not at all, and counts them
-// refunded or expired. A window's units are taken off its count (ADD -m on the window's own item:
-// exact at any time). A token bucket's units are the last m places before g.end: they are given
-// back only while tat is still g.end and since unchanged (nobody leased after us: GCRA forgets
-// idle time, so after any other write, moving tat back could return refill the bucket had already
-// lost to its cap, or hand out places another lease holds), by setting tat to g.tail - m*T,
-// exactly as if they had never been leased. Otherwise the units are lost (counted as expired),
+// refunded or expired; for a token bucket it also returns the give-back's id, which it leaves in
+// lv. A window's units are taken off its count (a counter's give-back, exact at any time: see
+// countGive). A token bucket's units are the last m places before g.end: they are given back
+// only while lv still holds g.mark, the marker of our lease write (or of the give-back of the
+// chunk after g), so that nothing wrote after us (GCRA forgets idle time, so after any other
+// write, moving tat back could return refill the bucket had already lost to its cap, or hand out
+// places another lease holds), by setting tat to g.tail - m*T, exactly as if they had never been
+// leased, and lv to the give-back's own id. Otherwise the units are lost (counted as expired),
 // which costs the pool capacity, never exactness.
 //
-// Sending it twice is safe. The token bucket's write is conditional on the tat it replaces, which
-// it changes. The window's carries a marker: the attribute r<store id> holds the sequence number
-// of this Store's last give-back applied to the item, and the write applies only while that is
-// lower than its own (a pool's give-backs are serial: p.giveMu). A re-sent give-back whose first
-// attempt landed then fails its condition, and the item it returns (ALL_OLD) shows whether ours
-// landed: the marker is our number (window), tat is where we set it with our since (token bucket).
-func (p *pool) refundGrant(ctx context.Context, g grant) bool {
+// The outcome is settled by the give-back's own id only. Markers are unique and never written
+// twice, so once anything wrote after our lease (a give-back of ours included), no copy of this
+// give-back can land: a condition on tat alone could hold again (another lease of as many units
+// puts tat back where ours ended). A failed condition whose item shows our id in lv says that an
+// earlier attempt landed; one that shows another marker after an attempt whose answer was lost
+// cannot tell (a later write replaced ours): the units are counted expired though they may have
+// gone back, so the table is then roomier than counted, never the other way.
+func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 	if g.units <= 0 {
-		return true
+		return g.mark, true
 	}
 	p.giveMu.Lock()
 	defer p.giveMu.Unlock()
-	var u update
-	var landed func(old map[string]types.AttributeValue) bool
-	if p.gcra {
-		t := p.shards[g.shard].t // immutable after newPool
-		to := g.tail - g.units*t
-		u = update{
-			expr:   "SET #tat = :to",
-			cond:   "#tat = :end AND attribute_not_exists(#since)",
-			names:  map[string]string{"#tat": attrTat, "#since": attrSince},
-			values: map[string]types.AttributeValue{":to": num(to), ":end": num(g.end)},
-		}
-		if g.epoch.present {
-			u.cond = "#tat = :end AND #since = :since"
-			u.values[":since"] = num(g.epoch.v)
-		}
-		landed = func(old map[string]types.AttributeValue) bool {
-			tat, ok, _ := number(old, attrTat)
-			e, _ := epochOf(old)
-			return ok && tat == to && e.present == g.epoch.present && (!e.present || e.v == g.epoch.v)
-		}
-	} else {
-		seq := p.ls.giveSeq.Add(1)
-		u = update{
-			expr:   "ADD #count :minus SET #r = :seq",
-			cond:   "attribute_exists(#count) AND (attribute_not_exists(#r) OR #r < :seq)",
-			names:  map[string]string{"#count": attrCount, "#r": p.ls.marker},
-			values: map[string]types.AttributeValue{":minus": num(-g.units), ":seq": num(seq)},
-		}
-		landed = func(old map[string]types.AttributeValue) bool {
-			r, ok, _ := number(old, p.ls.marker)
-			return ok && r == seq
+	m := p.ls.s.m
+	if !p.gcra {
+		cg := p.ls.s.newCountGive(opLeaseRefund, g.pk, g.units, "attribute_exists(#count)")
+		for attempt := 1; ; attempt++ {
+			done, landed, err := cg.attempt(ctx)
+			if done && landed {
+				m.leaseUnits.WithLabelValues(unitsRefunded).Add(float64(g.units))
+				return 0, true
+			}
+			if !done {
+				m.errors.WithLabelValues(opLeaseRefund).Inc()
+			}
+			if done || errors.Is(err, errGiveBackUnknown) || attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
+				m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
+				return 0, false
+			}
 		}
 	}
-	m := p.ls.s.m
+	t := p.shards[g.shard].t // immutable after newPool
+	to := g.tail - g.units*t
+	gid := newMarker()
+	u := update{
+		expr:   "SET #tat = :to, #lv = :gid",
+		cond:   "#tat = :end AND #lv = :lv",
+		names:  map[string]string{"#tat": attrTat, "#lv": attrLeaseWrite},
+		values: map[string]types.AttributeValue{":to": num(to), ":end": num(g.end), ":lv": unum(g.mark), ":gid": unum(gid)},
+	}
 	for attempt := 1; ; attempt++ {
-		_, err := p.ls.s.updateItem(ctx, opLeaseRefund, g.pk, u, types.ReturnValueNone)
+		_, err := p.ls.s.updateItem(ctx, opLeaseRefund, g.pk, u, types.ReturnValueNone, noRetry)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
-		case err == nil || errors.As(err, &ccf) && landed(ccf.Item):
+		case err == nil || errors.As(err, &ccf) && leaseMark(ccf.Item) == gid:
 			m.leaseUnits.WithLabelValues(unitsRefunded).Add(float64(g.units))
-			if p.gcra {
-				p.mu.Lock()
-				if sh := &p.shards[g.shard]; sh.tat == g.end {
-					sh.tat = g.tail - g.units*sh.t
-				}
-				p.mu.Unlock()
+			p.mu.Lock()
+			if sh := &p.shards[g.shard]; sh.tat == g.end {
+				sh.tat = to
 			}
-			return true
+			p.mu.Unlock()
+			return gid, true
 		case errors.As(err, &ccf):
 			m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
-			return false
+			return 0, false
 		}
 		m.errors.WithLabelValues(opLeaseRefund).Inc()
 		if attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
 			// Never lost silently: counted as expired (it may have landed: then the table is
-			// roomier than we count, never the other way) and as an error.
+			// roomier than we count, never the other way).
 			m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
-			return false
+			return 0, false
 		}
 	}
+}
+
+// leaseMark is the marker in a shard item's lv (0 when there is none).
+func leaseMark(item map[string]types.AttributeValue) uint64 {
+	v, _, _ := number(item, attrLeaseWrite)
+	return uint64(v)
 }
 
 // sleepCtx waits d, or until ctx ends: false then.

@@ -57,6 +57,14 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, least, shift int6
 	}
 	for round := 0; round < 3; round++ {
 		fm := p.leaseForm(&sh, n, f, want, least, avail, slow)
+		if p.gcra {
+			// Every write to a token bucket's shard leaves its own marker: a give-back of
+			// its units lands only while it is still there (see refundGrant).
+			fm.mark = newMarker()
+			fm.u.expr += ", #lv = :lv"
+			fm.u.names["#lv"] = attrLeaseWrite
+			fm.u.values[":lv"] = unum(fm.mark)
+		}
 		// Sent once (noRetry): a lease write is not idempotent (form (b) and a window's ADD take
 		// again; form (a) and a drain fail their condition and the units are lost), so the
 		// SDK must not re-send one whose answer was lost. A throttled write was not applied and
@@ -112,6 +120,7 @@ type form struct {
 	floor int64 // an edge drain's lowest place but one (on the grid of T)
 	// target is where a drain leaves tat (GCRA) or the count (window); want the most it takes.
 	target, want int64
+	mark         uint64 // GCRA: the marker the write leaves in lv
 }
 
 // most is the most units f can take.
@@ -293,7 +302,7 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 	defer p.mu.Unlock()
 	sh := &p.shards[i]
 	p.nextID++
-	g := &grant{id: p.nextID, shard: i, at: n, pk: pk}
+	g := &grant{id: p.nextID, shard: i, at: n, pk: pk, mark: f.mark}
 	if p.gcra {
 		tat, ok, err := number(item, attrTat)
 		if err != nil || !ok && !f.edge {
@@ -309,16 +318,13 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 			}
 			g.units = (f.target - tat) / sh.t
 			base, g.end, g.tail = f.target-g.units*sh.t, f.target, f.target
-			g.epoch, _ = epochOf(item)
 		} else if f.drain {
 			// item is the old one: units sit at tat+T, ..., tat+units*T <= target.
 			g.units = (f.target - tat) / sh.t
 			base, g.end = tat, f.target
 			g.tail = tat + g.units*sh.t
-			g.epoch, _ = epochOf(item)
 		} else {
 			g.units, base, g.end, g.tail = f.m, tat-f.m*sh.t, tat, tat
-			g.epoch, _ = epochOf(item)
 		}
 		// Another of this pool's writes may have landed after this one and answered first.
 		sh.tat = max(sh.tat, g.end)

@@ -395,3 +395,59 @@ func TestEdgeDrainsSentOnce(t *testing.T) {
 	checkGCRABound(t, admitted, limit)
 	t.Logf("%d admitted; %d answers lost, %v units unanswered", len(admitted), lost, unanswered)
 }
+
+// TestKilledReplicaOnSlowStoreBound: on a slow store a replica's renewals are made as of a
+// round trip ahead (lead), so its places reach now + lead + tau - ttl, and a replica killed
+// holding them keeps the bucket from being full until lead + tau - ttl after the kill, which is
+// later than ttl + burst/rate when lead > 2 ttl. At that bound the survivor finds the whole
+// leasable burst.
+func TestKilledReplicaOnSlowStoreBound(t *testing.T) {
+	leakCheck(t)
+	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 100, Burst: 100}
+	lease := bucket.Lease{Shards: 1, TTL: 100 * time.Millisecond}
+	const lead = 600 * time.Millisecond
+	tt, tau := bucket.ShardGCRA(limit, 1, 0)
+	want := int((tau - int64(lease.TTL)) / tt)
+	// afterKill runs the victim on a table of its own until it dies, and returns what a
+	// survivor admits d after the kill.
+	afterKill := func(d time.Duration) int {
+		api := newMemAPI()
+		dead := &killable{API: api}
+		victim := dynamo.New(dead, dynamo.Options{Table: "t", Now: frozen})
+		dynamo.SetLeaseSlow(victim, lead, 10*time.Millisecond)
+		survivor := newLeaseStores(t, api, 1, nil)[0]
+		charge := []bucket.Charge{{Key: newKey(t), Limit: limit, Lease: lease}}
+		take := func(s *dynamo.Store, at time.Time, n int) int {
+			admitted := 0
+			for range n {
+				ok, err := s.Take(context.Background(), at, charge, make([]bucket.Result, 1))
+				if err == nil && ok {
+					admitted++
+				}
+			}
+			return admitted
+		}
+		at := t0
+		for range 200 { // 400/s, four times the rate, for 0.5 s
+			take(victim, at, 1)
+			dynamo.Settle(victim)
+			at = at.Add(2500 * time.Microsecond)
+		}
+		dead.kill()
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = victim.CloseLeases(ctx) // its give-backs fail: the process is dead
+		}()
+		return take(survivor, at.Add(d), 3*int(limit.Burst))
+	}
+	if got := afterKill(lead + time.Duration(tau) - lease.TTL); got != want {
+		t.Errorf("survivor at lead + tau - ttl after the kill: admitted %d, want the whole leasable burst %d", got, want)
+	}
+	// The bound that ignored the lead (ttl + burst/rate) is too early here: the checker can fail.
+	if got := afterKill(lease.TTL + time.Duration(tau)); got >= want {
+		t.Errorf("survivor at ttl + burst/rate after the kill: admitted %d, want fewer than %d (the victim's places made ahead still pending)", got, want)
+	} else {
+		t.Logf("survivor at ttl + burst/rate after the kill: %d of %d", got, want)
+	}
+}

@@ -78,6 +78,15 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	defer f.mu.Unlock()
 	f.calls++
 	item := f.items[pk]
+	// A write to a leased token bucket's shard leaves its marker in lv (see refundGrant).
+	if e, found := strings.CutSuffix(expr, ", #lv = :lv"); found {
+		expr = e
+		defer func() {
+			if err == nil {
+				f.items[pk]["lv"] = val(":lv")
+			}
+		}()
+	}
 	tat, hasTat := item["tat"]
 	cnt, hasCnt := item["count"]
 	// A sliding window's slot takes a write only while it is not sealed.
@@ -87,24 +96,50 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		cond, ok = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")"), !sealed
 	}
 	holds := true
-	if strings.HasPrefix(cond, "#wp = :w AND NOT contains(#g, :gid)") { // a charge's give-back (gcraRefund)
+	if strings.HasPrefix(cond, "#wp = :w") { // a charge's give-back (gcraRefund)
 		w, hasW := item[in.ExpressionAttributeNames["#wp"]]
-		_, given := item["g:"+strconv.FormatInt(val(":gid"), 10)]
-		holds = hasW && w == val(":w") && !given
-		for _, term := range strings.Split(cond, " AND ")[2:] {
+		holds = hasW && w == val(":w")
+		for _, term := range strings.Split(cond, " AND ")[1:] {
 			name, _, _ := strings.Cut(term, " >= ")
 			c, hasC := item[in.ExpressionAttributeNames[name]]
 			holds = holds && hasC && c >= val(":t")
 		}
 		cond = ""
 	}
-	if c, found := strings.CutSuffix(cond, " AND (attribute_not_exists(#b) OR #b < :seq)"); found { // a counter's give-back
-		b, hasB := item[in.ExpressionAttributeNames["#b"]]
-		holds = !hasB || b < val(":seq")
-		cond = strings.TrimSuffix(strings.TrimPrefix(c, "("), ")")
-		if cond == "#count >= :n" {
-			holds, cond = holds && hasCnt && cnt >= val(":n"), ""
+	if user, rest, found := strings.Cut(cond, ") AND #e = :e AND "); found || strings.Contains(cond, ") AND attribute_not_exists(#e) AND ") { // a counter's give-back (countRefund)
+		if !found {
+			user, rest, _ = strings.Cut(cond, ") AND attribute_not_exists(#e) AND ")
 		}
+		e, hasE := item["e"]
+		if found {
+			holds = hasE && e == val(":e")
+		} else {
+			holds = !hasE
+		}
+		ids, given := 0, false
+		for k := range item {
+			if strings.HasPrefix(k, "g:") {
+				ids++
+				given = given || k == "g:"+strconv.FormatInt(val(":gid"), 10)
+			}
+		}
+		switch rest {
+		case "(attribute_not_exists(#g) OR (size(#g) < :k AND NOT contains(#g, :gid)))":
+			holds = holds && (ids == 0 || ids < int(val(":k")) && !given)
+		case "size(#g) >= :k AND NOT contains(#g, :gid)":
+			holds = holds && ids >= int(val(":k")) && !given
+		default:
+			panic("unknown give-back condition " + rest)
+		}
+		switch strings.TrimPrefix(user, "(") {
+		case "#count >= :n":
+			holds = holds && hasCnt && cnt >= val(":n")
+		case "attribute_exists(#count)":
+			holds = holds && hasCnt
+		default:
+			panic("unknown give-back condition " + user)
+		}
+		cond = ""
 	}
 	switch cond {
 	case "": // unconditional (a seal)
@@ -116,17 +151,8 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		holds = !hasCnt || cnt <= val(":last")
 	case "#count <= :last":
 		holds = hasCnt && cnt <= val(":last")
-	case "attribute_exists(#tat) AND attribute_not_exists(#since)":
-		_, hasSince := item["since"]
-		holds = hasTat && !hasSince
-	case "attribute_exists(#tat) AND #since = :since":
-		since, hasSince := item["since"]
-		holds = hasTat && hasSince && since == val(":since")
 	case "attribute_exists(#count)":
 		holds = hasCnt
-	case "attribute_exists(#count) AND (attribute_not_exists(#r) OR #r < :seq)": // a lease's window units given back
-		r, hasR := item[in.ExpressionAttributeNames["#r"]]
-		holds = hasCnt && (!hasR || r < val(":seq"))
 	case "attribute_not_exists(#tat) OR #tat < :floor": // a lease from a bucket idle at its floor
 		holds = !hasTat || tat < val(":floor")
 	case "#tat >= :floor AND #tat <= :last": // a lease from a bucket past its floor
@@ -139,12 +165,9 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		holds = hasTat && tat >= val(":floor") && tat <= val(":most") && tat >= val(":fewest")
 	case "#count <= :most AND #count >= :fewest": // a lease draining a window
 		holds = hasCnt && cnt <= val(":most") && cnt >= val(":fewest")
-	case "#tat = :end AND attribute_not_exists(#since)": // a lease's units given back
-		_, hasSince := item["since"]
-		holds = hasTat && tat == val(":end") && !hasSince
-	case "#tat = :end AND #since = :since":
-		since, hasSince := item["since"]
-		holds = hasTat && tat == val(":end") && hasSince && since == val(":since")
+	case "#tat = :end AND #lv = :lv": // a lease's units given back
+		lv, hasLV := item["lv"]
+		holds = hasTat && tat == val(":end") && hasLV && lv == val(":lv")
 	default:
 		panic("unknown condition " + cond)
 	}
@@ -152,10 +175,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	if !ok {
 		var old map[string]types.AttributeValue
 		if item != nil {
-			old = map[string]types.AttributeValue{}
-			for k, v := range item {
-				old[k] = memNum(v)
-			}
+			old = memAttrs(item)
 		}
 		return nil, &types.ConditionalCheckFailedException{Message: aws.String("cond"), Item: old}
 	}
@@ -164,17 +184,13 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		f.items[pk] = item
 	}
 	if in.ReturnValues == types.ReturnValueAllOld {
-		old := map[string]types.AttributeValue{}
-		for k, v := range item {
-			old[k] = memNum(v)
-		}
+		old := memAttrs(item)
 		defer func() { out = old }()
 	}
 	out = map[string]types.AttributeValue{}
 	const chain = 8
 	switch {
 	case strings.HasPrefix(expr, "SET #tat = :next, #ttl = :ttl, #w1 = :w"): // form (a), chain reset
-		memClearGiven(item)
 		item["tat"], item["w1"], item["c1"] = val(":next"), val(":w"), val(":idle")
 		for i := 2; i <= chain; i++ {
 			delete(item, "w"+strconv.Itoa(i))
@@ -183,7 +199,6 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		out["tat"] = memNum(item["tat"])
 		return res, nil
 	case strings.HasPrefix(expr, "SET #tat = #tat + :t, #ttl = :ttl, #w"): // form (b), chain pushed
-		memClearGiven(item)
 		for i := chain; i >= 2; i-- {
 			prev := strconv.Itoa(i - 1)
 			if w, ok := item["w"+prev]; ok {
@@ -201,32 +216,34 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		item["tat"] += val(":t")
 		out["tat"] = memNum(item["tat"])
 		return res, nil
-	case strings.HasPrefix(expr, "SET #tat = #tat - :t"): // a give-back (gcraRefund)
+	case strings.HasPrefix(expr, "SET #tat = #tat - :t, #wp = :gid"): // a give-back (gcraRefund)
 		item["tat"] -= val(":t")
-		item["g:"+strconv.FormatInt(val(":gid"), 10)] = 1
-		sets, _ := strings.CutSuffix(strings.TrimPrefix(expr, "SET #tat = #tat - :t"), " ADD #g :gs")
+		item[in.ExpressionAttributeNames["#wp"]] = val(":gid")
+		sets := strings.TrimPrefix(expr, "SET #tat = #tat - :t, #wp = :gid")
 		for _, a := range strings.Split(strings.TrimPrefix(sets, ", "), ", ") {
 			if name, _, ok := strings.Cut(a, " = "); ok {
 				item[in.ExpressionAttributeNames[name]] -= val(":d")
 			}
 		}
 		return res, nil
-	case expr == "ADD #count :minus SET #b = :seq": // a counter's give-back
+	case expr == "ADD #count :minus, #g :gs": // a counter's give-back
 		item["count"] += val(":minus")
-		item[in.ExpressionAttributeNames["#b"]] = val(":seq")
+		item["g:"+strconv.FormatInt(val(":gid"), 10)] = 1
+		return res, nil
+	case expr == "ADD #count :minus SET #g = :gs, #e = :next": // a counter's give-back, new epoch
+		memClearGiven(item)
+		item["count"] += val(":minus")
+		item["g:"+strconv.FormatInt(val(":gid"), 10)] = 1
+		item["e"] = val(":next")
 		return res, nil
 	}
 	switch expr {
-	case "SET #tat = :next, #ttl = :ttl, #since = :now":
+	case "SET #tat = :next, #ttl = :ttl":
 		item["tat"] = val(":next")
-		item["since"] = val(":now")
-		out["tat"], out["since"] = memNum(item["tat"]), memNum(item["since"])
+		out["tat"] = memNum(item["tat"])
 	case "SET #tat = #tat + :t, #ttl = :ttl":
 		item["tat"] += val(":t")
 		out["tat"] = memNum(item["tat"])
-		if v, ok := item["since"]; ok {
-			out["since"] = memNum(v)
-		}
 	case "SET #tat = :next, #ttl = :ttl, #w = :w":
 		item["tat"], item["w"] = val(":next"), val(":w")
 		out["tat"], out["w"] = memNum(item["tat"]), memNum(item["w"])
@@ -239,8 +256,9 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		out["count"] = memNum(item["count"])
 	case "SET #tat = #tat - :t":
 		item["tat"] -= val(":t")
-	case "SET #tat = :to":
+	case "SET #tat = :to, #lv = :gid":
 		item["tat"] = val(":to")
+		item["lv"] = val(":gid")
 	case "SET #tat = :target, #ttl = :ttl":
 		item["tat"] = val(":target")
 		out["tat"] = memNum(item["tat"])
@@ -249,9 +267,6 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 		out["count"] = memNum(item["count"])
 	case "ADD #count :minus":
 		item["count"] += val(":minus")
-	case "ADD #count :minus SET #r = :seq":
-		item["count"] += val(":minus")
-		item[in.ExpressionAttributeNames["#r"]] = val(":seq")
 	case "SET #sealed = :true, #ttl = if_not_exists(#ttl, :ttl)":
 		item["sealed"] = 1
 		out["sealed"] = &types.AttributeValueMemberBOOL{Value: true}
@@ -276,14 +291,29 @@ func (f *memAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInpu
 			if !ok {
 				continue
 			}
-			av := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}}
-			for name, v := range item {
-				av[name] = memNum(v)
-			}
+			av := memAttrs(item)
+			av["pk"] = &types.AttributeValueMemberS{Value: pk}
 			out[table] = append(out[table], av)
 		}
 	}
 	return &dynamodb.BatchGetItemOutput{Responses: out}, nil
+}
+
+// memAttrs is item as DynamoDB returns it: its "g:<id>" entries as the number set g.
+func memAttrs(item map[string]int64) map[string]types.AttributeValue {
+	out := map[string]types.AttributeValue{}
+	var ids []string
+	for k, v := range item {
+		if id, ok := strings.CutPrefix(k, "g:"); ok {
+			ids = append(ids, id)
+			continue
+		}
+		out[k] = memNum(v)
+	}
+	if len(ids) > 0 {
+		out["g"] = &types.AttributeValueMemberNS{Value: ids}
+	}
+	return out
 }
 
 // memClearGiven empties an item's set of give-backs (kept as one "g:<id>" entry per id).

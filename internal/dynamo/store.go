@@ -5,13 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -25,9 +23,9 @@ const (
 	attrTat   = "tat"
 	attrCount = "count"
 	attrTTL   = "ttl"
-	// attrSince is the instant of the lease write that last found a shard idle (form (a)),
-	// which discards the units before it (see lease.go).
-	attrSince = "since"
+	// attrLeaseWrite is the marker of the last write to a leased token bucket's shard: a
+	// random id per lease write, and a give-back's own id (see refundGrant).
+	attrLeaseWrite = "lv"
 	// A GCRA item also keeps the chain of its last charge writes, w1..wN and c1..cN (chainW,
 	// chainC): what a give-back needs to be exact (see refund.go).
 	// attrSealed marks a closed sliding-window slot whose count is final (see sealSlots).
@@ -134,10 +132,8 @@ type Store struct {
 	leases     leases           // concurrency slots held, renewed until released
 	now        func() time.Time // Options.Now
 	log        *zap.Logger
-	// giveMark is the attribute of a counter item that holds giveSeq of this Store's last
-	// give-back applied to it (see countGiveBack): b and a random id, one per Store.
-	giveMark string
-	giveSeq  atomic.Int64
+	// epochs is the give-back epoch last seen per counter item (see countGiveBack).
+	epochs *boundedCache[string, int64]
 	// giveLogAt is when the last failed give-back was logged (Unix ns); giveLogged counts the
 	// failures not logged since.
 	giveLogAt, giveLogged atomic.Int64
@@ -186,7 +182,7 @@ func New(api API, o Options) *Store {
 		slotLease:  cmp.Or(o.SlotLease, defaultSlotLease),
 		leases:     leases{stop: make(chan struct{})},
 		log:        o.Logger,
-		giveMark:   fmt.Sprintf("b%016x", rand.Uint64()),
+		epochs:     newBoundedCache[string, int64](size),
 		now:        o.Now,
 	}
 	if s.now == nil {
@@ -307,18 +303,6 @@ type op struct {
 	pool    *pool
 	spent   []taken
 	spentAt int64
-}
-
-// epoch is the since attribute an applied lease write left: known says whether it is known,
-// present whether the item had one.
-type epoch struct {
-	v              int64
-	present, known bool
-}
-
-func epochOf(item map[string]types.AttributeValue) (epoch, error) {
-	v, ok, err := number(item, attrSince)
-	return epoch{v: v, present: ok, known: err == nil}, err
 }
 
 // Take implements bucket.Store.

@@ -180,10 +180,9 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 	}
 	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+|q-?[0-9]+|c)(#l[0-9]+)?$`)
 	slotRE := regexp.MustCompile(`^l[0-9a-f]{1,16}$`) // a concurrency slot's lease: a random id
-	giveRE := regexp.MustCompile(`^r[0-9a-f]{16}$`)   // a Store's give-back marker on a leased window's item
-	chainRE := regexp.MustCompile(`^([wc][1-8]|g)$`)  // a GCRA item's chain of last writes, its give-backs since
-	backRE := regexp.MustCompile(`^b[0-9a-f]{16}$`)   // a Store's last give-back to a counter
-	allowed := map[string]bool{"pk": true, "tat": true, "count": true, "ttl": true, "since": true, "sealed": true}
+	chainRE := regexp.MustCompile(`^[wc][1-8]$`)      // a GCRA item's chain of last writes
+	// A counter's give-backs: ids (g) and epoch (e); a leased token bucket's last write (lv).
+	allowed := map[string]bool{"pk": true, "tat": true, "count": true, "ttl": true, "sealed": true, "g": true, "e": true, "lv": true}
 	ours := map[string]bool{}
 	for _, c := range charges {
 		ours[c.Key.String()] = false
@@ -205,9 +204,8 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 				ours[pk[:32]] = true
 			}
 			for name := range item {
-				leasedWindow := strings.Contains(pk, "#w") && strings.Contains(pk, "#l")
-				if !allowed[name] && !(strings.HasSuffix(pk, "#c") && slotRE.MatchString(name)) && !(leasedWindow && giveRE.MatchString(name)) &&
-					!(strings.HasSuffix(pk, "#g") && chainRE.MatchString(name)) && !backRE.MatchString(name) {
+				if !allowed[name] && !(strings.HasSuffix(pk, "#c") && slotRE.MatchString(name)) &&
+					!(strings.HasSuffix(pk, "#g") && chainRE.MatchString(name)) {
 					t.Errorf("item %s: unexpected attribute %q", pk, name)
 				}
 			}

@@ -63,7 +63,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			group = append(group, o)
 		}
 	}
-	throttles := 0
+	throttles, conflicts := 0, 0
 	for round := 0; round < maxRounds; round++ {
 		items := make([]types.TransactWriteItem, len(group))
 		wids := make([]uint64, len(group))
@@ -89,6 +89,10 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			round-- // nothing was written: not a round of conflicts
 			continue
 		}
+		if err != nil && retryConflict(ctx, conflicts, err, took) {
+			conflicts++
+			continue // refused while another transaction wrote an item: nothing was written
+		}
 		err = throttledErr(err)
 		if err == nil {
 			for i, o := range group {
@@ -101,7 +105,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			s.m.errors.WithLabelValues(opTransact).Inc()
 			return fmt.Errorf("dynamo: transact %s: %w", group[0].pk, err)
 		}
-		again, rejected := false, false
+		again, rejected, conflicted := false, false, false
 		for i, reason := range tce.CancellationReasons {
 			switch code := aws.ToString(reason.Code); code {
 			case "", "None":
@@ -113,6 +117,9 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 				again = again || retry
 				rejected = rejected || !retry
 			case "TransactionConflict":
+				// Another transaction was writing the item: nothing was written, safe to
+				// send again after a short wait (below).
+				conflicted = true
 				again = true
 			case "ThrottlingError", "ProvisionedThroughputExceeded":
 				// Nothing was written; wait as for a throttled call, within the deadline.
@@ -138,6 +145,12 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 		}
 		if !again {
 			return fmt.Errorf("dynamo: transact %s: cancelled without a reason: %w", group[0].pk, err)
+		}
+		if conflicted {
+			if !backoff(ctx, conflicts, took) {
+				return fmt.Errorf("dynamo: transact %s: transaction conflict until the deadline: %w", group[0].pk, err)
+			}
+			conflicts++
 		}
 	}
 	return fmt.Errorf("dynamo: transact %s: %w", group[0].pk, ErrContention)

@@ -2,10 +2,13 @@ package dynamo_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
@@ -70,4 +73,77 @@ func TestTransactionCommittedGroupStaysAdmitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// conflictAPI refuses the first updates UpdateItem calls and the first transacts
+// TransactWriteItems calls with TransactionConflictException, without sending them: what
+// DynamoDB answers while another replica's transaction is writing the item. Then it passes
+// every call on.
+type conflictAPI struct {
+	dynamo.API
+	updates, transacts atomic.Int32
+}
+
+func (c *conflictAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if c.updates.Add(-1) >= 0 {
+		return nil, &types.TransactionConflictException{Message: aws.String("injected: transaction ongoing for the item")}
+	}
+	return c.API.UpdateItem(ctx, in, o...)
+}
+
+func (c *conflictAPI) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, o ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
+	if c.transacts.Add(-1) >= 0 {
+		return nil, &types.TransactionConflictException{Message: aws.String("injected: transaction ongoing for the item")}
+	}
+	return c.API.TransactWriteItems(ctx, in, o...)
+}
+
+// TestTransactionConflictRetried: in transaction mode a write refused with
+// TransactionConflictException (another replica's transaction held the item) was not applied,
+// so it is sent again rather than failing the decision: a single charge's UpdateItem, a
+// group's TransactWriteItems, and a give-back. Each charge is counted once.
+func TestTransactionConflictRetried(t *testing.T) {
+	api, table := localTable(t)
+	window := func() bucket.Charge {
+		return bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 2, Window: time.Hour}, Refundable: true}
+	}
+	t.Run("update", func(t *testing.T) {
+		f := &conflictAPI{API: api}
+		f.updates.Store(2)
+		s := dynamo.New(f, dynamo.Options{Table: table, Mode: dynamo.Transaction})
+		w := window()
+		if ok, _ := mustTake(t, s, t0, w); !ok {
+			t.Fatalf("a charge refused twice for a transaction conflict: rejected, want admitted")
+		}
+		if got := admits(t, s, t0, w, 2); got != 1 {
+			t.Errorf("admitted after it (limit 2): got %d, want 1 (counted once)", got)
+		}
+	})
+	t.Run("transact", func(t *testing.T) {
+		f := &conflictAPI{API: api}
+		f.transacts.Store(2)
+		s := dynamo.New(f, dynamo.Options{Table: table, Mode: dynamo.Transaction})
+		w, g := window(), bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}}
+		if ok, _ := mustTake(t, s, t0, w, g); !ok {
+			t.Fatalf("a group refused twice for a transaction conflict: rejected, want admitted")
+		}
+		if got := admits(t, s, t0, w, 2); got != 1 {
+			t.Errorf("window admitted after the group (limit 2): got %d, want 1 (counted once)", got)
+		}
+	})
+	t.Run("give-back", func(t *testing.T) {
+		f := &conflictAPI{API: api}
+		s := dynamo.New(f, dynamo.Options{Table: table, Mode: dynamo.Transaction})
+		w := window()
+		if got := admits(t, s, t0, w, 2); got != 2 {
+			t.Fatalf("first two: got %d admitted, want 2", got)
+		}
+		f.updates.Store(2)
+		if err := s.Release(context.Background(), t0, []bucket.Taken{{Charge: w, At: t0}}); err != nil {
+			t.Errorf("a give-back refused twice for a transaction conflict: %v, want it given back", err)
+		}
+		if got := admits(t, s, t0, w, 2); got != 1 {
+			t.Errorf("admitted after the give-back (limit 2, 2 taken, 1 given back): got %d, want 1", got)
+		}
+	})
 }

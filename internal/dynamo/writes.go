@@ -89,8 +89,7 @@ const idleCert = -1
 // pushChain adds to u (a GCRA charge write at :now, whose expression starts with SET) the
 // write's entry in the item's chain: marker wid and how far tat was past :now before it
 // (busy), or idleCert for a write that found the bucket idle, which also drops the older
-// entries (nothing before it can be given back). It also empties the set of give-backs applied
-// since the previous write.
+// entries (nothing before it can be given back).
 func pushChain(u *update, wid uint64, busy bool) {
 	u.names["#w1"], u.names["#c1"] = chainW(1), chainC(1)
 	u.values[":w"] = unum(wid)
@@ -105,8 +104,6 @@ func pushChain(u *update, wid uint64, busy bool) {
 			}
 			u.expr += w + ", " + c
 		}
-		u.names["#g"] = attrGiven
-		u.expr += ", #g" // the give-backs applied since the last write (see gcraGiveBack)
 		return
 	}
 	u.values[":none"], u.values[":idle"] = num(0), num(idleCert)
@@ -116,8 +113,7 @@ func pushChain(u *update, wid uint64, busy bool) {
 		u.expr += ", " + w + " = if_not_exists(" + pw + ", :none), " + c + " = if_not_exists(" + pc + ", :idle)"
 	}
 	// Operands are the item's values before the write: #tat is the tat the write found.
-	u.expr += ", #w1 = :w, #c1 = #tat - :now REMOVE #g"
-	u.names["#g"] = attrGiven
+	u.expr += ", #w1 = :w, #c1 = #tat - :now"
 }
 
 // leaseGCRA is a lease's token-bucket write at instant n: m units placed at or above the floor
@@ -130,10 +126,10 @@ func leaseGCRA(n, f, t, tauL, m int64, formB bool) update {
 	ttl := ttlAt(n + tauL) // tat never passes n + tauL
 	if !formB {
 		return update{
-			expr:   "SET #tat = :next, #ttl = :ttl, #since = :now",
+			expr:   "SET #tat = :next, #ttl = :ttl",
 			cond:   "attribute_not_exists(#tat) OR #tat < :floor",
-			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL, "#since": attrSince},
-			values: map[string]types.AttributeValue{":next": num(f + m*t), ":now": num(n), ":floor": num(f), ":ttl": ttl},
+			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
+			values: map[string]types.AttributeValue{":next": num(f + m*t), ":floor": num(f), ":ttl": ttl},
 		}
 	}
 	return update{
