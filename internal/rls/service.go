@@ -216,7 +216,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			o := d.GetLimit()
 			l, _ := policy.OverrideLimit(o.GetRequestsPerUnit(), policy.RLSUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
 			ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l}
-			view = limitView{name: policy.OverrideLabel(dom.Name, es), limit: l}
+			// The caller chooses an override's entries: its label is the domain's alone.
+			view = limitView{name: overrideLabel(dom.Name), limit: l}
 			view.metric = view.name
 			statuses[i].CurrentLimit = &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: pb.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()}
 		case kindRule:
