@@ -17,6 +17,7 @@ type compactSliding struct {
 	counts [slidingRing]uint16
 	tag    uint16 // widthTag of SlidingState.Width; 0 for a fresh key
 	room   uint16 // Count-cost of the key's last charge, for eviction (see memory_evict.go)
+	meta   uint64 // generation and pool (see gcraEntry)
 }
 
 // maxCompactCount is the largest Count whose keys the memory store keeps compact: a counter is
