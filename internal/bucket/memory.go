@@ -270,7 +270,7 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 			// A sweep may forget or evict keys of the group itself, which it then adds again:
 			// count again, and make more room if that is why there is too little.
 			for range 3 {
-				sh.sweep(ns, need)
+				sh.sweep(ns, need, share(sh.maxKeys, m.Pools()))
 				again := sh.newKeys(charges, idx, s)
 				if again == need || sh.len()+again <= sh.maxKeys {
 					break
@@ -615,8 +615,10 @@ func storeAt[S comparable](m *Memory, sh *shard, t *table[S], i int, existed boo
 		t.slots[i].st = *st
 		return true
 	}
+	// The pool's share first: a pool at its share makes room from its own keys, so that the
+	// shard's sweep does not take it from another pool's.
 	p := m.poolIndex(c.Pool)
-	if !sh.makeRoom(now) || !sh.poolRoom(now, p, m.Pools()) {
+	if n := m.Pools(); !sh.poolRoom(now, p, n) || !sh.makeRoom(now, share(sh.maxKeys, n)) {
 		m.takeOverflow(sh, c, now, r)
 		return false
 	}
@@ -635,7 +637,7 @@ func (m *Memory) takeWide(sh *shard, c *Charge, now int64, r *Result) {
 	}
 	if !existed {
 		p := m.poolIndex(c.Pool)
-		if !sh.makeRoom(now) || !sh.poolRoom(now, p, m.Pools()) {
+		if n := m.Pools(); !sh.poolRoom(now, p, n) || !sh.makeRoom(now, share(sh.maxKeys, n)) {
 			m.takeOverflow(sh, c, now, r)
 			return
 		}

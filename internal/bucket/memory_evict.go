@@ -141,7 +141,7 @@ func (m *Memory) Evicted() uint64 { return m.Evictions().LeastUsed }
 
 // makeRoom makes room for one key the shard is about to add, sweeping when it has reached its
 // sweep size, and reports whether there is room. The caller holds sh.mu.
-func (sh *shard) makeRoom(now int64) bool {
+func (sh *shard) makeRoom(now int64, limit int) bool {
 	n := sh.len()
 	if n < sh.sweepAt {
 		return true
@@ -149,7 +149,7 @@ func (sh *shard) makeRoom(now int64) bool {
 	if n >= sh.maxKeys && now < sh.fullUntil {
 		return false // nothing can go before then: no sweep needed to know it
 	}
-	sh.sweep(now, 1)
+	sh.sweep(now, 1, limit)
 	return sh.len() < sh.maxKeys
 }
 
@@ -177,7 +177,11 @@ func (sh *shard) refuse(c *Charge, now int64, r *Result) {
 // for need records in fullUntil when the first of its keys may go. Tables and maps do not shrink
 // when keys are deleted, so after a sweep that leaves under an eighth of a large peak they are
 // rebuilt. The caller holds sh.mu.
-func (sh *shard) sweep(now int64, need int) { sh.sweepOf(now, need, -1, 0) }
+//
+// limit is the share of the shard each pool may hold (0: no pools): while some pool holds more,
+// only such pools' keys are evicted, so that a pool within its share never loses a key to
+// another's.
+func (sh *shard) sweep(now int64, need, limit int) { sh.sweepOf(now, need, -1, limit) }
 
 // sweepPool is sweep for pool p at its share limit of the shard: it forgets every idle key, and
 // then evicts only p's least used, down to 15/16 of its share, none at its limit. When p is left
@@ -192,6 +196,14 @@ func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 		free = int64(math.MaxInt64)
 	)
 	ours := func(meta uint64) bool { return pool < 0 || int(metaPool(meta)) == pool }
+	if pool < 0 && limit > 0 {
+		for _, n := range sh.pools {
+			if int(n) > limit {
+				ours = func(meta uint64) bool { return sh.poolKeys(metaPool(meta)) > limit }
+				break
+			}
+		}
+	}
 	// The first pass forgets the idle keys and sorts the others into hist. (deleteWhile may
 	// visit a key twice; a key counted twice only makes the second pass stop a little early.)
 	first := func(meta uint64, lvl int, until int64) bool {
@@ -224,6 +236,9 @@ func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 	if pool >= 0 {
 		n, low = sh.poolKeys(uint16(pool)), limit-max(limit/16, 1)
 	}
+	// (While pools over their share are evicted, one may fall to its share on the way and its
+	// other keys stop being candidates: the sweep then makes a little less room, never takes
+	// from a pool within its share.)
 	if n > low {
 		// Every level below cut goes, and atCut keys of level cut.
 		cut, atCut := 0, n-low
