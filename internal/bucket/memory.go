@@ -463,8 +463,16 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 			e = sh.gcra.slots[i].st
 		}
 		e.tat, e.room = gcraTo(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
-		if r.Allowed && storeAt(m, &sh.shard, &sh.gcra, i, existed, c, &e, &e.meta, now, r) {
-			r.Token = m.gcraToken(e.meta, e.tat)
+		if r.Allowed {
+			stored := true
+			if existed {
+				sh.gcra.slots[i].st = e
+			} else if e.meta, stored = m.admitNew(&sh.shard, c, now, r); stored {
+				sh.gcra.insertNew(&c.Key, &e)
+			}
+			if stored {
+				r.Token = m.gcraToken(e.meta, e.tat)
+			}
 		}
 	case FixedWindow, Quota:
 		// A quota's state is a FixedState that ends at the next period start: it shares the
@@ -481,7 +489,13 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		}
 		if r.Allowed {
 			e.room = c.Limit.Count - c.N()
-			if storeAt(m, &sh.shard, &sh.fixed, i, existed, c, &e, &e.meta, now, r) {
+			stored := true
+			if existed {
+				sh.fixed.slots[i].st = e
+			} else if e.meta, stored = m.admitNew(&sh.shard, c, now, r); stored {
+				sh.fixed.insertNew(&c.Key, &e)
+			}
+			if stored {
 				r.Token = genToken(e.meta)
 			}
 		}
@@ -509,8 +523,10 @@ func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 		if existed {
 			sh.conc.slots[i].st = e
 			r.Token = genToken(e.meta)
-		} else if storeAt(m, &sh.shard, &sh.conc, i, false, c, &e, &e.meta, now.UnixNano(), r) {
-			r.Token = genToken(e.meta)
+		} else if meta, ok := m.admitNew(&sh.shard, c, now.UnixNano(), r); ok {
+			e.meta = meta
+			sh.conc.insertNew(&c.Key, &e)
+			r.Token = genToken(meta)
 		}
 	}
 	sh.mu.Unlock()
@@ -542,19 +558,20 @@ func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
 			if now-p.slot*w < w {
 				decide(&p.counts, p.slot, now, w, count, n, r)
 				if r.Allowed {
-					r.Token = genToken(p.meta)
+					r.Token = genToken(p.meta())
 				}
 				return
 			}
 			cur := floorDiv(now, w)
 			if cur-p.slot >= slidingRing && n <= count {
-				meta := p.meta
+				meta := p.meta()
 				*p = admitFresh(cur, now, w, count, n, p.tag, r)
-				p.room, p.meta = room, meta
+				p.room = room
+				p.setMeta(meta)
 				r.Token = genToken(meta)
 				return
 			}
-			st := compactSliding{slot: cur, tag: p.tag, room: room, meta: p.meta}
+			st := compactSliding{slot: cur, tag: p.tag, room: room, gen: p.gen, pool: p.pool}
 			if cur-p.slot < slidingRing {
 				st = *p
 				rotate(&st.counts, &st.slot, cur)
@@ -562,7 +579,7 @@ func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
 			decide(&st.counts, st.slot, now, w, count, n, r)
 			if r.Allowed {
 				*p = st
-				r.Token = genToken(st.meta)
+				r.Token = genToken(st.meta())
 			}
 			return
 		}
@@ -587,11 +604,15 @@ func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
 	st := admitFresh(cur, now, w, count, n, tag, r)
 	st.room = room
 	if existed {
-		st.meta = sh.sliding.slots[i].st.meta
+		st.setMeta(sh.sliding.slots[i].st.meta())
+		sh.sliding.slots[i].st = st
+	} else if meta, ok := m.admitNew(sh, c, now, r); ok {
+		st.setMeta(meta)
+		sh.sliding.insertNew(&c.Key, &st)
+	} else {
+		return
 	}
-	if storeAt(m, sh, &sh.sliding, i, existed, c, &st, &st.meta, now, r) {
-		r.Token = genToken(st.meta)
-	}
+	r.Token = genToken(st.meta())
 }
 
 // admitFresh is decide on an empty ring (every counter 0) at slot cur of width w, for a request
@@ -604,27 +625,19 @@ func admitFresh(cur, now, w, count, n int64, tag uint16, r *Result) compactSlidi
 	return st
 }
 
-// storeAt stores st (not the zero S, its meta at *meta) for c's key in t, a table of sh, where
-// t.find returned i and existed: in place when the key is stored, otherwise after making room
-// (a sweep moves the table's keys, so insertNew probes again), with a new meta counted in c's
-// pool. When the shard or the pool's share of it has no room (every key at its limit), the key
-// is not stored: c is decided on its pool's overflow state instead, r becomes that verdict, and
-// storeAt reports false. The caller holds sh.mu.
-func storeAt[S comparable](m *Memory, sh *shard, t *table[S], i int, existed bool, c *Charge, st *S, meta *uint64, now int64, r *Result) bool {
-	if existed {
-		t.slots[i].st = *st
-		return true
-	}
-	// The pool's share first: a pool at its share makes room from its own keys, so that the
-	// shard's sweep does not take it from another pool's.
+// admitNew makes room for c's new key in sh and returns the new entry's meta, counted in c's
+// pool: after making room (the pool's share first: a pool at its share makes room from its own
+// keys, so that the shard's sweep does not take it from another pool's). When the pool's share
+// or the shard has no room (every key that could go is at its limit), c is decided on its pool's
+// overflow state instead, r becomes that verdict, and admitNew reports false. A sweep moves a
+// table's keys: the caller inserts with insertNew, which probes again. The caller holds sh.mu.
+func (m *Memory) admitNew(sh *shard, c *Charge, now int64, r *Result) (uint64, bool) {
 	p := m.poolIndex(c.Pool)
 	if n := m.Pools(); !sh.poolRoom(now, p, n) || !sh.makeRoom(now, share(sh.maxKeys, n)) {
 		m.takeOverflow(sh, c, now, r)
-		return false
+		return 0, false
 	}
-	*meta = sh.admit(p)
-	t.insertNew(&c.Key, st)
-	return true
+	return sh.admit(p), true
 }
 
 // takeWide decides a sliding-window charge through a SlidingState, whichever map holds the key,
@@ -636,12 +649,10 @@ func (m *Memory) takeWide(sh *shard, c *Charge, now int64, r *Result) {
 		return
 	}
 	if !existed {
-		p := m.poolIndex(c.Pool)
-		if n := m.Pools(); !sh.poolRoom(now, p, n) || !sh.makeRoom(now, share(sh.maxKeys, n)) {
-			m.takeOverflow(sh, c, now, r)
+		var ok bool
+		if meta, ok = m.admitNew(sh, c, now, r); !ok {
 			return
 		}
-		meta = sh.admit(p)
 	}
 	sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N(), meta)
 	r.Token = genToken(meta)
@@ -650,7 +661,7 @@ func (m *Memory) takeWide(sh *shard, c *Charge, now int64, r *Result) {
 // slidingState returns the key's sliding-window state and meta from whichever map holds it.
 func (sh *shard) slidingState(k Key) (SlidingState, uint64, bool) {
 	if i, ok := sh.sliding.find(&k); ok {
-		return sh.sliding.slots[i].st.wide(), sh.sliding.slots[i].st.meta, true
+		return sh.sliding.slots[i].st.wide(), sh.sliding.slots[i].st.meta(), true
 	}
 	e, ok := sh.wide[k]
 	return e.SlidingState, e.meta, ok
@@ -663,7 +674,8 @@ func (sh *shard) slidingState(k Key) (SlidingState, uint64, bool) {
 func (sh *shard) storeSliding(k Key, st *SlidingState, count, room int64, meta uint64) {
 	if count <= maxCompactCount {
 		if cs, ok := compactOf(st); ok {
-			cs.room, cs.meta = uint16(max(room, 0)), meta
+			cs.room = uint16(max(room, 0))
+			cs.setMeta(meta)
 			sh.sliding.put(&k, &cs)
 			delete(sh.wide, k)
 			return

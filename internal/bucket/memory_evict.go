@@ -222,7 +222,7 @@ func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 	never := func() bool { return false }
 	sh.gcra.deleteWhile(func(e *gcraEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
 	sh.fixed.deleteWhile(func(e *fixedEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
-	sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
+	sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return first(e.meta(), l, u) }, never)
 	for k, e := range sh.wide {
 		if l, u := e.rank(now); first(e.meta, l, u) {
 			delete(sh.wide, k)
@@ -261,7 +261,7 @@ func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 		done := func() bool { return n <= low }
 		sh.gcra.deleteWhile(func(e *gcraEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
 		sh.fixed.deleteWhile(func(e *fixedEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
-		sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
+		sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return evict(e.meta(), l, u) }, done)
 		for k, e := range sh.wide {
 			if done() {
 				break

@@ -27,8 +27,12 @@ const maxPools = 1 << 16
 // forgotten, and when none is idle a new key of a full pool is refused as before pools.
 const maxOverflow = 1024
 
-// Entry meta: an entry's generation (unique within its shard, never reused) above its pool index.
-func newMeta(gen uint64, pool uint16) uint64 { return gen<<16 | uint64(pool) }
+// Entry meta: an entry's generation above its pool index, 48 bits (a compact sliding state keeps
+// it in the 6 bytes its alignment left). The generation is a shard's count of the entries it
+// created, modulo 2^32: an entry and one created again for the same key get the same generation
+// only if the shard created 2^32 entries (hours of new keys at a million a second in one shard)
+// while a charge of the first was outstanding.
+func newMeta(gen uint64, pool uint16) uint64 { return uint64(uint32(gen))<<16 | uint64(pool) }
 func metaPool(meta uint64) uint16            { return uint16(meta) }
 func metaGen(meta uint64) uint64             { return meta >> 16 }
 
