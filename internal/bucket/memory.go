@@ -22,9 +22,10 @@ type MemoryOptions struct {
 	Shards int
 	// MaxKeys caps the tracked keys, all algorithms together: never more are kept. The cap is
 	// split across shards (fewer shards when MaxKeys is small, so each holds at least 16), so
-	// with unevenly spread keys evictions can begin a few percent below MaxKeys. A shard at its
-	// cap evicts idle keys, then the least used, never a key at its limit: when only such keys
-	// are left, it refuses new keys (see Memory).
+	// with unevenly spread keys evictions can begin a few percent below MaxKeys. Each shard's
+	// cap is split evenly between the pools (Charge.Pool). A shard or pool at its cap evicts
+	// idle keys, then the least used, never a key at its limit: when only such keys are left,
+	// new keys are decided on the pool's overflow bucket (see Memory and memory_pool.go).
 	// (Optional) default 1_000_000.
 	MaxKeys int
 }
@@ -49,10 +50,13 @@ type MemoryOptions struct {
 // across shards): when a sweep leaves a shard within 1/16 of its cap, it evicts live keys down
 // to 15/16 of it, the least used first (the smallest share of their limit in use), and never a
 // key at its limit (one whose next request of the cost it was last charged would be rejected).
-// When every key of a full shard is at its limit, the shard refuses new keys instead: the request
-// that would need one is rejected, with a RetryAfter until the first of them is free to go. So a
-// flood of distinct keys, however many and however chosen, never resets a key at its limit, and
-// the store never holds more than MaxKeys. See docs/operations.md ("Many keys") for the trade-off.
+// Each shard's cap is split between the pools the store knows (a policy, an RLS domain: see
+// memory_pool.go), and a pool holds at most its share: when every key a new key could displace
+// is at its limit, the new key is decided on its pool's overflow bucket, shared by every such
+// key at the pool's own limit. So a flood of distinct keys, however many and however chosen,
+// never resets a key at its limit, never refuses a new key of another pool, and the store never
+// holds more than MaxKeys (plus at most maxOverflow overflow states). See docs/operations.md
+// ("Memory store") for the trade-off.
 //
 // A key's shard is chosen by a hash keyed with a secret drawn per store (crypto/rand), so that
 // no client can choose key values that land in one shard.

@@ -115,8 +115,9 @@ type MemoryEvictions struct {
 	// LeastUsed live keys were evicted because a shard reached its share of MaxKeys: the least
 	// used first, never one at its limit. Each forgave its client what it had used.
 	LeastUsed uint64
-	// Refused counts charges (one per enforced policy of a request) that needed a new key in a
-	// shard full of keys at their limit: they were rejected rather than reset anyone's limit.
+	// Refused counts charges (one per enforced policy of a request) that needed a new key when
+	// their pool's share was full of keys at their limit and no overflow state could be made
+	// (maxOverflow in use): they were rejected rather than reset anyone's limit.
 	Refused uint64
 }
 
@@ -153,13 +154,13 @@ func (sh *shard) makeRoom(now int64, limit int) bool {
 	return sh.len() < sh.maxKeys
 }
 
-// refuse writes into r the verdict for c when its key cannot be stored: rejected, with a
-// RetryAfter until the first key of the shard may be evicted (ConcurrencyRetry when only slots
-// in flight hold the shard). The caller holds sh.mu.
+// refuse writes into r the verdict for c when its key can be neither stored nor decided on an
+// overflow state (every one of them in use): rejected, with a RetryAfter until the first key of
+// the shard may be evicted when a sweep found that, a second otherwise. The caller holds sh.mu.
 func (sh *shard) refuse(c *Charge, now int64, r *Result) {
 	retry := ConcurrencyRetry
-	if sh.fullUntil != math.MaxInt64 {
-		retry = time.Duration(max(sh.fullUntil-now, 1))
+	if sh.fullUntil != math.MaxInt64 && sh.fullUntil > now {
+		retry = time.Duration(sh.fullUntil - now)
 	}
 	limit := c.Limit.Count
 	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {

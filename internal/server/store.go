@@ -74,7 +74,7 @@ func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometh
 			}, func() float64 { return float64(m.Overflowed()) })),
 			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "ratelimit_memory_keys_refused_total",
-				Help: "Charges (one per enforced policy of a request) rejected because they needed a new key in a memory-store shard at store.max_keys whose every key was at its limit.",
+				Help: "Charges (one per enforced policy of a request) rejected because they needed a new key while their pool's share of store.max_keys was full and every overflow bucket was in use.",
 			}, func() float64 { return float64(m.Evictions().Refused) })),
 		)
 		if err != nil {
