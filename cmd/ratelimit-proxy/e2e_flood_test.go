@@ -17,7 +17,8 @@ import (
 // of the value, all public), are sent at full speed. The victim's limits must stay exhausted, the
 // store must hold at most max_keys, and the evictions must be counted by kind. A second flood of
 // keys that each reach their own limit with one request fills the store with keys at their
-// limit: new keys are then refused (429, counted), and still no exhausted key is reset.
+// limit: new keys then share the policy's overflow bucket (429 once it is spent, counted), and
+// still no exhausted key is reset.
 func TestFloodKeepsExhaustedQuota(t *testing.T) {
 	const maxKeys = 1000
 	// A period that ends during the test would reset the quota for real: use a zone whose
@@ -117,8 +118,9 @@ policies:
 		t.Errorf(`ratelimit_memory_evictions_total{kind="least_used"}: got %v, want the flood's keys evicted`, leastUsed)
 	}
 
-	// Keys that reach their limit with their first request: the store fills with them, then
-	// refuses new keys rather than evict one.
+	// Keys that reach their limit with their first request: the policy's share of the store
+	// fills with them, then its new keys share its overflow bucket (a quota of 1 a day, spent by
+	// the first of them) rather than evict one.
 	as = burst(c, g.proxy+"/b/x", 2*maxKeys, 32, func(i int) []string { return []string{"X-Api-Key", fmt.Sprintf("x%d", i)} })
 	refused := 0
 	for i, a := range as {
@@ -133,9 +135,12 @@ policies:
 		}
 	}
 	victimStill("after a flood of keys at their limit")
-	got := metric(t, g.admin, "ratelimit_memory_keys_refused_total")
-	if refused == 0 || got != float64(refused) {
-		t.Errorf("new keys refused: %d answers 429, ratelimit_memory_keys_refused_total %v; want both equal and above 0", refused, got)
+	overflow := metric(t, g.admin, "ratelimit_memory_overflow_total")
+	if refused == 0 || overflow != float64(refused+1) {
+		t.Errorf("new keys on the overflow bucket: %d answers 429, ratelimit_memory_overflow_total %v; want the 429s and the one the bucket admitted", refused, overflow)
+	}
+	if got := metric(t, g.admin, "ratelimit_memory_keys_refused_total"); got != 0 {
+		t.Errorf("ratelimit_memory_keys_refused_total: got %v, want 0 (the overflow bucket decides)", got)
 	}
 	if keys := metric(t, g.admin, "ratelimit_memory_keys"); keys > maxKeys {
 		t.Errorf("ratelimit_memory_keys after the second flood: got %v, want at most %d", keys, maxKeys)

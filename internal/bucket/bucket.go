@@ -100,6 +100,11 @@ type Charge struct {
 	// Lease asks a shared store to serve the charge from capacity leased in batches; stores
 	// that keep state in this process ignore it.
 	Lease Lease
+	// Pool names whose share of the memory store's keys a new key takes: the policy's name,
+	// or the RLS domain's ("rls:" and the domain). A flood of new keys in one pool fills only
+	// its own share, so it never refuses a new key of another (see Memory). Other stores
+	// ignore it.
+	Pool string
 }
 
 // N returns the number of requests the charge spends: Cost, or 1 when Cost is 0 (or negative).

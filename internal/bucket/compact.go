@@ -13,11 +13,19 @@ import "math"
 // compact ring with the functions SlidingState.take uses (rotate, decide), on narrower counters
 // (TestMemorySlidingMatchesSliding holds the store to Sliding's states and verdicts).
 type compactSliding struct {
-	slot   int64 // SlidingState.Slot
+	slot   int64  // SlidingState.Slot
+	gen    uint32 // the entry's meta (see gcraEntry), in what the struct's 8-byte alignment left
 	counts [slidingRing]uint16
 	tag    uint16 // widthTag of SlidingState.Width; 0 for a fresh key
 	room   uint16 // Count-cost of the key's last charge, for eviction (see memory_evict.go)
+	pool   uint16
 }
+
+// meta is the entry's meta, its generation and pool (see newMeta).
+func (s *compactSliding) meta() uint64 { return newMeta(uint64(s.gen), s.pool) }
+
+// setMeta stores meta in the entry.
+func (s *compactSliding) setMeta(meta uint64) { s.gen, s.pool = uint32(metaGen(meta)), metaPool(meta) }
 
 // maxCompactCount is the largest Count whose keys the memory store keeps compact: a counter is
 // incremented only while the sum of all of them is below Count, so none can exceed Count.

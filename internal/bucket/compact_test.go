@@ -114,7 +114,7 @@ func TestMemorySlidingMatchesSliding(t *testing.T) {
 					if _, err := m.Take(ctx, time.Unix(0, now), []Charge{{Key: key, Limit: l}}, res[:1]); err != nil {
 						t.Fatal(err)
 					}
-					got = res[0]
+					got = noToken(res[0])
 					next, r := Sliding(ref, now, l)
 					if r.Allowed {
 						ref = next
@@ -130,7 +130,7 @@ func TestMemorySlidingMatchesSliding(t *testing.T) {
 					if r.Allowed {
 						ref = next
 					}
-					if res[1] != r {
+					if noToken(res[1]) != r {
 						t.Fatalf("round %d step %d (group, %+v at %d): got %+v, want %+v", round, i, l, now, res[1], r)
 					}
 				case 3: // the key twice in one group: committed only if both conform
@@ -147,7 +147,7 @@ func TestMemorySlidingMatchesSliding(t *testing.T) {
 					if r1.Allowed && r2.Allowed {
 						ref = next2
 					}
-					if res[0] != r1 || res[1] != r2 || admitted != (r1.Allowed && r2.Allowed) {
+					if noToken(res[0]) != r1 || noToken(res[1]) != r2 || admitted != (r1.Allowed && r2.Allowed) {
 						t.Fatalf("round %d step %d (twice, %+v at %d): got %v %+v %+v, want %+v %+v", round, i, l, now, admitted, res[0], res[1], r1, r2)
 					}
 				}
@@ -271,4 +271,11 @@ func TestMemoryCapCountsWideKeys(t *testing.T) {
 	if got := m.Evicted(); got != before {
 		t.Errorf("idle keys only: got %d more evicted, want 0", got-before)
 	}
+}
+
+// noToken is r without its Token: the memory store's is the entry's generation (opaque), which
+// the pure functions the tests compare with know nothing of.
+func noToken(r Result) Result {
+	r.Token = 0
+	return r
 }

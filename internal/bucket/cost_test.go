@@ -164,10 +164,11 @@ func TestRefundsGiveTheWholeCost(t *testing.T) {
 func TestMemoryReleasesWeightedQuota(t *testing.T) {
 	m := bucket.NewMemory(bucket.MemoryOptions{})
 	c := bucket.Charge{Key: keyN(7), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Month}, Cost: 4}
-	if ok, r := takeAt(t, m, t0, c); !ok || r[0].Remaining != 6 {
+	ok, r := takeAt(t, m, t0, c)
+	if !ok || r[0].Remaining != 6 {
 		t.Fatalf("take: got %v %+v, want admitted with 6 left", ok, r[0])
 	}
-	if err := m.Release(context.Background(), t0, []bucket.Taken{{Charge: c, At: t0}}); err != nil {
+	if err := m.Release(context.Background(), t0, []bucket.Taken{{Charge: c, At: t0, Token: r[0].Token}}); err != nil {
 		t.Fatal(err)
 	}
 	if ok, r := takeAt(t, m, t0, c); !ok || r[0].Remaining != 6 {

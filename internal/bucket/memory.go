@@ -22,9 +22,10 @@ type MemoryOptions struct {
 	Shards int
 	// MaxKeys caps the tracked keys, all algorithms together: never more are kept. The cap is
 	// split across shards (fewer shards when MaxKeys is small, so each holds at least 16), so
-	// with unevenly spread keys evictions can begin a few percent below MaxKeys. A shard at its
-	// cap evicts idle keys, then the least used, never a key at its limit: when only such keys
-	// are left, it refuses new keys (see Memory).
+	// with unevenly spread keys evictions can begin a few percent below MaxKeys. Each shard's
+	// cap is split evenly between the pools (Charge.Pool). A shard or pool at its cap evicts
+	// idle keys, then the least used, never a key at its limit: when only such keys are left,
+	// new keys are decided on the pool's overflow bucket (see Memory and memory_pool.go).
 	// (Optional) default 1_000_000.
 	MaxKeys int
 }
@@ -49,10 +50,13 @@ type MemoryOptions struct {
 // across shards): when a sweep leaves a shard within 1/16 of its cap, it evicts live keys down
 // to 15/16 of it, the least used first (the smallest share of their limit in use), and never a
 // key at its limit (one whose next request of the cost it was last charged would be rejected).
-// When every key of a full shard is at its limit, the shard refuses new keys instead: the request
-// that would need one is rejected, with a RetryAfter until the first of them is free to go. So a
-// flood of distinct keys, however many and however chosen, never resets a key at its limit, and
-// the store never holds more than MaxKeys. See docs/operations.md ("Many keys") for the trade-off.
+// Each shard's cap is split between the pools the store knows (a policy, an RLS domain: see
+// memory_pool.go), and a pool holds at most its share: when every key a new key could displace
+// is at its limit, the new key is decided on its pool's overflow bucket, shared by every such
+// key at the pool's own limit. So a flood of distinct keys, however many and however chosen,
+// never resets a key at its limit, never refuses a new key of another pool, and the store never
+// holds more than MaxKeys (plus at most maxOverflow overflow states). See docs/operations.md
+// ("Memory store") for the trade-off.
 //
 // A key's shard is chosen by a hash keyed with a secret drawn per store (crypto/rand), so that
 // no client can choose key values that land in one shard.
@@ -61,7 +65,9 @@ type MemoryOptions struct {
 type Memory struct {
 	shards []paddedShard
 	mask   uint64
-	seed   [4]uint64 // keys the shard choice: see shardOf
+	seed   [4]uint64 // keys the shard choice (see shardOf) and the GCRA tokens (gcraToken)
+	pools  pools     // pool names to indexes (see memory_pool.go)
+	over   overflow  // the pools' overflow states
 }
 
 var _ Releaser = (*Memory)(nil)
@@ -89,28 +95,43 @@ type shard struct {
 	// keys are refused until then without sweeping again. 0 when the shard is not full.
 	fullUntil int64
 	stats     evictions // counted under mu, summed by Memory.Evictions
+	gen       uint64    // the last generation handed to a new entry (see admit)
+	pools     []int32   // keys held per pool index
+	// poolFull is, for a pool at its share of the shard after a sweep found nothing of it to
+	// evict, the first instant one of its keys may go: its new keys overflow until then.
+	poolFull map[uint16]int64
 }
 
 // gcraEntry is a token- or leaky-bucket key's state: its tat, and the room the Limit leaves a
 // request of the cost it was last charged (tau-cost*T: the key is at its limit while tat-now
-// exceeds it).
-type gcraEntry struct{ tat, room int64 }
+// exceeds it). Every entry also carries its meta: its generation (unique in its shard, so that
+// a give-back never lands in an entry created again after the one it was counted in was
+// evicted) and its pool (see memory_pool.go).
+type gcraEntry struct {
+	tat, room int64
+	meta      uint64
+}
 
 // fixedEntry is a fixed-window or quota key's state, and the room its Limit leaves (Count-cost:
 // the key is at its limit while its count exceeds it).
 type fixedEntry struct {
 	FixedState
 	room int64
+	meta uint64
 }
 
 // wideEntry is a sliding-window key's state kept as a SlidingState, and the room (Count-cost).
 type wideEntry struct {
 	SlidingState
 	room int64
+	meta uint64
 }
 
 // concEntry is a concurrency key's state: requests in flight + concStored, and its Count.
-type concEntry struct{ n, count int64 }
+type concEntry struct {
+	n, count int64
+	meta     uint64
+}
 
 // paddedShard keeps neighbouring shards' mutexes off each other's cache lines (128 bytes: the
 // adjacent-line prefetcher pairs 64-byte lines).
@@ -136,6 +157,8 @@ func NewMemory(o MemoryOptions) *Memory {
 	// Floor division with the remainder handed out one by one: the caps sum to exactly maxKeys.
 	perShard, extra := maxKeys/n, maxKeys%n
 	m := &Memory{shards: make([]paddedShard, n), mask: uint64(n - 1)}
+	m.pools.idx = make(map[string]uint16)
+	m.over.states = make(map[overflowKey]*overflowState)
 	var seed [32]byte
 	_, _ = crand.Read(seed[:]) // never fails (crypto/rand: it crashes the program instead)
 	for i := range m.seed {
@@ -238,16 +261,8 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 		m.shards[s].mu.Lock()
 	}
 	// Room first: each shard makes room for the keys the group adds before anything is
-	// evaluated, so that no sweep runs between a charge's evaluation and its commit. A shard that
-	// cannot (every key in it at its limit) refuses the group's new keys there.
-	var fullBuf [groupStack]bool
-	full := fullBuf[:0]
-	if len(locks) > groupStack {
-		full = make([]bool, 0, len(locks))
-	}
-	full = full[:len(locks)]
-	anyFull := false
-	for li, s := range locks {
+	// evaluated, so that no sweep runs between a charge's evaluation and its commit.
+	for _, s := range locks {
 		sh := &m.shards[s]
 		// The common case: even if every charge on this shard added a key, it would stay below
 		// its sweep size (never above its cap): no need to look the keys up twice.
@@ -259,50 +274,159 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 			// A sweep may forget or evict keys of the group itself, which it then adds again:
 			// count again, and make more room if that is why there is too little.
 			for range 3 {
-				sh.sweep(ns, need)
+				sh.sweep(ns, need, share(sh.maxKeys, m.Pools()))
 				again := sh.newKeys(charges, idx, s)
 				if again == need || sh.len()+again <= sh.maxKeys {
-					need = again
 					break
 				}
 				need = again
 			}
 		}
-		full[li] = sh.len()+need > sh.maxKeys
-		anyFull = anyFull || full[li]
 	}
+	var (
+		howBuf   [groupStack]uint8
+		ownerBuf [groupStack]int
+		resvBuf  [groupStack]uint64
+		usedBuf  [groupStack]bool
+		addedBuf [groupStack]int
+	)
+	g := placement{how: howBuf[:0], owner: ownerBuf[:0], resv: resvBuf[:0], used: usedBuf[:0], added: addedBuf[:0]}
+	if len(charges) > groupStack || len(locks) > groupStack {
+		g = placement{how: make([]uint8, 0, len(charges)), owner: make([]int, 0, len(charges)),
+			resv: make([]uint64, 0, len(charges)), used: make([]bool, 0, len(charges)), added: make([]int, 0, len(locks))}
+	}
+	g.how, g.owner, g.resv, g.used, g.added = g.how[:len(charges)], g.owner[:len(charges)], g.resv[:len(charges)], g.used[:len(charges)], g.added[:len(locks)]
+	m.placeGroup(&g, charges, idx, locks, ns)
 	admitted := true
 	for i := range charges {
 		c := &charges[i]
-		sh := &m.shards[idx[i]]
-		if anyFull {
-			if li, _ := slices.BinarySearch(locks, idx[i]); full[li] && !sh.has(c) {
-				sh.refuse(c, ns, &results[i])
-				admitted = admitted && c.Shadow
-				continue
-			}
+		if g.how[i] == placeRefused {
+			m.shards[idx[i]].refuse(c, ns, &results[i])
+			admitted = admitted && c.Shadow
+			continue
 		}
 		var prev *pending
 		for j := i - 1; j >= 0; j-- {
-			if results[j].Allowed && charges[j].Key == c.Key && sameState(charges[j].Limit.Algorithm, c.Limit.Algorithm) {
+			if results[j].Allowed && g.how[j] == g.how[i] && sameState(charges[j].Limit.Algorithm, c.Limit.Algorithm) &&
+				(g.how[i] == placeStore && charges[j].Key == c.Key ||
+					g.how[i] == placeOverflow && charges[j].Pool == c.Pool && charges[j].Limit == c.Limit) {
 				prev = &pend[j]
 				break
 			}
 		}
-		sh.eval(c, ns, &pend[i], prev, &results[i])
+		if g.how[i] == placeOverflow {
+			m.evalOverflow(c, ns, &pend[i], prev, &results[i])
+		} else {
+			m.shards[idx[i]].eval(c, ns, &pend[i], prev, &results[i])
+		}
 		admitted = admitted && (results[i].Allowed || c.Shadow)
 	}
 	if admitted {
 		for i := range charges {
-			if results[i].Allowed {
-				m.shards[idx[i]].commit(&charges[i], &pend[i])
+			c, r := &charges[i], &results[i]
+			if !r.Allowed {
+				continue
+			}
+			if g.how[i] == placeOverflow {
+				m.commitOverflow(c, ns, &pend[i], r) // placeGroup made its state: it cannot fail
+				continue
+			}
+			var meta uint64
+			if o := g.owner[i]; o >= 0 && !g.used[o] {
+				meta, g.used[o] = g.resv[o], true
+			}
+			meta = m.shards[idx[i]].commit(c, &pend[i], meta)
+			r.Token = genToken(meta)
+			if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
+				r.Token = m.gcraToken(meta, pend[i].tat)
 			}
 		}
+	}
+	// Keys placed for the group and never stored give their place back.
+	for i := range charges {
+		if g.owner[i] == i && !g.used[i] {
+			m.shards[idx[i]].forget(g.resv[i])
+		}
+	}
+	if g.over {
+		m.over.mu.Unlock()
 	}
 	for _, s := range locks {
 		m.shards[s].mu.Unlock()
 	}
 	return admitted, nil
+}
+
+// How a group's charge is placed: on its key's entry, stored or new (placeStore), on its pool's
+// overflow state (placeOverflow), or refused (placeRefused: no overflow state could be made).
+const (
+	placeStore = iota
+	placeOverflow
+	placeRefused
+)
+
+// placement is where each charge of a group goes (see placeGroup).
+type placement struct {
+	how   []uint8
+	owner []int    // for a new key: the first charge of the group on it (-1: the key is stored)
+	resv  []uint64 // for a charge that owns a new key: the meta reserved for it
+	used  []bool   // whether the owner's reserved meta was stored
+	added []int    // new keys placed per shard of locks
+	over  bool     // m.over.mu is held
+}
+
+// placeGroup decides into g (its slices as long as the group, added as locks), before anything
+// is evaluated, where each charge of a group goes: a new
+// key takes a place in its shard when the shard is below its cap and the key's pool below its
+// share (after a sweep of the pool's idle and least used keys: see poolRoom), counted at once so
+// that the group's other new keys see it; otherwise it goes to its pool's overflow state, made
+// now so that the commit cannot fail. Every sweep runs before any key is looked up, so the
+// placements stay true until the commit. The caller holds the shards' locks; placeGroup leaves
+// m.over.mu held when it reports over.
+func (m *Memory) placeGroup(g *placement, charges []Charge, idx []uint32, locks []uint32, ns int64) {
+	// The pools' sweeps first.
+	pools := m.Pools()
+	for i := range charges {
+		c, sh := &charges[i], &m.shards[idx[i]]
+		if !sh.has(c) {
+			p := m.poolIndex(c.Pool)
+			pools = m.Pools()
+			if sh.poolKeys(p) >= share(sh.maxKeys, pools) {
+				sh.poolRoom(ns, p, pools)
+			}
+		}
+	}
+	for i := range charges {
+		c, sh := &charges[i], &m.shards[idx[i]]
+		g.owner[i] = -1
+		if sh.has(c) {
+			continue
+		}
+		for j := range i {
+			if g.owner[j] >= 0 && idx[j] == idx[i] && charges[j].Key == c.Key && sameState(charges[j].Limit.Algorithm, c.Limit.Algorithm) {
+				g.owner[i], g.how[i] = g.owner[j], g.how[j]
+				break
+			}
+		}
+		if g.owner[i] >= 0 {
+			continue
+		}
+		li, _ := slices.BinarySearch(locks, idx[i])
+		p := m.poolIndex(c.Pool)
+		if sh.len()+g.added[li] < sh.maxKeys && sh.poolKeys(p) < share(sh.maxKeys, pools) {
+			g.owner[i], g.resv[i] = i, sh.admit(p)
+			g.added[li]++
+			continue
+		}
+		if !g.over {
+			m.over.mu.Lock()
+			g.over = true
+		}
+		g.how[i] = placeOverflow
+		if m.overflowState(c, ns, true) == nil {
+			g.how[i] = placeRefused
+		}
+	}
 }
 
 // newKeys counts the entries that the charges on shard s (idx[i] is charge i's shard) would add
@@ -338,15 +462,21 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
 		i, existed := sh.gcra.find(&c.Key)
-		var tat int64
-		if existed {
-			tat = sh.gcra.slots[i].st.tat
-		}
 		var e gcraEntry
-		e.tat, e.room = gcraTo(tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
+		if existed {
+			e = sh.gcra.slots[i].st
+		}
+		e.tat, e.room = gcraTo(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
 		if r.Allowed {
-			r.Token = gcraToken(e.tat)
-			storeAt(&sh.shard, &sh.gcra, i, existed, c, &e, now, r)
+			stored := true
+			if existed {
+				sh.gcra.slots[i].st = e
+			} else if e.meta, stored = m.admitNew(&sh.shard, c, now, r); stored {
+				sh.gcra.insertNew(&c.Key, &e)
+			}
+			if stored {
+				r.Token = m.gcraToken(e.meta, e.tat)
+			}
 		}
 	case FixedWindow, Quota:
 		// A quota's state is a FixedState that ends at the next period start: it shares the
@@ -354,7 +484,7 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		i, existed := sh.fixed.find(&c.Key)
 		var e fixedEntry
 		if existed {
-			e.FixedState = sh.fixed.slots[i].st.FixedState
+			e = sh.fixed.slots[i].st
 		}
 		if c.Limit.Algorithm == Quota {
 			e.FixedState, *r = QuotaN(e.FixedState, now, c.Limit, c.N())
@@ -363,10 +493,18 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		}
 		if r.Allowed {
 			e.room = c.Limit.Count - c.N()
-			storeAt(&sh.shard, &sh.fixed, i, existed, c, &e, now, r)
+			stored := true
+			if existed {
+				sh.fixed.slots[i].st = e
+			} else if e.meta, stored = m.admitNew(&sh.shard, c, now, r); stored {
+				sh.fixed.insertNew(&c.Key, &e)
+			}
+			if stored {
+				r.Token = genToken(e.meta)
+			}
 		}
 	default: // SlidingWindow; Take has checked the algorithm and sent Concurrency to takeSlot
-		sh.takeSliding(c, now, r)
+		m.takeSliding(&sh.shard, c, now, r)
 	}
 	sh.mu.Unlock()
 	return r.Allowed || c.Shadow
@@ -382,14 +520,17 @@ func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 	i, existed := sh.conc.find(&c.Key)
 	e := concEntry{n: concStored, count: c.Limit.Count}
 	if existed {
-		e.n = sh.conc.slots[i].st.n
+		e.n, e.meta = sh.conc.slots[i].st.n, sh.conc.slots[i].st.meta
 	}
 	if concurrentTo(e.n-concStored, c.Limit.Count, r) {
 		e.n++
 		if existed {
 			sh.conc.slots[i].st = e
-		} else {
-			storeAt(&sh.shard, &sh.conc, i, false, c, &e, now.UnixNano(), r)
+			r.Token = genToken(e.meta)
+		} else if meta, ok := m.admitNew(&sh.shard, c, now.UnixNano(), r); ok {
+			e.meta = meta
+			sh.conc.insertNew(&c.Key, &e)
+			r.Token = genToken(meta)
 		}
 	}
 	sh.mu.Unlock()
@@ -407,9 +548,9 @@ func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 // moved for a rejected request would forget slots that a clock stepping back still counts);
 // when every counted request has left, which is where a key of many clients (each seen now and
 // then) usually is, the copy is a fresh ring and the old counters are not read at all.
-func (sh *shard) takeSliding(c *Charge, now int64, r *Result) {
+func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
 	if c.Limit.Count > maxCompactCount {
-		sh.takeWide(c, now, r)
+		m.takeWide(sh, c, now, r)
 		return
 	}
 	w, count, n := slotWidth(c.Limit.Window), c.Limit.Count, c.N()
@@ -420,15 +561,21 @@ func (sh *shard) takeSliding(c *Charge, now int64, r *Result) {
 			p.room = room
 			if now-p.slot*w < w {
 				decide(&p.counts, p.slot, now, w, count, n, r)
+				if r.Allowed {
+					r.Token = genToken(p.meta())
+				}
 				return
 			}
 			cur := floorDiv(now, w)
 			if cur-p.slot >= slidingRing && n <= count {
+				meta := p.meta()
 				*p = admitFresh(cur, now, w, count, n, p.tag, r)
 				p.room = room
+				p.setMeta(meta)
+				r.Token = genToken(meta)
 				return
 			}
-			st := compactSliding{slot: cur, tag: p.tag, room: room}
+			st := compactSliding{slot: cur, tag: p.tag, room: room, gen: p.gen, pool: p.pool}
 			if cur-p.slot < slidingRing {
 				st = *p
 				rotate(&st.counts, &st.slot, cur)
@@ -436,6 +583,7 @@ func (sh *shard) takeSliding(c *Charge, now int64, r *Result) {
 			decide(&st.counts, st.slot, now, w, count, n, r)
 			if r.Allowed {
 				*p = st
+				r.Token = genToken(st.meta())
 			}
 			return
 		}
@@ -444,11 +592,11 @@ func (sh *shard) takeSliding(c *Charge, now int64, r *Result) {
 	// kept wide must be read from there instead, and a width without a tag stays wide.
 	tag, ok := widthTag(w)
 	if !ok {
-		sh.takeWide(c, now, r)
+		m.takeWide(sh, c, now, r)
 		return
 	}
 	if _, wide := sh.wide[c.Key]; !existed && wide {
-		sh.takeWide(c, now, r)
+		m.takeWide(sh, c, now, r)
 		return
 	}
 	cur := floorDiv(now, w)
@@ -459,7 +607,16 @@ func (sh *shard) takeSliding(c *Charge, now int64, r *Result) {
 	}
 	st := admitFresh(cur, now, w, count, n, tag, r)
 	st.room = room
-	storeAt(sh, &sh.sliding, i, existed, c, &st, now, r)
+	if existed {
+		st.setMeta(sh.sliding.slots[i].st.meta())
+		sh.sliding.slots[i].st = st
+	} else if meta, ok := m.admitNew(sh, c, now, r); ok {
+		st.setMeta(meta)
+		sh.sliding.insertNew(&c.Key, &st)
+	} else {
+		return
+	}
+	r.Token = genToken(st.meta())
 }
 
 // admitFresh is decide on an empty ring (every counter 0) at slot cur of width w, for a request
@@ -472,59 +629,63 @@ func admitFresh(cur, now, w, count, n int64, tag uint16, r *Result) compactSlidi
 	return st
 }
 
-// storeAt stores st (not the zero S) for c's key in t, a table of sh, where t.find returned i
-// and existed: in place when the key is stored, otherwise after making room (a sweep moves the
-// table's keys, so insertNew probes again). When the shard has no room (every key at its limit)
-// the key is not stored and r becomes the refusal. The caller holds sh.mu.
-func storeAt[S comparable](sh *shard, t *table[S], i int, existed bool, c *Charge, st *S, now int64, r *Result) {
-	if existed {
-		t.slots[i].st = *st
-		return
+// admitNew makes room for c's new key in sh and returns the new entry's meta, counted in c's
+// pool: after making room (the pool's share first: a pool at its share makes room from its own
+// keys, so that the shard's sweep does not take it from another pool's). When the pool's share
+// or the shard has no room (every key that could go is at its limit), c is decided on its pool's
+// overflow state instead, r becomes that verdict, and admitNew reports false. A sweep moves a
+// table's keys: the caller inserts with insertNew, which probes again. The caller holds sh.mu.
+func (m *Memory) admitNew(sh *shard, c *Charge, now int64, r *Result) (uint64, bool) {
+	p := m.poolIndex(c.Pool)
+	if n := m.Pools(); !sh.poolRoom(now, p, n) || !sh.makeRoom(now, share(sh.maxKeys, n)) {
+		m.takeOverflow(sh, c, now, r)
+		return 0, false
 	}
-	if !sh.makeRoom(now) {
-		sh.refuse(c, now, r)
-		return
-	}
-	t.insertNew(&c.Key, st)
+	return sh.admit(p), true
 }
 
 // takeWide decides a sliding-window charge through a SlidingState, whichever map holds the key,
 // and stores the new state in the form it fits. The caller holds sh.mu.
-func (sh *shard) takeWide(c *Charge, now int64, r *Result) {
-	st, existed := sh.slidingState(c.Key)
+func (m *Memory) takeWide(sh *shard, c *Charge, now int64, r *Result) {
+	st, meta, existed := sh.slidingState(c.Key)
 	st.take(now, &c.Limit, c.N(), r)
 	if !r.Allowed {
 		return
 	}
-	if !existed && !sh.makeRoom(now) {
-		sh.refuse(c, now, r)
-		return
+	if !existed {
+		var ok bool
+		if meta, ok = m.admitNew(sh, c, now, r); !ok {
+			return
+		}
 	}
-	sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N())
+	sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N(), meta)
+	r.Token = genToken(meta)
 }
 
-// slidingState returns the key's sliding-window state from whichever map holds it.
-func (sh *shard) slidingState(k Key) (SlidingState, bool) {
+// slidingState returns the key's sliding-window state and meta from whichever map holds it.
+func (sh *shard) slidingState(k Key) (SlidingState, uint64, bool) {
 	if i, ok := sh.sliding.find(&k); ok {
-		return sh.sliding.slots[i].st.wide(), true
+		return sh.sliding.slots[i].st.wide(), sh.sliding.slots[i].st.meta(), true
 	}
 	e, ok := sh.wide[k]
-	return e.SlidingState, ok
+	return e.SlidingState, e.meta, ok
 }
 
-// storeSliding stores a key's sliding-window state, taken under a Limit of this Count with this
-// room (Count-cost), compact when it fits and the Count lets it stay so, wide otherwise, and
-// removes it from the other map.
-func (sh *shard) storeSliding(k Key, st *SlidingState, count, room int64) {
+// storeSliding stores a key's sliding-window state and meta, taken under a Limit of this Count
+// with this room (Count-cost), compact when it fits and the Count lets it stay so, wide
+// otherwise, and removes it from the other map (a move keeps the key's meta: it is the same
+// entry).
+func (sh *shard) storeSliding(k Key, st *SlidingState, count, room int64, meta uint64) {
 	if count <= maxCompactCount {
 		if cs, ok := compactOf(st); ok {
 			cs.room = uint16(max(room, 0))
+			cs.setMeta(meta)
 			sh.sliding.put(&k, &cs)
 			delete(sh.wide, k)
 			return
 		}
 	}
-	sh.wide[k] = wideEntry{SlidingState: *st, room: room}
+	sh.wide[k] = wideEntry{SlidingState: *st, room: room, meta: meta}
 	sh.sliding.remove(&k)
 }
 
@@ -548,9 +709,6 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending, r *Result
 			e.tat = prev.tat
 		}
 		p.tat, p.room = gcraTo(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
-		if r.Allowed {
-			r.Token = gcraToken(p.tat)
-		}
 	case FixedWindow, Quota:
 		e, _ := sh.fixed.get(&c.Key)
 		s := e.FixedState
@@ -564,7 +722,7 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending, r *Result
 		}
 		p.room = c.Limit.Count - c.N()
 	case SlidingWindow:
-		s, _ := sh.slidingState(c.Key)
+		s, _, _ := sh.slidingState(c.Key)
 		if prev != nil {
 			s = prev.sliding
 		}
@@ -582,19 +740,32 @@ func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending, r *Result
 	}
 }
 
-// commit stores c's evaluated state p. Take has made room for the keys it adds. The caller
-// holds sh.mu.
-func (sh *shard) commit(c *Charge, p *pending) {
+// commit stores c's evaluated state p and returns the entry's meta: a stored key keeps its
+// own, a new key gets meta (placed and counted by placeGroup). The caller holds sh.mu.
+func (sh *shard) commit(c *Charge, p *pending, meta uint64) uint64 {
 	switch c.Limit.Algorithm {
 	case TokenBucket, LeakyBucket:
-		sh.gcra.put(&c.Key, &gcraEntry{tat: p.tat, room: p.room})
+		if i, ok := sh.gcra.find(&c.Key); ok {
+			meta = sh.gcra.slots[i].st.meta
+		}
+		sh.gcra.put(&c.Key, &gcraEntry{tat: p.tat, room: p.room, meta: meta})
 	case FixedWindow, Quota:
-		sh.fixed.put(&c.Key, &fixedEntry{FixedState: p.fixed, room: p.room})
+		if i, ok := sh.fixed.find(&c.Key); ok {
+			meta = sh.fixed.slots[i].st.meta
+		}
+		sh.fixed.put(&c.Key, &fixedEntry{FixedState: p.fixed, room: p.room, meta: meta})
 	case SlidingWindow:
-		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count, p.room)
+		if _, old, ok := sh.slidingState(c.Key); ok {
+			meta = old
+		}
+		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count, p.room, meta)
 	case Concurrency:
-		sh.conc.put(&c.Key, &concEntry{n: p.tat + concStored, count: p.room})
+		if i, ok := sh.conc.find(&c.Key); ok {
+			meta = sh.conc.slots[i].st.meta
+		}
+		sh.conc.put(&c.Key, &concEntry{n: p.tat + concStored, count: p.room, meta: meta})
 	}
+	return meta
 }
 
 // has reports whether c's key is stored in the state kind of c's algorithm.
@@ -628,12 +799,6 @@ func (m *Memory) Len() int {
 	}
 	return n
 }
-
-// gcraToken is the Result.Token of an admitted GCRA charge: the tat its write left, which
-// GCRARefundN compares with the state to tell whether anything wrote since. A tat is positive for
-// instants after 1970 and below 2^63 (see maxSpan), so the top bit stays clear for the fallback
-// store's mark; an earlier instant's tat gives 0, "unknown", and its give-back gives nothing.
-func gcraToken(tat int64) uint64 { return uint64(max(tat, 0)) }
 
 // concStored is added to a concurrency key's in-flight count in its table: the table marks an
 // empty slot with the zero state, and a key with nothing in flight stays stored (until a

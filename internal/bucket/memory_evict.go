@@ -115,8 +115,9 @@ type MemoryEvictions struct {
 	// LeastUsed live keys were evicted because a shard reached its share of MaxKeys: the least
 	// used first, never one at its limit. Each forgave its client what it had used.
 	LeastUsed uint64
-	// Refused counts charges (one per enforced policy of a request) that needed a new key in a
-	// shard full of keys at their limit: they were rejected rather than reset anyone's limit.
+	// Refused counts charges (one per enforced policy of a request) that needed a new key when
+	// their pool's share was full of keys at their limit and no overflow state could be made
+	// (maxOverflow in use): they were rejected rather than reset anyone's limit.
 	Refused uint64
 }
 
@@ -141,7 +142,7 @@ func (m *Memory) Evicted() uint64 { return m.Evictions().LeastUsed }
 
 // makeRoom makes room for one key the shard is about to add, sweeping when it has reached its
 // sweep size, and reports whether there is room. The caller holds sh.mu.
-func (sh *shard) makeRoom(now int64) bool {
+func (sh *shard) makeRoom(now int64, limit int) bool {
 	n := sh.len()
 	if n < sh.sweepAt {
 		return true
@@ -149,17 +150,17 @@ func (sh *shard) makeRoom(now int64) bool {
 	if n >= sh.maxKeys && now < sh.fullUntil {
 		return false // nothing can go before then: no sweep needed to know it
 	}
-	sh.sweep(now, 1)
+	sh.sweep(now, 1, limit)
 	return sh.len() < sh.maxKeys
 }
 
-// refuse writes into r the verdict for c when its key cannot be stored: rejected, with a
-// RetryAfter until the first key of the shard may be evicted (ConcurrencyRetry when only slots
-// in flight hold the shard). The caller holds sh.mu.
+// refuse writes into r the verdict for c when its key can be neither stored nor decided on an
+// overflow state (every one of them in use): rejected, with a RetryAfter until the first key of
+// the shard may be evicted when a sweep found that, a second otherwise. The caller holds sh.mu.
 func (sh *shard) refuse(c *Charge, now int64, r *Result) {
 	retry := ConcurrencyRetry
-	if sh.fullUntil != math.MaxInt64 {
-		retry = time.Duration(max(sh.fullUntil-now, 1))
+	if sh.fullUntil != math.MaxInt64 && sh.fullUntil > now {
+		retry = time.Duration(sh.fullUntil - now)
 	}
 	limit := c.Limit.Count
 	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
@@ -177,19 +178,42 @@ func (sh *shard) refuse(c *Charge, now int64, r *Result) {
 // for need records in fullUntil when the first of its keys may go. Tables and maps do not shrink
 // when keys are deleted, so after a sweep that leaves under an eighth of a large peak they are
 // rebuilt. The caller holds sh.mu.
-func (sh *shard) sweep(now int64, need int) {
+//
+// limit is the share of the shard each pool may hold (0: no pools): while some pool holds more,
+// only such pools' keys are evicted, so that a pool within its share never loses a key to
+// another's.
+func (sh *shard) sweep(now int64, need, limit int) { sh.sweepOf(now, need, -1, limit) }
+
+// sweepPool is sweep for pool p at its share limit of the shard: it forgets every idle key, and
+// then evicts only p's least used, down to 15/16 of its share, none at its limit. When p is left
+// at its share, poolFull records when the first of its keys may go. The caller holds sh.mu.
+func (sh *shard) sweepPool(now int64, p uint16, limit int) { sh.sweepOf(now, 1, int(p), limit) }
+
+// sweepOf is sweep (pool < 0) or sweepPool (pool, at its share limit).
+func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 	before := sh.len()
 	var (
-		hist [evictLevels]int // live keys by level
+		hist [evictLevels]int // live keys by level (of pool, when >= 0)
 		free = int64(math.MaxInt64)
 	)
+	ours := func(meta uint64) bool { return pool < 0 || int(metaPool(meta)) == pool }
+	if pool < 0 && limit > 0 {
+		for _, n := range sh.pools {
+			if int(n) > limit {
+				ours = func(meta uint64) bool { return sh.poolKeys(metaPool(meta)) > limit }
+				break
+			}
+		}
+	}
 	// The first pass forgets the idle keys and sorts the others into hist. (deleteWhile may
 	// visit a key twice; a key counted twice only makes the second pass stop a little early.)
-	first := func(lvl int, until int64) bool {
-		switch lvl {
-		case rankIdle:
+	first := func(meta uint64, lvl int, until int64) bool {
+		switch {
+		case lvl == rankIdle:
+			sh.forget(meta)
 			return true
-		case rankAtLimit:
+		case !ours(meta):
+		case lvl == rankAtLimit:
 			free = min(free, until)
 		default:
 			hist[lvl]++
@@ -197,28 +221,34 @@ func (sh *shard) sweep(now int64, need int) {
 		return false
 	}
 	never := func() bool { return false }
-	sh.gcra.deleteWhile(func(e *gcraEntry) bool { return first(e.rank(now)) }, never)
-	sh.fixed.deleteWhile(func(e *fixedEntry) bool { return first(e.rank(now)) }, never)
-	sh.sliding.deleteWhile(func(e *compactSliding) bool { return first(e.rank(now)) }, never)
+	sh.gcra.deleteWhile(func(e *gcraEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
+	sh.fixed.deleteWhile(func(e *fixedEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
+	sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return first(e.meta(), l, u) }, never)
 	for k, e := range sh.wide {
-		if first(e.rank(now)) {
+		if l, u := e.rank(now); first(e.meta, l, u) {
 			delete(sh.wide, k)
 		}
 	}
-	sh.conc.deleteWhile(func(e *concEntry) bool { return first(e.rank(now)) }, never)
-	n := sh.len()
-	sh.stats.idle += uint64(before - n)
+	sh.conc.deleteWhile(func(e *concEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
+	sh.stats.idle += uint64(before - sh.len())
 	// Evicting to a low-water mark rather than to just below the cap keeps a shard full of live
 	// keys from sweeping on every insert.
-	if low := min(sh.maxKeys-max(sh.maxKeys/16, 1), sh.maxKeys-need); n > low {
+	n, low := sh.len(), min(sh.maxKeys-max(sh.maxKeys/16, 1), sh.maxKeys-need)
+	if pool >= 0 {
+		n, low = sh.poolKeys(uint16(pool)), limit-max(limit/16, 1)
+	}
+	// (While pools over their share are evicted, one may fall to its share on the way and its
+	// other keys stop being candidates: the sweep then makes a little less room, never takes
+	// from a pool within its share.)
+	if n > low {
 		// Every level below cut goes, and atCut keys of level cut.
 		cut, atCut := 0, n-low
 		for cut < evictLevels && hist[cut] < atCut {
 			atCut -= hist[cut]
 			cut++
 		}
-		evict := func(lvl int, _ int64) bool {
-			if lvl < 0 || lvl > cut || lvl == cut && atCut == 0 {
+		evict := func(meta uint64, lvl int, _ int64) bool {
+			if lvl < 0 || lvl > cut || lvl == cut && atCut == 0 || !ours(meta) {
 				return false
 			}
 			if lvl == cut {
@@ -226,26 +256,39 @@ func (sh *shard) sweep(now int64, need int) {
 			}
 			n--
 			sh.stats.live++
+			sh.forget(meta)
 			return true
 		}
 		done := func() bool { return n <= low }
-		sh.gcra.deleteWhile(func(e *gcraEntry) bool { return evict(e.rank(now)) }, done)
-		sh.fixed.deleteWhile(func(e *fixedEntry) bool { return evict(e.rank(now)) }, done)
-		sh.sliding.deleteWhile(func(e *compactSliding) bool { return evict(e.rank(now)) }, done)
+		sh.gcra.deleteWhile(func(e *gcraEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
+		sh.fixed.deleteWhile(func(e *fixedEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
+		sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return evict(e.meta(), l, u) }, done)
 		for k, e := range sh.wide {
 			if done() {
 				break
 			}
-			if evict(e.rank(now)) {
+			if l, u := e.rank(now); evict(e.meta, l, u) {
 				delete(sh.wide, k)
 			}
 		}
-		sh.conc.deleteWhile(func(e *concEntry) bool { return evict(e.rank(now)) }, done)
+		sh.conc.deleteWhile(func(e *concEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
 	}
-	sh.fullUntil = 0
-	if n+need > sh.maxKeys {
-		sh.fullUntil = free
+	if pool >= 0 {
+		if sh.poolKeys(uint16(pool)) >= limit {
+			if sh.poolFull == nil {
+				sh.poolFull = make(map[uint16]int64)
+			}
+			sh.poolFull[uint16(pool)] = free
+		} else {
+			delete(sh.poolFull, uint16(pool))
+		}
+	} else {
+		sh.fullUntil = 0
+		if sh.len()+need > sh.maxKeys {
+			sh.fullUntil = free
+		}
 	}
+	n = sh.len()
 	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
 	// requests each) they would be rebuilt and regrown on every sweep, allocating on the hot path,
 	// to return a few kilobytes.

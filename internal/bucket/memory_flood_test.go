@@ -85,8 +85,9 @@ func TestMemoryFloodKeepsExhaustedKeys(t *testing.T) {
 		}
 		e := m.Evictions()
 		t.Logf("flood with Count %d: %+v, %d keys tracked", l.Count, e, m.Len())
-		if l == roomy && e.LeastUsed == 0 || l == exhausting && e.Refused == 0 {
-			t.Errorf("flood with Count %d: got %+v, want least-used evictions (room left) or refusals (every key at its limit)", l.Count, e)
+		if l == roomy && e.LeastUsed == 0 || l == exhausting && m.Overflowed() == 0 {
+			t.Errorf("flood with Count %d: got %+v, %d overflowed, want least-used evictions (room left) or new keys on the overflow bucket (every key at its limit)",
+				l.Count, e, m.Overflowed())
 		}
 		for i, v := range floodVictims {
 			if take(victims[i], v.limit) {
@@ -139,8 +140,9 @@ func TestMemoryShardChoiceIsKeyed(t *testing.T) {
 }
 
 // TestMemoryEvictionOrder: a full shard forgets idle keys first, then the least used, never a
-// key at its limit; when only keys at their limit are left, a new key is refused until the
-// first of them may go, and counted.
+// key at its limit; when only keys at their limit are left, a new key is decided on its pool's
+// overflow bucket (shared by every such key, at its limit), counted, until keys leave their
+// limit.
 func TestMemoryEvictionOrder(t *testing.T) {
 	const maxKeys = 32
 	ctx := context.Background()
@@ -202,44 +204,50 @@ func TestMemoryEvictionOrder(t *testing.T) {
 		t.Errorf("got %+v, want 8 idle, some least used, none refused", e)
 	}
 	// A flood of keys that each reach their limit with one request: the shard ends full of
-	// keys at their limit (the half-used ones are evicted on the way) and refuses the rest.
+	// keys at their limit (the half-used ones are evicted on the way), and the rest are decided
+	// on the overflow bucket of their pool and limit: the first admitted, the others not.
 	exhausted := Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: 1}
 	for i := range 200 {
 		take(key(6, i), exhausted, 1)
 	}
-	if e := m.Evictions(); e.Refused == 0 {
-		t.Errorf("flood of keys at their limit: got %+v, want some refused", e)
+	if e := m.Evictions(); e.Refused != 0 || m.Overflowed() == 0 {
+		t.Errorf("flood of keys at their limit: got %+v, %d overflowed, want none refused, some overflowed", e, m.Overflowed())
 	}
-	// A shadow charge that needs a new key is not stored, rejects nothing, and is not counted.
-	before := m.Evictions()
+	// A shadow charge that needs a new key is decided on the overflow bucket and not stored.
+	before, overflowed := m.Evictions(), m.Overflowed()
 	var sr [1]Result
-	if ok, err := m.Take(ctx, now, []Charge{{Key: key(7, 1), Limit: light, Shadow: true}}, sr[:]); err != nil || !ok || sr[0].Allowed {
-		t.Errorf("shadow charge for a new key in a full shard: got admitted=%v %+v %v, want admitted, its verdict a rejection", ok, sr[0], err)
+	if ok, err := m.Take(ctx, now, []Charge{{Key: key(7, 1), Limit: light, Shadow: true}}, sr[:]); err != nil || !ok || !sr[0].Allowed {
+		t.Errorf("shadow charge for a new key in a full shard: got admitted=%v %+v %v, want admitted by the overflow bucket", ok, sr[0], err)
 	}
-	if after := m.Evictions(); after != before {
-		t.Errorf("shadow refusal: got %+v after %+v, want no count", after, before)
+	if stored(key(7, 1), light) || m.Overflowed() != overflowed {
+		t.Errorf("shadow charge on the overflow bucket: stored %v, overflowed %d after %d; want not stored, not counted",
+			stored(key(7, 1), light), m.Overflowed(), overflowed)
 	}
-	r := take(key(7, 0), light, 1)
-	if r.Allowed {
-		t.Fatalf("a new key in a shard full of keys at their limit: admitted, want refused")
+	// New keys of the light limit share its overflow bucket: 15 more (its burst of 16, less the
+	// shadow charge's, which conformed and so was taken) are admitted, the next is told when the
+	// bucket has a token again (an hour a token).
+	for i := range 15 {
+		if r := take(key(8, i), light, 1); !r.Allowed || r.Token&overflowToken == 0 {
+			t.Fatalf("new key %d in a full shard: got %+v, want admitted by the overflow bucket", i, r)
+		}
 	}
-	// The first keys to leave their limit are those at theirs since t0 (burst 2, both spent at
-	// t0: one token is back at t0+1h), one second ago.
-	if want := time.Hour - time.Second; r.RetryAfter != want {
-		t.Errorf("refused new key: got RetryAfter %v, want %v", r.RetryAfter, want)
+	r := take(key(8, 15), light, 1)
+	if r.Allowed || r.RetryAfter <= 0 || r.RetryAfter > time.Hour {
+		t.Fatalf("17th charge on an overflow bucket of burst 16: got %+v, want rejected with a RetryAfter within the hour", r)
 	}
 	after := m.Evictions()
-	if after.Refused != before.Refused+1 || after.LeastUsed != before.LeastUsed {
-		t.Errorf("refusal: got %+v after %+v, want one more refused and no eviction", after, before)
+	if after.Refused != before.Refused || after.LeastUsed != before.LeastUsed || m.Overflowed() != overflowed+16 {
+		t.Errorf("overflow: got %+v and %d overflowed after %+v and %d, want no refusal, no eviction, 16 more overflowed (15 admitted, 1 not)",
+			after, m.Overflowed(), before, overflowed)
 	}
 	for i := range 8 {
 		if !stored(key(1, i), atLimit) {
-			t.Errorf("key %d at its limit evicted by the refused key", i)
+			t.Errorf("key %d at its limit evicted by the overflowing keys", i)
 		}
 	}
-	// An hour later every key has room again: the new key is admitted.
+	// An hour later every key has room again: a new key is stored again.
 	now = now.Add(time.Hour)
-	if r := take(key(7, 0), light, 1); !r.Allowed {
-		t.Errorf("a new key once keys have left their limit: got %+v, want admitted", r)
+	if r := take(key(7, 0), light, 1); !r.Allowed || r.Token&overflowToken != 0 || !stored(key(7, 0), light) {
+		t.Errorf("a new key once keys have left their limit: got %+v (stored %v), want admitted and stored", r, stored(key(7, 0), light))
 	}
 }

@@ -16,26 +16,33 @@ import (
 func (m *Memory) Release(_ context.Context, _ time.Time, taken []Taken) error {
 	for i := range taken {
 		tk := &taken[i]
+		if tk.Token&overflowToken != 0 {
+			m.releaseOverflow(tk)
+			continue
+		}
 		sh := &m.shards[m.shardOf(tk.Charge.Key)]
 		sh.mu.Lock()
 		// A concurrency slot, the release of every request under a concurrency limit, is
 		// given back here; refunds (charge_on, rarer and heavier) go through release.
 		if tk.Charge.Limit.Algorithm == Concurrency {
-			sh.releaseSlot(&tk.Charge.Key)
+			sh.releaseSlot(&tk.Charge.Key, tk.Token)
 		} else {
-			sh.release(tk)
+			m.release(&sh.shard, tk)
 		}
 		// A key at its limit may no longer be: a full shard must look again before it refuses
 		// a new key.
 		sh.fullUntil = 0
+		clear(sh.poolFull)
 		sh.mu.Unlock()
 	}
 	return nil
 }
 
-// releaseSlot frees one concurrency slot of k. The caller holds sh.mu.
-func (sh *shard) releaseSlot(k *Key) {
-	if i, ok := sh.conc.find(k); ok {
+// releaseSlot frees one concurrency slot of k, taken in the entry whose generation token
+// names: a slot of an entry since evicted (and perhaps created again) is not taken from the new
+// one's count. The caller holds sh.mu.
+func (sh *shard) releaseSlot(k *Key, token uint64) {
+	if i, ok := sh.conc.find(k); ok && genToken(sh.conc.slots[i].st.meta) == token {
 		// A key with nothing in flight stays until the next sweep (it is idle then): a busy
 		// key is not deleted and inserted again on every request.
 		e := &sh.conc.slots[i].st
@@ -43,29 +50,34 @@ func (sh *shard) releaseSlot(k *Key) {
 	}
 }
 
-// release refunds one charge of an algorithm other than Concurrency. The caller holds sh.mu.
-func (sh *shard) release(tk *Taken) {
+// release refunds one charge of an algorithm other than Concurrency, only to the entry it was
+// counted in: the token carries the entry's generation (and a token bucket's, the tat its write
+// left), so a give-back after the entry was evicted and created again finds another generation
+// and gives nothing, where it once subtracted from a count it never added. The caller holds
+// sh.mu.
+func (m *Memory) release(sh *shard, tk *Taken) {
 	c := &tk.Charge
 	switch c.Limit.Algorithm {
 	case TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
-			e := &sh.gcra.slots[i].st
-			e.tat, _ = GCRARefundN(e.tat, int64(tk.Token), c.Limit, c.N())
+			if e := &sh.gcra.slots[i].st; m.gcraToken(e.meta, e.tat) == tk.Token {
+				e.tat, _ = GCRARefundN(e.tat, e.tat, c.Limit, c.N())
+			}
 		}
 	case FixedWindow:
-		if i, ok := sh.fixed.find(&c.Key); ok {
+		if i, ok := sh.fixed.find(&c.Key); ok && genToken(sh.fixed.slots[i].st.meta) == tk.Token {
 			e := &sh.fixed.slots[i].st
 			e.FixedState, _ = FixedRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
 		}
 	case Quota:
-		if i, ok := sh.fixed.find(&c.Key); ok {
+		if i, ok := sh.fixed.find(&c.Key); ok && genToken(sh.fixed.slots[i].st.meta) == tk.Token {
 			e := &sh.fixed.slots[i].st
 			e.FixedState, _ = QuotaRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
 		}
 	case SlidingWindow:
-		st, ok := sh.slidingState(c.Key)
-		if ok && st.refund(tk.At.UnixNano(), &c.Limit, c.N()) {
-			sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N())
+		st, meta, ok := sh.slidingState(c.Key)
+		if ok && genToken(meta) == tk.Token && st.refund(tk.At.UnixNano(), &c.Limit, c.N()) {
+			sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N(), meta)
 		}
 	}
 }

@@ -26,8 +26,10 @@ var callResultNames = [numCallResults]string{
 
 // Metrics are the rate limit service's Prometheus collectors. Labels hold configured domains
 // and rule labels (policy.RLSRule.Label), never a descriptor's value unless a rule asks for it
-// with detailed_metric or value_to_metric. Safe for concurrent use; one Metrics serves every
-// reload.
+// with detailed_metric or value_to_metric. A descriptor with a limit override counts under its
+// domain's override label (overrideLabel), never under its entries: the caller chooses them, so
+// a label built from them let one call add series of a megabyte each, kept forever. Safe for
+// concurrent use; one Metrics serves every reload.
 //
 // Series (the first four are shared with the proxy: same names, help and labels, so that a
 // dashboard of policies shows RLS rules beside them):
@@ -185,3 +187,8 @@ func (m *Metrics) store(backend string) *storeCounters {
 	}
 	return c
 }
+
+// overrideLabel is the policy label of every limit override in a domain ("<domain>.override"):
+// one per configured domain, so the series stay bounded by the configuration whatever entries
+// callers send.
+func overrideLabel(domain string) string { return domain + ".override" }

@@ -202,7 +202,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		}
 	}
 
-	// One charge per limited descriptor.
+	// One charge per limited descriptor, each in the domain's pool of the memory store.
+	pool := Pool(dom.Name)
 	for i, d := range req.Descriptors {
 		es := c.entriesOf(i)
 		var ch bucket.Charge
@@ -216,14 +217,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		case kindOverride:
 			o := d.GetLimit()
 			l, _ := policy.OverrideLimit(o.GetRequestsPerUnit(), policy.RLSUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
-			ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l}
-			view = limitView{name: policy.OverrideLabel(dom.Name, es), limit: l}
+			ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l, Pool: pool}
+			// The caller chooses an override's entries: its label is the domain's alone.
+			view = limitView{name: overrideLabel(dom.Name), limit: l}
 			view.metric = view.name
 			statuses[i].CurrentLimit = &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: pb.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()}
 		case kindRule:
 			m := &c.matches[i]
 			r := m.Rule
-			ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease}
+			ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Pool: pool}
 			// Headers name the rule by its static label; metrics by m.Label, which holds
 			// values where the rule asks for them (detailed_metric, value_to_metric).
 			view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: r.Limit, shadow: r.Shadow}
@@ -440,3 +442,8 @@ func validRequest(req *pb.RateLimitRequest, canGiveBack bool) error {
 }
 
 var _ pb.RateLimitServiceServer = (*Service)(nil)
+
+// Pool is the memory store's pool (bucket.Charge.Pool) of a domain's keys: "rls:" and the domain,
+// apart from every policy's (a policy name has no ':'), so that a flood of descriptor values in
+// one domain fills only that domain's share of the store.
+func Pool(domain string) string { return "rls:" + domain }

@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -337,5 +338,52 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		if _, err := s.ShouldRateLimit(context.Background(), req); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestOverrideLabelsBounded is issue 26 item 8: limit overrides labelled their series with the
+// caller's entry keys, so 50 calls of 64 entries with 16 kB keys each added three series with a
+// 1 MB label, kept forever. The label of an override is now the domain's alone: the series count
+// after a flood of distinct keys equals the count after one override call, and no label carries
+// a byte of a caller's key.
+func TestOverrideLabelsBounded(t *testing.T) {
+	s, _, reg := newTestService(t, bucket.NewMemory(bucket.MemoryOptions{}), nil)
+	override := func(call int) *rlext.RateLimitDescriptor {
+		x := &rlext.RateLimitDescriptor{Limit: &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: 2}}
+		for e := range 64 {
+			key := fmt.Sprintf("k%d.%d.", call, e) + strings.Repeat("x", 16<<10)
+			x.Entries = append(x.Entries, &rlext.RateLimitDescriptor_Entry{Key: key, Value: "v"})
+		}
+		return x
+	}
+	series := func() (n, labelBytes int) {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				n++
+				for _, lp := range m.GetLabel() {
+					labelBytes += len(lp.GetValue())
+					if strings.Contains(lp.GetValue(), "xxxx") {
+						t.Fatalf("%s: a label carries a caller's entry key (%d bytes)", mf.GetName(), len(lp.GetValue()))
+					}
+				}
+			}
+		}
+		return n, labelBytes
+	}
+	ask(t, s, override(0))
+	n0, b0 := series()
+	for call := 1; call <= 50; call++ {
+		ask(t, s, override(call))
+	}
+	if n, b := series(); n != n0 || b != b0 {
+		t.Errorf("after 50 override calls of distinct keys: %d series (%d label bytes), want %d (%d), as after one", n, b, n0, b0)
+	}
+	if got := testutil.ToFloat64(s.o.Metrics.requests.WithLabelValues("d.override", "allowed")); got != 51 {
+		t.Errorf(`ratelimit_requests_total{policy="d.override",result="allowed"}: got %v, want 51`, got)
 	}
 }

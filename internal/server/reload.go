@@ -46,6 +46,15 @@ type Reloader struct {
 	base     *policy.Config // the config the process started with: non-reloadable fields
 	reloads  *prometheus.CounterVec
 	lastGood prometheus.Gauge
+	onSet    func(*policy.Set) // told every set applied (see OnSet)
+}
+
+// OnSet calls f with the running set now and with every set a reload applies from then on.
+func (r *Reloader) OnSet(f func(*policy.Set)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.onSet = f
+	f(r.current.Load())
 }
 
 // input is one file a compiled set depends on.
@@ -234,6 +243,9 @@ func (r *Reloader) reload(force bool) error {
 	}
 	r.inputs = inputs
 	r.current.Store(set)
+	if r.onSet != nil {
+		r.onSet(set)
+	}
 	r.reloads.WithLabelValues("success").Inc()
 	r.lastGood.SetToCurrentTime()
 	msg := "config reloaded"

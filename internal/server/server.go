@@ -80,7 +80,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	st, closeStore, now, clock, err := newStore(ctx, cfg, reg, log, o.Now)
+	st, closeStore, now, clock, err := newStore(ctx, cfg, rl, reg, log, o.Now)
 	if err != nil {
 		if stopped(ctx, err) {
 			log.Info("shut down before serving")

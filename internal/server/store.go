@@ -15,6 +15,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
 )
 
 // StartupTimeout bounds what serve does with DynamoDB before it listens: loading the AWS
@@ -35,7 +36,7 @@ const warmConns = 4
 // time.Now); decide is the clock decisions must use: now, or with the DynamoDB backend the clock
 // corrected by the offset measured against DynamoDB's (store.dynamodb.clock). clock is nil
 // unless the backend is DynamoDB.
-func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) (
+func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) (
 	_ *fallback.Store, closeStore func(context.Context) error, decide func() time.Time, clock *storeClock, _ error,
 ) {
 	var (
@@ -47,6 +48,9 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 	switch cfg.Store.Backend {
 	case "memory":
 		m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
+		// Every pool has its share of the store before the first request (a pool first seen
+		// during a flood would find the shares divided among fewer), and again after each reload.
+		rl.OnSet(func(set *policy.Set) { m.SetPools(poolNames(set)...) })
 		err := errors.Join(
 			reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "ratelimit_memory_keys",
@@ -66,8 +70,12 @@ func newStore(ctx context.Context, cfg *policy.Config, reg prometheus.Registerer
 				ConstLabels: prometheus.Labels{"kind": "least_used"},
 			}, func() float64 { return float64(m.Evictions().LeastUsed) })),
 			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ratelimit_memory_overflow_total",
+				Help: "Charges decided on a pool's overflow bucket (one per policy or RLS domain and limit, at that limit) because they needed a new key while the pool's share of store.max_keys was full of keys it could not evict.",
+			}, func() float64 { return float64(m.Overflowed()) })),
+			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "ratelimit_memory_keys_refused_total",
-				Help: "Charges (one per enforced policy of a request) rejected because they needed a new key in a memory-store shard at store.max_keys whose every key was at its limit.",
+				Help: "Charges (one per enforced policy of a request) rejected because they needed a new key while their pool's share of store.max_keys was full and every overflow bucket was in use.",
 			}, func() float64 { return float64(m.Evictions().Refused) })),
 		)
 		if err != nil {
@@ -208,4 +216,17 @@ func CreateTable(ctx context.Context, cfg *policy.Config) error {
 		return err
 	}
 	return dynamo.CreateTable(ctx, client, cfg.Store.DynamoDB.Table)
+}
+
+// poolNames are the memory store's pools of a compiled set: each policy's name and each RLS
+// domain's pool (see bucket.Charge.Pool).
+func poolNames(set *policy.Set) []string {
+	var names []string
+	for _, p := range set.Policies() {
+		names = append(names, p.Name)
+	}
+	for _, d := range set.RLS().Domains() {
+		names = append(names, rls.Pool(d))
+	}
+	return names
 }
