@@ -510,7 +510,10 @@ func (s *Set) route(method, reqPath string, overrides methodSet, p *Plan) (route
 	if s.anySensitive {
 		rt.exact, _ = canonInto(&p.route, reqPath, false)
 	}
-	if dots {
+	switch {
+	case authorityPath(reqPath):
+		return rt, errAuthorityPath
+	case dots:
 		return rt, errDotSegments
 	}
 	return rt, nil
@@ -568,8 +571,10 @@ func (s *Set) scanHeaders(h http.Header, readUser bool, p *Plan) (overrides meth
 			if k != n.name {
 				// CGI-style servers (WSGI, PHP, Rack) read X_Api_Key as HTTP_X_API_KEY, as
 				// they read X-Api-Key: a spelling with underscores would carry an identity
-				// (or a method) past the judge. Net/http does not fold it.
-				if strings.IndexByte(k, '_') >= 0 && sameCGIName(k, n.name) && !s.isName(k) {
+				// (or a method) past the judge, and so would the dashed spelling of a name
+				// configured with underscores (X-Tenant for X_Tenant). Whichever spelling is
+				// configured is judged; the others are removed. Net/http folds neither.
+				if sameCGIName(k, n.name) && !s.isName(k) {
 					p.strip = append(p.strip, k)
 					break
 				}
@@ -652,7 +657,13 @@ type keySource interface {
 // httpSource reads key values from request headers.
 type httpSource struct{ h http.Header }
 
-func (s httpSource) header(canonical string) string { return headerValue(s.h, canonical) }
+func (s httpSource) header(canonical string) string {
+	v := headerValue(s.h, canonical)
+	if isCredentialHeader(canonical) {
+		return normalCredential(v) // one key however the scheme and spaces are spelled
+	}
+	return v
+}
 
 // planRules appends to p the charge of every rule that matches, in order. ipOnly keeps the ip
 // policies only (a bearer token failed verification). It is generic so that each source's

@@ -484,7 +484,7 @@ func unseenHeader(name string) string {
 	case "Host", "Transfer-Encoding":
 		return c + " never reaches the request headers (net/http moves it out), so this key would never be present"
 	}
-	return ""
+	return gatewayHeader(name) // see validate_headers.go
 }
 
 func checkJWT(es *Errors, j *JWTConfig, getenv func(string) string) jwtKeys {
