@@ -213,6 +213,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	checkStore(&es, &c.Store)
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
 	positiveDuration(&es, "server.read_timeout", c.Server.ReadTimeout)
+	positiveDuration(&es, "server.grpc_idle_timeout", c.Server.GRPCIdleTimeout)
+	checkUpgrades(&es, c.UpgradeProtocols)
+	checkGRPCRoutes(&es, c.GRPCRoutes)
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
 	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
 	if d := c.Server.ShutdownDelay; d < 0 || d > 10*time.Minute {

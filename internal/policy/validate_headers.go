@@ -1,6 +1,10 @@
 package policy
 
-import "net/http"
+import (
+	"fmt"
+	"net/http"
+	"strings"
+)
 
 // gatewayHeaders are the request headers the gateway sets, rewrites or removes before the
 // upstream sees the request, and why a key on one would be judged on a value the upstream
@@ -40,4 +44,44 @@ func gatewayHeader(name string) string {
 		}
 	}
 	return ""
+}
+
+// checkUpgrades validates upgrade_protocols: protocol tokens, never one that tunnels HTTP/2.
+func checkUpgrades(es *Errors, list []string) {
+	for i, p := range list {
+		path := fmt.Sprintf("upgrade_protocols[%d]", i)
+		name, _, _ := strings.Cut(p, "/")
+		switch {
+		case p == "" || !validToken(p):
+			es.add(path, p, "must be a protocol token such as websocket")
+		case strings.EqualFold(name, "h2c"), strings.EqualFold(name, "h2"), strings.EqualFold(p, "HTTP/2"), strings.EqualFold(p, "HTTP/2.0"):
+			es.add(path, p, "would tunnel HTTP/2 streams that no policy sees; clients reach the gateway over h2c or h2 directly")
+		}
+	}
+}
+
+// validToken reports whether s is an Upgrade element: a token, optionally "/" and a token.
+func validToken(s string) bool {
+	name, version, slash := strings.Cut(s, "/")
+	ok := func(t string) bool {
+		if t == "" {
+			return false
+		}
+		for i := 0; i < len(t); i++ {
+			if !isTchar(t[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return ok(name) && (!slash || ok(version))
+}
+
+// checkGRPCRoutes validates grpc_routes: path prefixes from the root.
+func checkGRPCRoutes(es *Errors, list []string) {
+	for i, p := range list {
+		if p == "" || p[0] != '/' {
+			es.add(fmt.Sprintf("grpc_routes[%d]", i), p, "must be a path prefix starting with /")
+		}
+	}
 }

@@ -125,8 +125,10 @@ func (h *Handler) newReverseProxy(upstream *url.URL, rt http.RoundTripper) *http
 		Rewrite:      func(pr *httputil.ProxyRequest) { rewrite(pr, upstream) },
 		Transport:    timedTransport{next: rt, hist: h.m.upstreamDuration, aborted: h.m.upstreamErr[upAborted]},
 		ErrorHandler: h.upstreamError,
-		ErrorLog:     errLog,
-		BufferPool:   copyBuffers{},
+		// A 101 only for a forwarded Upgrade (see hopbyhop.go).
+		ModifyResponse: checkSwitch,
+		ErrorLog:       errLog,
+		BufferPool:     copyBuffers{},
 		// FlushInterval 0: ReverseProxy already flushes text/event-stream and responses of
 		// unknown length after every write, which is what streaming clients need.
 	}
