@@ -7,17 +7,27 @@ package main
 // double that reads requests as the named frameworks do, and counts what the upstream ran.
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+	"golang.org/x/net/http2/hpack"
+	"golang.org/x/net/websocket"
 )
 
 // nodeURL routes as Node's documented `new URL(req.url, base)` (and Python's urlsplit) do: a
@@ -219,4 +229,177 @@ func TestSidestep2GatewayHeaderKeysRefused(t *testing.T) {
 			t.Errorf("validate %s: exit %d, stderr %q; want a refusal naming %s and pointing to ip", strings.TrimSpace(tc.yaml), code, errs, tc.field)
 		}
 	}
+}
+
+// lenientH2C serves h on HTTP/1.1 and upgrades `Upgrade: h2c` requests to HTTP/2 with
+// golang.org/x/net/http2/h2c, also when Connection does not name HTTP2-Settings (as servers
+// that only look for the Upgrade and HTTP2-Settings headers do): ReverseProxy rewrites
+// Connection to `Upgrade`, and an attacker cares about upstreams that upgrade anyway. It
+// records every request's Upgrade and HTTP2-Settings headers.
+func lenientH2C(t *testing.T, hits *atomic.Int64, seen *syncBuffer) string {
+	t.Helper()
+	inner := h2c.NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprintf(w, "ran %s %s", r.Proto, r.URL.Path)
+	}), &http2.Server{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(seen, "Upgrade=%q HTTP2-Settings=%q\n", r.Header.Values("Upgrade"), r.Header.Values("Http2-Settings"))
+		if len(r.Header["Http2-Settings"]) > 0 {
+			r.Header.Add("Connection", "HTTP2-Settings")
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// h2cTunnel sends an `Upgrade: h2c` request on a fresh connection to addr; when the answer is
+// 101 it speaks HTTP/2 on the tunnel, opens n streams and returns how many were answered.
+func h2cTunnel(t *testing.T, addr string, n int) (status, answered int) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(addr, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+	_, err = io.WriteString(c, "GET /tunnel HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade, HTTP2-Settings\r\n"+
+		"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, 0
+	}
+	fr := http2.NewFramer(c, br)
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for i := 0; i < n; i++ {
+		hb.Reset()
+		for _, f := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "gateway"}, {":path", "/in-tunnel"}} {
+			_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(3 + 2*i), BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for answered < n {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			break // the deadline, or the tunnel closed
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = fr.WriteSettingsAck()
+			}
+		case *http2.HeadersFrame:
+			if f.StreamID >= 3 {
+				answered++
+			}
+		}
+	}
+	return http.StatusSwitchingProtocols, answered
+}
+
+// TestSidestep2UpgradeTunnels (issue 26 item 1): an `Upgrade: h2c` must not open a tunnel of
+// HTTP/2 streams past the limiter. The gateway removes protocols that upgrade_protocols does
+// not list (and HTTP2-Settings) before forwarding, so the upstream sees a plain request; an
+// upstream that switches protocols unasked gets no tunnel (502); WebSocket still passes by
+// default, judged like any request, and not when upgrade_protocols is empty.
+func TestSidestep2UpgradeTunnels(t *testing.T) {
+	var hits atomic.Int64
+	seen := &syncBuffer{}
+	g := startGateway(t, lenientH2C(t, &hits, seen), `policies:
+  - name: per-ip
+    key: ip
+    algorithm: token_bucket
+    rate: 1/h
+    burst: 2
+`)
+	status, answered := h2cTunnel(t, g.proxy, 20)
+	if status == http.StatusSwitchingProtocols || answered > 0 {
+		t.Errorf("Upgrade: h2c: got %d and %d tunnelled streams answered, want no 101 and no stream", status, answered)
+	}
+	if n := hits.Load(); n > 2 {
+		t.Errorf("the upstream ran %d requests for a per-ip burst of 2, want at most 2", n)
+	}
+	if s := seen.String(); strings.Contains(s, "h2c") || strings.Contains(s, "AAMAAABkAAQAAP__") {
+		t.Errorf("the upstream saw %s; want neither Upgrade: h2c nor HTTP2-Settings", s)
+	}
+	// Mixed with an allowed protocol, h2c is still removed.
+	seenBefore := len(seen.String())
+	if code, _ := sendRaw(t, g.proxy, "GET", "/", "Connection", "Upgrade", "Upgrade", "h2c, TLS/1.2"); code == http.StatusSwitchingProtocols {
+		t.Errorf("Upgrade: h2c, TLS/1.2: got 101, want a plain answer")
+	}
+	if s := seen.String()[seenBefore:]; strings.Contains(s, "h2c") || strings.Contains(s, "TLS") {
+		t.Errorf("the upstream saw %s; want the Upgrade header removed", s)
+	}
+
+	// An upstream that answers 101 to a request that asked for no switch.
+	rogue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\n\r\nfree tunnel")
+		brw.Flush()
+		io.Copy(io.Discard, brw)
+	}))
+	t.Cleanup(rogue.Close)
+	g2 := startGateway(t, rogue.URL, ipPolicy)
+	if code, body := sendRaw(t, g2.proxy, "GET", "/"); code != http.StatusBadGateway {
+		t.Errorf("an upstream switching protocols unasked: got %d %q, want 502", code, body)
+	}
+
+	// WebSocket passes by default and is judged: per-ip burst 2.
+	wsUp := httptest.NewServer(websocket.Handler(func(c *websocket.Conn) { io.Copy(c, c) }))
+	t.Cleanup(wsUp.Close)
+	g3 := startGateway(t, wsUp.URL, strings.Replace(ipPolicy, "burst: 3", "burst: 2", 1))
+	var results []string
+	for i := 0; i < 3; i++ {
+		results = append(results, wsEcho(g3.proxy))
+	}
+	if fmt.Sprint(results) != "[echo echo refused]" {
+		t.Errorf("three WebSocket sessions, per-ip burst 2: got %v, want [echo echo refused]", results)
+	}
+	g4 := startGateway(t, wsUp.URL, "upgrade_protocols: []\n"+ipPolicy)
+	if got := wsEcho(g4.proxy); got != "refused" {
+		t.Errorf("WebSocket with upgrade_protocols []: got %s, want refused", got)
+	}
+}
+
+// wsEcho opens a WebSocket session through the gateway at addr and returns "echo" when a
+// message came back, else "refused".
+func wsEcho(addr string) string {
+	cfg, err := websocket.NewConfig("ws"+strings.TrimPrefix(addr, "http")+"/ws", addr)
+	if err != nil {
+		return "refused"
+	}
+	cfg.Dialer = &net.Dialer{Timeout: 5 * time.Second}
+	conn, err := websocket.DialConfig(cfg)
+	if err != nil {
+		return "refused"
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	var got string
+	if websocket.Message.Send(conn, "hi") != nil || websocket.Message.Receive(conn, &got) != nil || got != "hi" {
+		return "refused"
+	}
+	return "echo"
 }
