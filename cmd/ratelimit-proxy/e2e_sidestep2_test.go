@@ -263,7 +263,8 @@ func h2cTunnel(t *testing.T, addr string, n int) (status, answered int) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-	_, err = io.WriteString(c, "GET /tunnel HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade, HTTP2-Settings\r\n"+
+	// Connection does not name HTTP2-Settings, or ReverseProxy would remove it as hop-by-hop.
+	_, err = io.WriteString(c, "GET /tunnel HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade\r\n"+
 		"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n")
 	if err != nil {
 		t.Fatal(err)
@@ -349,14 +350,16 @@ func TestSidestep2UpgradeTunnels(t *testing.T) {
 		t.Errorf("the upstream saw %s; want the Upgrade header removed", s)
 	}
 
-	// An upstream that answers 101 to a request that asked for no switch.
+	// An upstream that answers 101 to a request that asked for no switch (ReverseProxy
+	// already refuses a switch to another protocol than the one asked for; checkSwitch
+	// keeps it so whatever the upstream writes).
 	rogue := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			return
 		}
 		defer c.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\n\r\nfree tunnel")
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nfree tunnel")
 		brw.Flush()
 		io.Copy(io.Discard, brw)
 	}))

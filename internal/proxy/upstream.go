@@ -121,6 +121,8 @@ func (t byProto) RoundTrip(r *http.Request) (*http.Response, error) {
 // newReverseProxy builds the forwarding half of the handler.
 func (h *Handler) newReverseProxy(upstream *url.URL, rt http.RoundTripper) *httputil.ReverseProxy {
 	errLog, _ := zap.NewStdLogAt(h.log.Named("reverseproxy"), zapcore.WarnLevel) // only fails for invalid levels
+	// Copy errors of a tunnel or a response name the client's connection too.
+	errLog = ScrubLog(errLog, h.pseudonyms)
 	return &httputil.ReverseProxy{
 		Rewrite:      func(pr *httputil.ProxyRequest) { rewrite(pr, upstream) },
 		Transport:    timedTransport{next: rt, hist: h.m.upstreamDuration, aborted: h.m.upstreamErr[upAborted]},

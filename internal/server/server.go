@@ -191,6 +191,9 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("register connection metrics: %w", err)
 	}
 	errLog, _ := zap.NewStdLogAt(log.Named("http"), zapcore.WarnLevel)
+	// net/http's own lines (connection, HTTP/2 and TLS handshake errors) name the client's
+	// address: they reach the log with pseudonyms instead.
+	errLog = proxy.ScrubLog(errLog, pseudonyms)
 	proxySrv := &http.Server{
 		Handler:           conns.wrap(handler),
 		ConnContext:       conns.connContext,
