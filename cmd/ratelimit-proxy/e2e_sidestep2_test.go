@@ -406,3 +406,25 @@ func wsEcho(addr string) string {
 	}
 	return "echo"
 }
+
+// TestSidestep2HopByHopHeaders (issue 26 item 1, the review of every hop-by-hop header): what
+// describes the client's connection never reaches the upstream, HTTP2-Settings included when
+// Connection does not name it; TE survives only as "trailers".
+func TestSidestep2HopByHopHeaders(t *testing.T) {
+	hop := []string{"X-Hop", "Keep-Alive", "Proxy-Authorization", "Proxy-Connection", "Http2-Settings", "Upgrade", "Trailer"}
+	rs, upURL := foldingUpstream(t, goMux, append(hop, "Te")...)
+	g := startGateway(t, upURL, ipPolicy)
+	code, _ := sendRaw(t, g.proxy, "GET", "/", "Connection", "keep-alive, X-Hop", "X-Hop", "1", "Keep-Alive", "timeout=5",
+		"TE", "gzip", "Proxy-Authorization", "Basic eDp5", "Proxy-Connection", "keep-alive", "HTTP2-Settings", "AAMAAABkAAQAAP__",
+		"Upgrade", "h2c", "Trailer", "X-Sum")
+	if code != http.StatusOK {
+		t.Fatalf("got %d, want 200", code)
+	}
+	if h := rs.last(); len(h) != 0 {
+		t.Errorf("the upstream got hop-by-hop headers %v, want none", h)
+	}
+	sendRaw(t, g.proxy, "GET", "/", "TE", "trailers")
+	if h := rs.last(); len(h["Te"]) != 1 || h["Te"][0] != "trailers" {
+		t.Errorf("TE: trailers: the upstream got %v, want TE: trailers", h)
+	}
+}
