@@ -1,6 +1,10 @@
 package policy
 
-import "testing"
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
 
 func TestAuthorityPath(t *testing.T) {
 	for p, want := range map[string]bool{
@@ -80,4 +84,53 @@ func TestGatewayHeaderKeysRefused(t *testing.T) {
 			t.Errorf("gatewayHeader(%q) = %q, want accepted", h, why)
 		}
 	}
+}
+
+// FuzzNormalCredential: normalising is idempotent, and the scheme's case and the whitespace
+// around and between scheme and credential never make another key.
+func FuzzNormalCredential(f *testing.F) {
+	for _, s := range []string{"Bearer K", "bearer\t K ", "Basic a2V5", "K", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		n := normalCredential(v)
+		if normalCredential(n) != n {
+			t.Fatalf("normalCredential(%q) = %q, whose normal form is %q", v, n, normalCredential(n))
+		}
+		scheme, cred, ok := strings.Cut(n, " ")
+		if !ok || scheme == "" {
+			return
+		}
+		upper := []byte(scheme) // ASCII only: the scheme is a token
+		for i, c := range upper {
+			if 'a' <= c && c <= 'z' {
+				upper[i] = c - 'a' + 'A'
+			}
+		}
+		if got := normalCredential(" " + string(upper) + " \t " + cred + "\t"); got != n {
+			t.Fatalf("%q respelled normalises to %q, want %q", n, got, n)
+		}
+	})
+}
+
+// FuzzScrubAddrs: no client address survives in a connection error line.
+func FuzzScrubAddrs(f *testing.F) {
+	f.Add([]byte{127, 0, 0, 23}, uint16(5555), "i/o timeout")
+	ps := NewPseudonyms(nil)
+	f.Fuzz(func(t *testing.T, ip []byte, port uint16, tail string) {
+		var a netip.Addr
+		switch len(ip) {
+		case 4:
+			a = netip.AddrFrom4([4]byte(ip))
+		case 16:
+			a = netip.AddrFrom16([16]byte(ip)).Unmap()
+		default:
+			return
+		}
+		ap := netip.AddrPortFrom(a, port).String()
+		out := ps.ScrubAddrs("read tcp 10.1.2.3:8080->" + ap + ": " + tail)
+		if strings.Contains(out, ap) || strings.Contains(out, "->"+a.String()) {
+			t.Fatalf("ScrubAddrs kept %s: %q", ap, out)
+		}
+	})
 }
