@@ -528,15 +528,16 @@ const (
 
 // judgedName is a header name that scanHeaders looks for.
 type judgedName struct {
-	name string // canonical
-	kind uint8
+	name       string // canonical
+	kind       uint8
+	underscore bool // name has a '_': its dashed spellings are the same CGI variable
 }
 
 // judgedNames lists the names scanHeaders looks for, and the set of their lengths (bit n: some
 // name has n bytes), which rules out most of a request's headers at the cost of a shift.
 func (s *Set) judgedNames(userHeader string) {
 	add := func(name string, kind uint8) {
-		s.names = append(s.names, judgedName{name: name, kind: kind})
+		s.names = append(s.names, judgedName{name: name, kind: kind, underscore: strings.IndexByte(name, '_') >= 0})
 		if len(name) < 64 {
 			s.nameLens |= 1 << len(name)
 		}
@@ -574,7 +575,7 @@ func (s *Set) scanHeaders(h http.Header, readUser bool, p *Plan) (overrides meth
 				// (or a method) past the judge, and so would the dashed spelling of a name
 				// configured with underscores (X-Tenant for X_Tenant). Whichever spelling is
 				// configured is judged; the others are removed. Net/http folds neither.
-				if sameCGIName(k, n.name) && !s.isName(k) {
+				if (n.underscore || strings.IndexByte(k, '_') >= 0) && sameCGIName(k, n.name) && !s.isName(k) {
 					p.strip = append(p.strip, k)
 					break
 				}
