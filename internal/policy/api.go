@@ -26,12 +26,18 @@ var ErrBadRequest = errors.New("policy: ambiguous request")
 // RequestError says why Set.Plan refused a request (ErrBadRequest).
 type RequestError struct {
 	// Header is the canonical name of the identity header sent on several lines with
-	// different values; "" when the path has a "." or ".." segment.
+	// different values; "" when the path is at fault (see authority).
 	Header string
+	// authority: the path starts with "//" (or "/\"), which some servers read as a host;
+	// otherwise a path without Header has a "." or ".." segment.
+	authority bool
 }
 
 func (e *RequestError) Error() string {
-	if e.Header == "" {
+	switch {
+	case e.authority:
+		return "policy: the path starts with //"
+	case e.Header == "":
 		return "policy: the path has a dot segment"
 	}
 	return "policy: header " + e.Header + " has conflicting values"
@@ -42,6 +48,9 @@ func (e *RequestError) Unwrap() error { return ErrBadRequest }
 
 // Detail is the explanation for the client.
 func (e *RequestError) Detail() string {
+	if e.authority {
+		return `The path starts with "//", which servers read either as a path or as a host and path; send a path that starts with one "/".`
+	}
 	if e.Header == "" {
 		return `The path has a "." or ".." segment, which servers resolve differently; send the resolved path.`
 	}
@@ -52,6 +61,11 @@ func (e *RequestError) Detail() string {
 // on it (Express keeps it, nginx, Tomcat and Go's ServeMux resolve it; Tomcat's `..;` is a
 // known way past path-based rules), and clients resolve them before sending.
 var errDotSegments = &RequestError{}
+
+// errAuthorityPath is the RequestError of a path that starts with "//": the gateway (like
+// nginx and Werkzeug) would merge the slashes and charge /x/login for //x/login, while Node's
+// `new URL(req.url, base)` and Python's urlsplit read x as a host and route /login.
+var errAuthorityPath = &RequestError{authority: true}
 
 // ResetFormat says how X-RateLimit-Reset is written.
 type ResetFormat uint8

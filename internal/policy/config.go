@@ -26,6 +26,21 @@ type Config struct {
 	// https:// one) or auto (HTTP/2 when the client's request came in over HTTP/2, else HTTP/1.1).
 	// gRPC upstreams need h2c or auto. (Optional) default http1.
 	UpstreamProtocol string `mapstructure:"upstream_protocol"`
+	// UpgradeProtocols are the protocols a request may switch the connection to (the Upgrade
+	// header; names compared case-insensitively, versions ignored). The request that opens the
+	// tunnel is judged like any other; what then travels in it is not, so only protocols that
+	// carry one conversation per tunnel belong here, never h2c (refused: a tunnel of HTTP/2
+	// streams that no policy would see). Any other protocol is removed from Upgrade before
+	// forwarding, and the request goes on as a plain one. (Optional) default [websocket];
+	// [] allows none.
+	UpgradeProtocols []string `mapstructure:"upgrade_protocols"`
+	// GRPCRoutes are the path prefixes (such as /helloworld.Greeter/) whose requests are gRPC
+	// calls when their content-type says application/grpc: answered with gRPC statuses, bounded
+	// by grpc_upstream_timeout and server.grpc_idle_timeout instead of upstream_timeout and
+	// server.read_timeout. Elsewhere that content-type is an ordinary request's. (Optional)
+	// default: every path when upstream_protocol is h2c or auto (a gRPC upstream needs
+	// HTTP/2), none with http1.
+	GRPCRoutes []string `mapstructure:"grpc_routes"`
 	// TrustedProxies are the CIDRs (or single addresses) whose X-Forwarded-For / Forwarded headers
 	// are believed. (Optional) default: none.
 	TrustedProxies []string       `mapstructure:"trusted_proxies"`
@@ -202,6 +217,13 @@ type ServerConfig struct {
 	// slowly cannot hold a connection and an upstream request open forever. Raise it for large
 	// uploads over slow links. (Optional) default 60s.
 	ReadTimeout time.Duration `mapstructure:"read_timeout"`
+	// GRPCIdleTimeout bounds how long the body of a gRPC call (see grpc_routes) may stay silent
+	// over HTTP/2: read_timeout does not apply to it (a streaming call may rightly last longer),
+	// but a client that sends nothing for this long gets DEADLINE_EXCEEDED, so a stalled call
+	// cannot hold a concurrency slot and an upstream stream for ever. Every message received
+	// starts it again; a call's own deadline (grpc-timeout) still ends it sooner. (Optional)
+	// default 5m.
+	GRPCIdleTimeout time.Duration `mapstructure:"grpc_idle_timeout"`
 	// IdleTimeout closes idle keep-alive connections. (Optional) default 120s.
 	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
 	// DrainTimeout is the upper bound on finishing in-flight requests at shutdown. (Optional) default 30s.

@@ -310,20 +310,29 @@ var errAmbiguousToken = errors.New("a bearer token in Authorization and in the q
 // queryToken adds RFC 6750's URI query parameter to the Authorization header's token (tok, ok):
 // an upstream that accepts `?access_token=` would act on a token the gateway never verified,
 // so one is verified like the header's, and a request with both, or with several, is refused.
-// A query without "access_token" (also percent-encoded) is not parsed and costs no allocation.
+// Every name that a mainstream framework reads as access_token counts as one (see
+// isAccessTokenName: Access_Token, access.token, access+token, access[token, ...). A query
+// that cannot name one (see mayNameToken) is not parsed and costs no allocation. Pairs that
+// url.ParseQuery cannot parse (a ';' in them, a bad escape) are skipped: the reverse proxy
+// drops them from the query it forwards too.
 func queryToken(rawQuery, tok string, ok bool) (string, bool, error) {
-	if !strings.Contains(rawQuery, "token") && !strings.Contains(rawQuery, "%") {
+	if !mayNameToken(rawQuery) {
 		return tok, ok, nil
 	}
-	q, _ := url.ParseQuery(rawQuery) // what it could parse: upstreams skip bad pairs too
-	vs := q["access_token"]
+	q, _ := url.ParseQuery(rawQuery) // what it could parse: see above
+	var found []string
+	for k, vs := range q {
+		if isAccessTokenName(k) {
+			found = append(found, vs...)
+		}
+	}
 	switch {
-	case len(vs) == 0:
+	case len(found) == 0:
 		return tok, ok, nil
-	case len(vs) > 1 || ok:
+	case len(found) > 1 || ok:
 		return "", false, errAmbiguousToken
 	}
-	return vs[0], true, nil
+	return found[0], true, nil
 }
 
 // bearer reads one Authorization line.

@@ -61,6 +61,8 @@ var defaults = []struct {
 	{"upstream_protocol", "http1"},
 	{"server.read_header_timeout", 10 * time.Second},
 	{"server.read_timeout", 60 * time.Second},
+	{"server.grpc_idle_timeout", 5 * time.Minute},
+	{"upgrade_protocols", []string{"websocket"}},
 	{"server.idle_timeout", 120 * time.Second},
 	{"server.drain_timeout", 30 * time.Second},
 	{"server.shutdown_delay", time.Duration(0)},

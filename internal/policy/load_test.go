@@ -62,11 +62,12 @@ func TestParseDefaults(t *testing.T) {
 		Upstream:         "http://127.0.0.1:3000",
 		UpstreamTimeout:  60 * time.Second,
 		UpstreamProtocol: "http1",
+		UpgradeProtocols: []string{"websocket"},
 		Identity:         IdentityConfig{APIKeyHeader: "X-Api-Key", JWT: &JWTConfig{Claim: "sub", HS256SecretEnv: "S"}, IPv6Prefix: 64},
 		Headers:          HeadersConfig{Reset: "unix"},
 		Store:            StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
 		Server: ServerConfig{
-			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second,
+			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, GRPCIdleTimeout: 5 * time.Minute, IdleTimeout: 120 * time.Second,
 			DrainTimeout: 30 * time.Second, MaxHeaderBytes: 65536, MaxConcurrentStreams: 250,
 		},
 		Log:            LogConfig{Level: "info"},
@@ -255,6 +256,7 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_TLS_CERT_FILE", "RATELIMIT_TLS_KEY_FILE", "RATELIMIT_TLS_CLIENT_CA_FILE",
 		"RATELIMIT_RLS_LISTEN", "RATELIMIT_RLS_CONFIG_DIR", "RATELIMIT_RLS_RESPONSE_HEADERS", "RATELIMIT_RLS_SHADOW_MODE",
 		"RATELIMIT_METHOD_OVERRIDE",
+		"RATELIMIT_UPGRADE_PROTOCOLS", "RATELIMIT_GRPC_ROUTES", "RATELIMIT_SERVER_GRPC_IDLE_TIMEOUT",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_CORRECT", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_CORRECTION",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_WARN_OFFSET", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_OFFSET",
 	} {
@@ -262,8 +264,8 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 53 {
-		t.Errorf("got %d overrides, want 53: a new field needs a line above", len(got))
+	if len(got) != 56 {
+		t.Errorf("got %d overrides, want 56: a new field needs a line above", len(got))
 	}
 }
 

@@ -135,7 +135,7 @@ func TestPlanMatchingAndAbsentKeys(t *testing.T) {
 		{"POST outside the prefix", newRequest("POST", "/public/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
 		{"POST /api without slash: /api/ matches /api", newRequest("POST", "/api", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
 		{"POST /apix is another path", newRequest("POST", "/apix", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "account"}},
-		{"double slash merged", newRequest("POST", "//api//x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
+		{"double slash merged", newRequest("POST", "/api//x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
 		{"path case folded", newRequest("POST", "/API/X", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
 		{"method case folded", newRequest("post", "/api/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
 		{"path parameters ignored", newRequest("POST", "/api;jsessionid=1/x", "10.0.0.1:1", "X-User-Id", "alice"), []string{"per-ip", "per-user-writes", "account"}},
@@ -632,7 +632,7 @@ policies:
 		{"HEAD", "/export/all", 20},
 		{"POST", "/export/all", 2},
 		{"GET", "/other", 2},
-		{"post", "//SEARCH;x/q", 5}, // the canonical route is matched, as for match.path_prefix
+		{"post", "/SEARCH;x//q", 5}, // the canonical route is matched, as for match.path_prefix
 		{"GET", "/Export", 20},
 		{"GET", "/search/q", 3},
 	} {

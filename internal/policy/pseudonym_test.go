@@ -153,3 +153,19 @@ func TestPlanFieldsAllocs(t *testing.T) {
 		t.Errorf("PlanFields allocates %v times, want 0", n)
 	}
 }
+
+func TestScrubAddrs(t *testing.T) {
+	ps := NewPseudonyms([]byte("0123456789abcdef0123456789abcdef"))
+	v4, v6 := "ip:"+ps.Of("ip", "127.0.0.23"), "ip:"+ps.Of("ip", "2001:db8::1")
+	for in, want := range map[string]string{
+		"read tcp 127.0.0.1:8080->127.0.0.23:5555: i/o timeout": "read tcp " + "ip:" + ps.Of("ip", "127.0.0.1") + ":8080->" + v4 + ":5555: i/o timeout",
+		"http: TLS handshake error from [2001:db8::1]:443: EOF": "http: TLS handshake error from " + v6 + ":443: EOF",
+		"peer 2001:db8::1 left at 17:44:38":                     "peer " + v6 + " left at 17:44:38",
+		"no address here, version 1.2.3":                        "no address here, version 1.2.3",
+		"::ffff:127.0.0.23 mapped":                              v4 + " mapped",
+	} {
+		if got := ps.ScrubAddrs(in); got != want {
+			t.Errorf("ScrubAddrs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

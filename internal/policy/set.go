@@ -510,7 +510,10 @@ func (s *Set) route(method, reqPath string, overrides methodSet, p *Plan) (route
 	if s.anySensitive {
 		rt.exact, _ = canonInto(&p.route, reqPath, false)
 	}
-	if dots {
+	switch {
+	case authorityPath(reqPath):
+		return rt, errAuthorityPath
+	case dots:
 		return rt, errDotSegments
 	}
 	return rt, nil
@@ -525,15 +528,16 @@ const (
 
 // judgedName is a header name that scanHeaders looks for.
 type judgedName struct {
-	name string // canonical
-	kind uint8
+	name       string // canonical
+	kind       uint8
+	underscore bool // name has a '_': its dashed spellings are the same CGI variable
 }
 
 // judgedNames lists the names scanHeaders looks for, and the set of their lengths (bit n: some
 // name has n bytes), which rules out most of a request's headers at the cost of a shift.
 func (s *Set) judgedNames(userHeader string) {
 	add := func(name string, kind uint8) {
-		s.names = append(s.names, judgedName{name: name, kind: kind})
+		s.names = append(s.names, judgedName{name: name, kind: kind, underscore: strings.IndexByte(name, '_') >= 0})
 		if len(name) < 64 {
 			s.nameLens |= 1 << len(name)
 		}
@@ -568,8 +572,10 @@ func (s *Set) scanHeaders(h http.Header, readUser bool, p *Plan) (overrides meth
 			if k != n.name {
 				// CGI-style servers (WSGI, PHP, Rack) read X_Api_Key as HTTP_X_API_KEY, as
 				// they read X-Api-Key: a spelling with underscores would carry an identity
-				// (or a method) past the judge. Net/http does not fold it.
-				if strings.IndexByte(k, '_') >= 0 && sameCGIName(k, n.name) && !s.isName(k) {
+				// (or a method) past the judge, and so would the dashed spelling of a name
+				// configured with underscores (X-Tenant for X_Tenant). Whichever spelling is
+				// configured is judged; the others are removed. Net/http folds neither.
+				if (n.underscore || strings.IndexByte(k, '_') >= 0) && sameCGIName(k, n.name) && !s.isName(k) {
 					p.strip = append(p.strip, k)
 					break
 				}
@@ -652,7 +658,13 @@ type keySource interface {
 // httpSource reads key values from request headers.
 type httpSource struct{ h http.Header }
 
-func (s httpSource) header(canonical string) string { return headerValue(s.h, canonical) }
+func (s httpSource) header(canonical string) string {
+	v := headerValue(s.h, canonical)
+	if isCredentialHeader(canonical) {
+		return normalCredential(v) // one key however the scheme and spaces are spelled
+	}
+	return v
+}
 
 // planRules appends to p the charge of every rule that matches, in order. ipOnly keeps the ip
 // policies only (a bearer token failed verification). It is generic so that each source's

@@ -213,6 +213,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	checkStore(&es, &c.Store)
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
 	positiveDuration(&es, "server.read_timeout", c.Server.ReadTimeout)
+	positiveDuration(&es, "server.grpc_idle_timeout", c.Server.GRPCIdleTimeout)
+	checkUpgrades(&es, c.UpgradeProtocols)
+	checkGRPCRoutes(&es, c.GRPCRoutes)
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
 	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
 	if d := c.Server.ShutdownDelay; d < 0 || d > 10*time.Minute {
@@ -484,7 +487,7 @@ func unseenHeader(name string) string {
 	case "Host", "Transfer-Encoding":
 		return c + " never reaches the request headers (net/http moves it out), so this key would never be present"
 	}
-	return ""
+	return gatewayHeader(name) // see validate_headers.go
 }
 
 func checkJWT(es *Errors, j *JWTConfig, getenv func(string) string) jwtKeys {

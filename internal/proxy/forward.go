@@ -166,7 +166,7 @@ func (h *Handler) clientError(w http.ResponseWriter, r *http.Request, reason int
 	gatewayAnswers(w, fateUnanswered)
 	if ce := h.log.Check(zap.InfoLevel, "client body failed"); ce != nil {
 		ce.Write(zap.String("reason", clientReasonNames[reason]),
-			zap.String("protocol", protocolNames[protocolOf(r, isGRPC(r))]), zap.Error(err))
+			zap.String("protocol", protocolNames[protocolOf(r, isGRPC(r))]), h.clientErrField(err))
 	}
 	if r.ProtoMajor == 1 {
 		// The rest of the body, if any, is still on the connection: it cannot carry another

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/base64"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -234,13 +235,29 @@ func parseGRPCTimeout(v string) (time.Duration, bool) {
 	return time.Duration(n) * unit, true
 }
 
+// grpcRoute reports whether r's path may carry gRPC calls (Options.GRPCRoutes): elsewhere a
+// request that says application/grpc is an ordinary one, bounded by the server's read timeout.
+func (h *Handler) grpcRoute(r *http.Request) bool {
+	if h.grpcAll {
+		return true
+	}
+	for _, p := range h.grpcAt {
+		if strings.HasPrefix(r.URL.Path, p) {
+			return true
+		}
+	}
+	return false
+}
+
 // grpcDeadline prepares a gRPC call: its grpc-timeout becomes a deadline on the request's
 // context, so that the gateway's own waits (store calls, a leaky-bucket hold) and the upstream
-// call end when the caller gives up. The stream's read deadline (server.read_timeout, which Go's
-// HTTP/2 server applies to each stream's body) is moved to that deadline, or lifted when the
-// call has none (HTTP/2 only): a gRPC stream's body is the call's client stream, which may rightly last
-// longer than any read timeout. cancel must be called when the request is done.
-func grpcDeadline(w http.ResponseWriter, r *http.Request) (*http.Request, context.CancelFunc) {
+// call end when the caller gives up. Over HTTP/2 the stream's read deadline (server.read_timeout,
+// which Go's HTTP/2 server applies to each stream's body) is replaced: a gRPC stream's body is
+// the call's client stream, which may rightly last longer than any read timeout, but not stay
+// silent for ever. With idle > 0 the body must bring data every idle (see idleBody), and never
+// past the call's deadline; with idle 0 only the call's deadline bounds it. cancel must be
+// called when the request is done.
+func grpcDeadline(w http.ResponseWriter, r *http.Request, idle time.Duration) (*http.Request, context.CancelFunc) {
 	var deadline time.Time
 	cancel := context.CancelFunc(func() {})
 	if v := r.Header["Grpc-Timeout"]; len(v) == 1 {
@@ -252,12 +269,48 @@ func grpcDeadline(w http.ResponseWriter, r *http.Request) (*http.Request, contex
 		}
 	}
 	// Only on HTTP/2, where the deadline is the stream's own: on HTTP/1.1 it would be the
-	// connection's (gRPC needs HTTP/2 anyway). A ResponseWriter that cannot (a test recorder)
-	// keeps the server's read timeout.
-	if r.ProtoMajor == 2 {
-		_ = http.NewResponseController(w).SetReadDeadline(deadline)
+	// connection's (gRPC needs HTTP/2 anyway), and read_timeout stays. A ResponseWriter that
+	// cannot (a test recorder) keeps the server's read timeout.
+	if r.ProtoMajor != 2 {
+		return r, cancel
+	}
+	rc := http.NewResponseController(w)
+	if idle <= 0 || r.Body == nil || r.Body == http.NoBody {
+		_ = rc.SetReadDeadline(deadline)
+		return r, cancel
+	}
+	b := &idleBody{ReadCloser: r.Body, rc: rc, idle: idle, call: deadline}
+	if rc.SetReadDeadline(b.next()) == nil {
+		r.Body = b
 	}
 	return r, cancel
+}
+
+// idleBody is the body of a gRPC call over HTTP/2 under server.grpc_idle_timeout: every read
+// that brings data moves the stream's read deadline to idle from now (never past the call's
+// own deadline), so a stream that keeps sending messages lasts as long as it likes, and one
+// that stalls fails with a read timeout, answered DEADLINE_EXCEEDED (see clientError).
+type idleBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+	call time.Time // the call's deadline; zero: none
+}
+
+func (b *idleBody) next() time.Time {
+	d := time.Now().Add(b.idle)
+	if !b.call.IsZero() && b.call.Before(d) {
+		return b.call
+	}
+	return d
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 && err == nil {
+		_ = b.rc.SetReadDeadline(b.next())
+	}
+	return n, err
 }
 
 // rejectGRPC is reject for a gRPC call: RESOURCE_EXHAUSTED with the wait in a RetryInfo detail

@@ -128,6 +128,19 @@ type Options struct {
 	// when Transport is nil; past it the client gets DEADLINE_EXCEEDED. (Optional) default 0:
 	// no bound but the call's own deadline.
 	GRPCUpstreamTimeout time.Duration
+	// UpgradeProtocols are the protocols a request may switch to (Upgrade; names compared
+	// case-insensitively, versions ignored); any other is removed from the request before it
+	// is forwarded (see hopbyhop.go). (Optional) nil: DefaultUpgradeProtocols (WebSocket);
+	// empty: none.
+	UpgradeProtocols []string
+	// GRPCRoutes are the path prefixes whose application/grpc requests are gRPC calls (see
+	// isGRPC): their body is not bounded by the server's read timeout but by GRPCIdleTimeout,
+	// and they go through the gRPC transport. (Optional) nil: every path; empty: none.
+	GRPCRoutes []string
+	// GRPCIdleTimeout bounds, over HTTP/2, how long a gRPC call's body may stay silent; every
+	// read that brings data starts it again, and the call's own deadline ends it sooner.
+	// (Optional) default 0: only the call's deadline.
+	GRPCIdleTimeout time.Duration
 }
 
 // Handler enforces the policies on every request and forwards the admitted ones. It serves every
@@ -173,6 +186,10 @@ type Handler struct {
 	// of their own, picked by the content-type check ServeHTTP makes anyway: other requests pay
 	// nothing for it.
 	rpGRPC   *httputil.ReverseProxy
+	upgrades upgrades // the protocols a request may switch to
+	grpcAll  bool     // every path may carry gRPC calls (Options.GRPCRoutes nil)
+	grpcAt   []string // else the path prefixes that may
+	grpcIdle time.Duration
 	states   sync.Pool // *reqState
 	byPolicy sync.Map  // policy name -> *policyState
 }
@@ -309,6 +326,14 @@ func New(o Options) (*Handler, error) {
 		},
 	}
 	h.releaser, _ = o.Limiter.(Releaser)
+	if o.UpgradeProtocols == nil {
+		o.UpgradeProtocols = DefaultUpgradeProtocols
+	}
+	h.upgrades = newUpgrades(o.UpgradeProtocols)
+	if o.GRPCIdleTimeout < 0 {
+		return nil, fmt.Errorf("proxy: gRPC idle timeout %v: must not be negative", o.GRPCIdleTimeout)
+	}
+	h.grpcAll, h.grpcAt, h.grpcIdle = o.GRPCRoutes == nil, o.GRPCRoutes, o.GRPCIdleTimeout
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
 	h.rpGRPC = h.rp
@@ -339,10 +364,10 @@ type policiesKey struct{}
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	grpc := isGRPC(r)
+	grpc := isGRPC(r) && h.grpcRoute(r)
 	if grpc {
 		var cancel context.CancelFunc
-		r, cancel = grpcDeadline(w, r)
+		r, cancel = grpcDeadline(w, r, h.grpcIdle)
 		defer cancel()
 	}
 	st := h.states.Get().(*reqState)
@@ -739,6 +764,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, st *reqState, 
 		rp = h.rpGRPC
 	}
 	st.plan.StripUnjudged(r.Header) // see judged.go
+	h.upgrades.reviewHopByHop(r.Header)
 	if len(r.Header["X-Forwarded-For"]) > 0 || len(r.Header["X-Forwarded-Proto"]) > 0 ||
 		len(r.Header["X-Forwarded-Host"]) > 0 {
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))

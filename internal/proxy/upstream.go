@@ -121,12 +121,16 @@ func (t byProto) RoundTrip(r *http.Request) (*http.Response, error) {
 // newReverseProxy builds the forwarding half of the handler.
 func (h *Handler) newReverseProxy(upstream *url.URL, rt http.RoundTripper) *httputil.ReverseProxy {
 	errLog, _ := zap.NewStdLogAt(h.log.Named("reverseproxy"), zapcore.WarnLevel) // only fails for invalid levels
+	// Copy errors of a tunnel or a response name the client's connection too.
+	errLog = ScrubLog(errLog, h.pseudonyms)
 	return &httputil.ReverseProxy{
 		Rewrite:      func(pr *httputil.ProxyRequest) { rewrite(pr, upstream) },
 		Transport:    timedTransport{next: rt, hist: h.m.upstreamDuration, aborted: h.m.upstreamErr[upAborted]},
 		ErrorHandler: h.upstreamError,
-		ErrorLog:     errLog,
-		BufferPool:   copyBuffers{},
+		// A 101 only for a forwarded Upgrade (see hopbyhop.go).
+		ModifyResponse: checkSwitch,
+		ErrorLog:       errLog,
+		BufferPool:     copyBuffers{},
 		// FlushInterval 0: ReverseProxy already flushes text/event-stream and responses of
 		// unknown length after every write, which is what streaming clients need.
 	}

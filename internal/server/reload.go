@@ -278,6 +278,8 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("upstream_timeout", old.UpstreamTimeout != cur.UpstreamTimeout)
 	add("grpc_upstream_timeout", old.GRPCUpstreamTimeout != cur.GRPCUpstreamTimeout)
 	add("upstream_protocol", old.UpstreamProtocol != cur.UpstreamProtocol)
+	add("upgrade_protocols", !slices.Equal(old.UpgradeProtocols, cur.UpgradeProtocols))
+	add("grpc_routes", !slices.Equal(old.GRPCRoutes, cur.GRPCRoutes))
 	// DeepEqual, not Sprint: store.dynamodb is a pointer, which Sprint prints as an address.
 	add("store", !reflect.DeepEqual(old.Store, cur.Store))
 	add("server", old.Server != cur.Server)

@@ -123,6 +123,9 @@ func Run(ctx context.Context, o Options) error {
 			UpstreamTimeout:     cfg.UpstreamTimeout,
 			GRPCUpstreamTimeout: cfg.GRPCUpstreamTimeout,
 			UpstreamProtocol:    upProto,
+			UpgradeProtocols:    upgradeProtocols(cfg),
+			GRPCRoutes:          grpcRoutes(cfg, upProto),
+			GRPCIdleTimeout:     cfg.Server.GRPCIdleTimeout,
 			Logger:              log,
 			AccessLog:           cfg.Log.Access,
 			Pseudonyms:          pseudonyms,
@@ -188,6 +191,9 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("register connection metrics: %w", err)
 	}
 	errLog, _ := zap.NewStdLogAt(log.Named("http"), zapcore.WarnLevel)
+	// net/http's own lines (connection, HTTP/2 and TLS handshake errors) name the client's
+	// address: they reach the log with pseudonyms instead.
+	errLog = proxy.ScrubLog(errLog, pseudonyms)
 	proxySrv := &http.Server{
 		Handler:           conns.wrap(handler),
 		ConnContext:       conns.connContext,
@@ -406,6 +412,28 @@ func parseCgroupLimit(s string) (int64, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// upgradeProtocols are the protocols a request may switch to: upgrade_protocols, whose default
+// (websocket) the loader applied; a list written empty allows none.
+func upgradeProtocols(cfg *policy.Config) []string {
+	if cfg.UpgradeProtocols == nil {
+		return []string{}
+	}
+	return cfg.UpgradeProtocols
+}
+
+// grpcRoutes are the paths whose application/grpc requests are gRPC calls: grpc_routes when
+// set, else every path (nil) when the upstream speaks HTTP/2, as a gRPC upstream must, and
+// none with HTTP/1.1, where no gRPC call could be forwarded anyway.
+func grpcRoutes(cfg *policy.Config, p proxy.Protocol) []string {
+	switch {
+	case len(cfg.GRPCRoutes) > 0:
+		return cfg.GRPCRoutes
+	case p == proxy.HTTP1:
+		return []string{}
+	}
+	return nil
 }
 
 // listenerProtocols are the protocols of the proxy listener. In cleartext: HTTP/1.1, and HTTP/2
