@@ -257,13 +257,16 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_METHOD_OVERRIDE",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_CORRECT", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_CORRECTION",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_WARN_OFFSET", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_OFFSET",
+		"RATELIMIT_PROTECT_CONCURRENCY_ADAPTIVE", "RATELIMIT_PROTECT_CONCURRENCY_LIMIT",
+		"RATELIMIT_PROTECT_CONCURRENCY_MIN_LIMIT", "RATELIMIT_PROTECT_CONCURRENCY_MAX_LIMIT",
+		"RATELIMIT_PROTECT_CONCURRENCY_QUEUE_TIMEOUT", "RATELIMIT_PROTECT_STATUS",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 53 {
-		t.Errorf("got %d overrides, want 53: a new field needs a line above", len(got))
+	if len(got) != 59 {
+		t.Errorf("got %d overrides, want 59: a new field needs a line above", len(got))
 	}
 }
 
