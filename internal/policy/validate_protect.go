@@ -62,9 +62,13 @@ func defaultProtect(cfg *Config, v *viper.Viper) {
 }
 
 // checkProtect checks the protect block; nil (no block) is valid: protection is off.
-func checkProtect(es *Errors, p *ProtectConfig) {
+func checkProtect(es *Errors, cfg *Config) {
+	p := cfg.Protect
 	if p == nil {
 		return
+	}
+	if cfg.Upstream == "" && cfg.RLS != nil {
+		es.add("protect", "", "set, but upstream is empty: protect guards the proxy's upstream, and there is no proxy")
 	}
 	c := &p.Concurrency
 	limitOK := c.Limit >= 1 && c.Limit <= maxProtectLimit
