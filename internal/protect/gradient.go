@@ -41,44 +41,17 @@ const (
 	driftSaturated = 0.0005
 )
 
-// gradient is the controller's state; its methods are called under the Limiter's mu.
+// gradient is the controller's state; the Limiter fills its windows and calls update under
+// its ctrlMu.
 type gradient struct {
-	min, max    float64
-	baseline    float64 // seconds; 0 until the first window
-	start       time.Time
-	sum         float64 // seconds
-	n           int
-	maxInflight int
+	min, max float64
+	baseline float64 // seconds; 0 until the first window
 }
 
 func newGradient(lo, hi float64) gradient { return gradient{min: lo, max: hi} }
 
-// sample adds one latency measured while inflight requests (its own included) were in flight,
-// and returns the limit: limit itself, or a new one when the sample closed a window.
-func (g *gradient) sample(now time.Time, rtt time.Duration, inflight int, limit float64) float64 {
-	if g.n == 0 {
-		g.start = now
-	}
-	x := rtt.Seconds()
-	if g.baseline > 0 {
-		// One request slower than this moves the window as much as the whole window being
-		// that slow would: past it the gradient is at its floor anyway, and a single outlier
-		// (a slow query, a GC pause) must not weigh like a hundred slow requests.
-		x = min(x, g.baseline*tolerance/minGradient)
-	}
-	g.sum += x
-	g.n++
-	g.maxInflight = max(g.maxInflight, inflight)
-	if g.n < windowSamples || now.Sub(g.start) < windowMin {
-		return limit
-	}
-	avg := g.sum / float64(g.n)
-	saturated := float64(g.maxInflight)*2 >= limit // the limit was in use, not idle
-	g.sum, g.n, g.maxInflight = 0, 0, 0
-	return g.update(avg, saturated, limit)
-}
-
-// update closes a window whose average latency was avg (seconds).
+// update closes a window whose average latency was avg (seconds), in which the limit was in
+// use (saturated: at least half of it in flight) or not, and returns the new limit.
 func (g *gradient) update(avg float64, saturated bool, limit float64) float64 {
 	switch {
 	case g.baseline == 0 || avg < g.baseline:

@@ -89,34 +89,51 @@ func TestAdaptiveSettlesFollowsCapacityAndRecovers(t *testing.T) {
 	}
 }
 
-func TestAdaptiveDoesNotGrowWhileIdle(t *testing.T) {
-	g := newGradient(2, 1000)
-	limit := 50.0
-	now := t0
-	// Ten requests in flight at a time, fast: the limit of 50 is not in use.
-	for i := 0; i < 10000; i++ {
-		now = now.Add(time.Millisecond)
-		limit = g.sample(now, 20*time.Millisecond, 10, limit)
+// steady releases and re-takes one slot every millisecond, from n taken, with latency rtt(i).
+func steady(t *testing.T, l *Limiter, n, samples int, rtt func(i int) time.Duration, each func(i int)) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if !l.TryAcquire(Default) {
+			t.Fatalf("slot %d of %d not free", i+1, n)
+		}
 	}
-	if limit != 50 {
-		t.Errorf("got limit %v after idle windows, want 50: an unused limit must not grow", limit)
+	now := t0
+	for i := 0; i < samples; i++ {
+		now = now.Add(time.Millisecond)
+		l.Release(now, rtt(i), true)
+		if !l.TryAcquire(Default) {
+			t.Fatalf("sample %d: the slot just given back is not free", i)
+		}
+		if each != nil {
+			each(i)
+		}
+	}
+}
+
+func TestAdaptiveDoesNotGrowWhileIdle(t *testing.T) {
+	l := mustNew(t, Options{Adaptive: true, Limit: 50, MinLimit: 2, MaxLimit: 1000})
+	// Ten requests in flight at a time, fast: the limit of 50 is not in use.
+	steady(t, l, 10, 10000, func(int) time.Duration { return 20 * time.Millisecond }, nil)
+	if got := l.limit(); got != 50 {
+		t.Errorf("got limit %v after idle windows, want 50: an unused limit must not grow", got)
 	}
 }
 
 func TestAdaptiveIgnoresASingleSlowRequest(t *testing.T) {
-	g := newGradient(2, 1000)
-	limit := 50.0
-	now := t0
-	for i := 0; i < 1000; i++ {
-		now = now.Add(time.Millisecond)
-		rtt := 20 * time.Millisecond
+	l := mustNew(t, Options{Adaptive: true, Limit: 50, MinLimit: 2, MaxLimit: 1000})
+	prev := l.limit()
+	steady(t, l, 50, 1000, func(i int) time.Duration {
 		if i == 500 {
-			rtt = 2 * time.Second // one outlier among ~100 samples of its window
+			return 2 * time.Second // one outlier among ~100 samples of its window
 		}
-		next := g.sample(now, rtt, 50, limit)
-		if next < limit*0.95 {
-			t.Fatalf("sample %d: limit fell from %v to %v on one slow request", i, limit, next)
+		return 20 * time.Millisecond
+	}, func(i int) {
+		if next := l.limit(); next < prev*0.95 {
+			t.Fatalf("sample %d: limit fell from %v to %v on one slow request", i, prev, next)
 		}
-		limit = next
+		prev = l.limit()
+	})
+	if prev <= 50 {
+		t.Errorf("got limit %v, want it grown while in use and fast", prev)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -69,16 +70,30 @@ type Options struct {
 
 // Limiter hands out slots for requests to the upstream. It is safe for concurrent use; create
 // it with New (the zero Limiter is not usable).
+//
+// The hot path (a slot free, nobody waiting) is lock-free: a compare-and-swap on the count in
+// flight to take a slot, an add to give it back, and for an adaptive limit a few atomic adds
+// into the current window. The mutex is taken only to queue, to hand freed slots to waiting
+// requests, and (a TryLock) by the one sample that closes a window.
 type Limiter struct {
 	opts Options
 	now  func() time.Time
 	m    *Metrics
 
-	mu       sync.Mutex
-	inflight int
-	queues   [NumClasses]queue
-	ctrl     gradient // adaptive only; its limit is the limit
-	limit    float64
+	inflight  atomic.Int64
+	waiting   [NumClasses]atomic.Int64 // requests in each class's queue
+	thr       [NumClasses]atomic.Int64 // each class's threshold at the current limit
+	limitBits atomic.Uint64            // the limit, a float64
+
+	mu     sync.Mutex // guards the queues and the waiters' fields
+	queues [NumClasses]queue
+
+	// The adaptive limit's current window, filled lock-free; closed under ctrlMu.
+	winStart, winSum, winN, winMax atomic.Int64 // unix ns (0: no sample yet), ns, samples, most in flight
+	sampleCap                      atomic.Int64 // ns; 0 until the first window
+	ctrlMu                         sync.Mutex
+	ctrl                           gradient
+
 	// above[c] is the sum of the reserves of the classes more important than c.
 	above [NumClasses]float64
 }
@@ -104,13 +119,14 @@ func New(o Options) (*Limiter, error) {
 	if sum >= 1 {
 		return nil, fmt.Errorf("protect: reserves add up to %v: want below 1", sum)
 	}
-	l := &Limiter{opts: o, now: o.Now, m: o.Metrics, limit: float64(o.Limit)}
+	l := &Limiter{opts: o, now: o.Now, m: o.Metrics}
 	if l.now == nil {
 		l.now = time.Now
 	}
 	for c := Class(1); c < NumClasses; c++ {
 		l.above[c] = l.above[c-1] + o.Reserves[c-1]
 	}
+	l.setLimit(float64(o.Limit))
 	if o.Adaptive {
 		l.ctrl = newGradient(float64(o.MinLimit), float64(o.MaxLimit))
 	}
@@ -120,52 +136,48 @@ func New(o Options) (*Limiter, error) {
 	return l, nil
 }
 
-// Limit is the current limit (whole slots).
-func (l *Limiter) Limit() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.slots()
+// setLimit makes f the limit and updates the classes' thresholds: the limit in whole slots
+// (at least 1) less the reserves above the class, rounded down (a reserve is never short of
+// a slot).
+func (l *Limiter) setLimit(f float64) {
+	l.limitBits.Store(math.Float64bits(f))
+	n := max(1, int(f))
+	for c := Class(0); c < NumClasses; c++ {
+		l.thr[c].Store(int64(math.Floor(float64(n) * (1 - l.above[c]))))
+	}
 }
+
+func (l *Limiter) limit() float64 { return math.Float64frombits(l.limitBits.Load()) }
+
+// Limit is the current limit (whole slots).
+func (l *Limiter) Limit() int { return max(1, int(l.limit())) }
 
 // Inflight is how many slots are taken.
-func (l *Limiter) Inflight() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.inflight
-}
-
-// slots is the limit in whole slots, at least 1. Callers hold mu.
-func (l *Limiter) slots() int { return max(1, int(l.limit)) }
-
-// threshold is how many requests may be in flight for class c to take a slot: the limit less
-// the reserves above c, rounded down (a reserve is never short of a slot). Callers hold mu.
-func (l *Limiter) threshold(c Class) int {
-	n := l.slots()
-	if c == 0 {
-		return n
-	}
-	return int(math.Floor(float64(n) * (1 - l.above[c])))
-}
+func (l *Limiter) Inflight() int { return int(l.inflight.Load()) }
 
 // TryAcquire takes a slot for class c at once if one is free to it and nobody of c or a more
-// important class is waiting (a new request never passes the queue). It never waits.
+// important class is waiting (a new request does not pass the queue). It never waits.
 func (l *Limiter) TryAcquire(c Class) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.tryLocked(c)
-}
-
-func (l *Limiter) tryLocked(c Class) bool {
 	for d := Class(0); d <= c; d++ {
-		if !l.queues[d].empty() {
+		if l.waiting[d].Load() > 0 {
 			return false
 		}
 	}
-	if l.inflight >= l.threshold(c) {
-		return false
+	return l.take(c)
+}
+
+// take takes a slot if the requests in flight are below c's threshold.
+func (l *Limiter) take(c Class) bool {
+	thr := l.thr[c].Load()
+	for {
+		n := l.inflight.Load()
+		if n >= thr {
+			return false
+		}
+		if l.inflight.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	l.inflight++
-	return true
 }
 
 // Waiter is a request waiting in its class's queue.
@@ -186,16 +198,23 @@ func (w *Waiter) Ready() <-chan struct{} { return w.ready }
 // that waits for w.Ready (or its deadline, then Cancel), and (nil, false) when it must be shed
 // at once (no queue).
 func (l *Limiter) Enqueue(c Class, now time.Time) (*Waiter, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.tryLocked(c) {
+	if l.TryAcquire(c) {
 		return nil, true
 	}
 	if l.opts.QueueTimeout <= 0 {
 		return nil, false
 	}
 	w := &Waiter{class: c, deadline: now.Add(l.opts.QueueTimeout), ready: make(chan struct{}), queued: true}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.queues[c].push(w)
+	l.waiting[c].Add(1)
+	// A slot freed between TryAcquire and the count above was given back by a Release that
+	// saw nobody waiting: look again now that the count is published.
+	l.dispatch(now)
+	if w.granted {
+		return nil, true
+	}
 	return w, false
 }
 
@@ -207,24 +226,69 @@ func (l *Limiter) Cancel(w *Waiter) (granted bool) {
 	defer l.mu.Unlock()
 	if w.queued {
 		l.queues[w.class].remove(w)
+		l.waiting[w.class].Add(-1)
 		w.queued = false
 	}
 	return w.granted
 }
 
-// Release gives a slot back at now. With sampled, rtt is the upstream's latency for the
-// request that held it (time to its response headers), which moves an adaptive limit; without,
-// nothing was learnt (the request never reached the upstream or its client left).
+// Release gives a slot back at now (zero: the Limiter reads its clock if it needs to). With
+// sampled, rtt is the upstream's latency for the request that held it (time to its response
+// headers), which moves an adaptive limit; without, nothing was learnt (the request never
+// reached the upstream or its client left).
 func (l *Limiter) Release(now time.Time, rtt time.Duration, sampled bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.inflight > 0 {
-		l.inflight--
-	}
+	in := l.inflight.Add(-1) + 1 // in flight while the request was
 	if sampled && l.opts.Adaptive {
-		l.limit = l.ctrl.sample(now, rtt, l.inflight+1, l.limit)
+		if now.IsZero() {
+			now = l.now()
+		}
+		l.sample(now, rtt, in)
 	}
-	l.dispatch(now)
+	if l.waiting[Critical].Load()+l.waiting[Default].Load()+l.waiting[Sheddable].Load() > 0 {
+		if now.IsZero() {
+			now = l.now()
+		}
+		l.mu.Lock()
+		l.dispatch(now)
+		l.mu.Unlock()
+	}
+}
+
+// Adaptive reports whether the limit follows latency: only then does Release need rtt.
+func (l *Limiter) Adaptive() bool { return l.opts.Adaptive }
+
+// sample adds one latency to the current window and closes the window when it is due.
+func (l *Limiter) sample(now time.Time, rtt time.Duration, in int64) {
+	x := int64(rtt)
+	if c := l.sampleCap.Load(); c > 0 && x > c {
+		x = c
+	}
+	l.winSum.Add(x)
+	n := l.winN.Add(1)
+	for m := l.winMax.Load(); in > m && !l.winMax.CompareAndSwap(m, in); m = l.winMax.Load() {
+	}
+	t := now.UnixNano()
+	start := l.winStart.Load()
+	if start == 0 {
+		l.winStart.CompareAndSwap(0, t)
+		return
+	}
+	if n < windowSamples || t-start < int64(windowMin) || !l.ctrlMu.TryLock() {
+		return
+	}
+	defer l.ctrlMu.Unlock()
+	if l.winStart.Load() != start {
+		return // another sample closed it
+	}
+	n, sum, most := l.winN.Swap(0), l.winSum.Swap(0), l.winMax.Swap(0)
+	l.winStart.Store(0)
+	if n == 0 {
+		return
+	}
+	old := l.limit()
+	next := l.ctrl.update(float64(sum)/float64(n)/1e9, float64(most)*2 >= old, old)
+	l.setLimit(next)
+	l.sampleCap.Store(int64(l.ctrl.baseline * tolerance / minGradient * 1e9))
 }
 
 // dispatch grants free slots to waiting requests, most important class first, FIFO within a
@@ -236,17 +300,18 @@ func (l *Limiter) dispatch(now time.Time) {
 			w := q.head
 			if now.After(w.deadline) {
 				q.remove(w)
+				l.waiting[c].Add(-1)
 				w.queued = false
 				continue
 			}
-			if l.inflight >= l.threshold(c) {
+			if !l.take(c) {
 				// Every class below has a threshold no higher: nobody else can go either.
 				return
 			}
 			q.remove(w)
+			l.waiting[c].Add(-1)
 			w.queued = false
 			w.granted = true
-			l.inflight++
 			close(w.ready)
 		}
 	}
@@ -256,6 +321,9 @@ func (l *Limiter) dispatch(now time.Time) {
 // nil with a slot taken (hand it back with Release), ErrShed when there was none, or ctx's
 // error when the context ended while it waited. waited is the time spent in the queue.
 func (l *Limiter) Acquire(ctx context.Context, c Class) (waited time.Duration, err error) {
+	if l.TryAcquire(c) {
+		return 0, nil // the common case, without reading the clock
+	}
 	start := l.now()
 	w, ok := l.Enqueue(c, start)
 	if ok {

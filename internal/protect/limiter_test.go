@@ -3,6 +3,8 @@ package protect
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,9 +123,7 @@ func TestNewRequestDoesNotPassTheQueue(t *testing.T) {
 	l := mustNew(t, Options{Limit: 1, QueueTimeout: time.Second})
 	l.TryAcquire(Default)
 	w, _ := l.Enqueue(Default, t0)
-	l.mu.Lock()
-	l.inflight = 0 // as if the slot were free but not dispatched yet
-	l.mu.Unlock()
+	l.inflight.Store(0) // as if the slot were free but not dispatched yet
 	if l.TryAcquire(Default) || l.TryAcquire(Sheddable) {
 		t.Error("a new request took a slot while one of its class waited")
 	}
@@ -254,4 +254,46 @@ func prometheusGauge(t *testing.T, reg *prometheus.Registry, name string) promet
 	}
 	t.Fatalf("no metric %s", name)
 	return nil
+}
+
+// Many requests at once through the lock-free path and the queue: never more in flight than the
+// limit, every waiter served (a slot freed while a request was queueing must not strand it:
+// with a queue timeout of 10s, a stranded last waiter would be shed), nothing left in flight.
+func TestConcurrentNeverOverLimitNorStranded(t *testing.T) {
+	for _, adaptive := range []bool{false, true} {
+		l := mustNew(t, Options{Adaptive: adaptive, Limit: 5, MinLimit: 5, MaxLimit: 5, QueueTimeout: 10 * time.Second,
+			Reserves: [NumClasses]float64{Critical: 0.2}})
+		var active, peak atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for g := 0; g < 16; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				for i := 0; i < 300; i++ {
+					c := Class((g + i) % NumClasses)
+					if _, err := l.Acquire(context.Background(), c); err != nil {
+						errs <- err
+						return
+					}
+					n := active.Add(1)
+					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+					}
+					active.Add(-1)
+					l.Release(time.Now(), time.Millisecond, true)
+				}
+			}(g)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("adaptive=%v: %v: a waiter was not served", adaptive, err)
+		}
+		if p := peak.Load(); p > 5 {
+			t.Errorf("adaptive=%v: %d in flight at once, want at most the limit 5", adaptive, p)
+		}
+		if n := l.Inflight(); n != 0 {
+			t.Errorf("adaptive=%v: %d left in flight, want 0", adaptive, n)
+		}
+	}
 }

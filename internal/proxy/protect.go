@@ -41,8 +41,11 @@ type Slots interface {
 	// Acquire takes a slot for a request of class c, waiting up to the queue timeout: nil with
 	// a slot, protect.ErrShed without, or ctx's error when it ended while waiting.
 	Acquire(ctx context.Context, c protect.Class) (waited time.Duration, err error)
-	// Release gives a slot back; rtt is the upstream's latency when sampled.
+	// Release gives a slot back at now (zero: it reads its own clock if it needs one); rtt
+	// is the upstream's latency when sampled.
 	Release(now time.Time, rtt time.Duration, sampled bool)
+	// Adaptive reports whether Release wants latencies: without, no clock is read for them.
+	Adaptive() bool
 }
 
 var _ Slots = (*protect.Limiter)(nil)
@@ -61,6 +64,7 @@ type Protection struct {
 // protection is the handler's compiled Protection: the shed answers rendered once.
 type protection struct {
 	slots    Slots
+	adaptive bool // slots want latencies
 	classify func(*http.Request) protect.Class
 	status   int
 	body     []byte   // problem+json
@@ -81,7 +85,7 @@ func newProtection(p *Protection) (*protection, error) {
 	if st != http.StatusServiceUnavailable && st != http.StatusTooManyRequests {
 		return nil, errors.New("proxy: protect: status " + strconv.Itoa(st) + ": want 503 or 429")
 	}
-	pr := &protection{slots: p.Slots, classify: p.Classify, status: st, retry: retryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
+	pr := &protection{slots: p.Slots, adaptive: p.Slots.Adaptive(), classify: p.Classify, status: st, retry: retryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
 	if pr.classify == nil {
 		pr.classify = func(*http.Request) protect.Class { return protect.Default }
 	}
@@ -119,20 +123,26 @@ func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqSta
 		}
 		return
 	}
+	if !p.adaptive {
+		// A fixed limit learns nothing from latency: no clock reads (on some virtual machines
+		// one costs a quarter of a microsecond).
+		defer p.slots.Release(time.Time{}, 0, false)
+		h.send(w, r, st, rp)
+		return
+	}
 	st.pw = timingWriter{ResponseWriter: w, start: time.Now()}
 	defer func() {
-		end := time.Now()
 		start, first := st.pw.start, st.pw.first
 		st.pw = timingWriter{} // do not keep the response alive in the pool
 		switch st.fw.fate {
 		case fateNone, fateUndelivered:
 			// The upstream never saw it: its latency says nothing.
-			p.slots.Release(end, 0, false)
+			p.slots.Release(time.Time{}, 0, false)
 		default:
 			if first.IsZero() {
-				first = end // no answer (the client left, a reset): at least this long
+				first = time.Now() // no answer (the client left, a reset): at least this long
 			}
-			p.slots.Release(end, first.Sub(start), true)
+			p.slots.Release(first, first.Sub(start), true)
 		}
 	}()
 	h.send(&st.pw, r, st, rp)
