@@ -29,7 +29,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 					if _, err := l.Acquire(ctx, Default); err != nil {
 						b.Fatal(err)
 					}
-					l.Release(time.Now(), time.Millisecond, true)
+					l.Release(Default, time.Now(), time.Millisecond, true)
 				}
 			})
 		})

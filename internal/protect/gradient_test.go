@@ -28,7 +28,7 @@ func (s *sim) run(d time.Duration, onStep func()) {
 				i++
 				continue
 			}
-			s.l.Release(s.now, s.rtts[i], true)
+			s.l.Release(Default, s.now, s.rtts[i], true)
 			last := len(s.ends) - 1
 			s.ends[i], s.rtts[i] = s.ends[last], s.rtts[last]
 			s.ends, s.rtts = s.ends[:last], s.rtts[:last]
@@ -100,7 +100,7 @@ func steady(t *testing.T, l *Limiter, n, samples int, rtt func(i int) time.Durat
 	now := t0
 	for i := 0; i < samples; i++ {
 		now = now.Add(time.Millisecond)
-		l.Release(now, rtt(i), true)
+		l.Release(Default, now, rtt(i), true)
 		if !l.TryAcquire(Default) {
 			t.Fatalf("sample %d: the slot just given back is not free", i)
 		}

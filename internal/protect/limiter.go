@@ -81,6 +81,7 @@ type Limiter struct {
 	m    *Metrics
 
 	inflight  atomic.Int64
+	classIn   [NumClasses]atomic.Int64 // slots taken by each class
 	waiting   [NumClasses]atomic.Int64 // requests in each class's queue
 	thr       [NumClasses]atomic.Int64 // each class's threshold at the current limit
 	limitBits atomic.Uint64            // the limit, a float64
@@ -166,15 +167,25 @@ func (l *Limiter) TryAcquire(c Class) bool {
 	return l.take(c)
 }
 
-// take takes a slot if the requests in flight are below c's threshold.
+// take takes a slot if the requests in flight are below c's threshold: its static one (the
+// limit less the reserves above c) less room for the bursts of every class above c, the square
+// root of what it has in flight (about one standard deviation of a count of random arrivals).
+// So a critical request that arrives in a burst finds a slot that a default one left free,
+// rather than waiting for one to end.
 func (l *Limiter) take(c Class) bool {
 	thr := l.thr[c].Load()
+	for d := Class(0); d < c; d++ {
+		if n := l.classIn[d].Load(); n > 0 {
+			thr -= int64(math.Ceil(math.Sqrt(float64(n))))
+		}
+	}
 	for {
 		n := l.inflight.Load()
 		if n >= thr {
 			return false
 		}
 		if l.inflight.CompareAndSwap(n, n+1) {
+			l.classIn[c].Add(1)
 			return true
 		}
 	}
@@ -232,11 +243,12 @@ func (l *Limiter) Cancel(w *Waiter) (granted bool) {
 	return w.granted
 }
 
-// Release gives a slot back at now (zero: the Limiter reads its clock if it needs to). With
+// Release gives back a slot of class c at now (zero: the Limiter reads its clock if it needs to). With
 // sampled, rtt is the upstream's latency for the request that held it (time to its response
 // headers), which moves an adaptive limit; without, nothing was learnt (the request never
 // reached the upstream or its client left).
-func (l *Limiter) Release(now time.Time, rtt time.Duration, sampled bool) {
+func (l *Limiter) Release(c Class, now time.Time, rtt time.Duration, sampled bool) {
+	l.classIn[c].Add(-1)
 	in := l.inflight.Add(-1) + 1 // in flight while the request was
 	if sampled && l.opts.Adaptive {
 		if now.IsZero() {
@@ -347,7 +359,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Class) (waited time.Duration, e
 		if err == ErrShed {
 			err = nil // granted just as the deadline passed: take it
 		} else {
-			l.Release(l.now(), 0, false) // nobody left to use it
+			l.Release(c, l.now(), 0, false) // nobody left to use it
 		}
 	}
 	waited = l.now().Sub(start)

@@ -43,7 +43,7 @@ func TestFixedLimit(t *testing.T) {
 	if l.TryAcquire(Critical) {
 		t.Fatal("4th request got a slot over the fixed limit of 3")
 	}
-	l.Release(t0, time.Second, true) // a fixed limit ignores latency
+	l.Release(Sheddable, t0, time.Second, true) // a fixed limit ignores latency
 	if got := l.Limit(); got != 3 {
 		t.Errorf("got limit %d after a slow sample, want 3 (fixed)", got)
 	}
@@ -76,6 +76,32 @@ func TestReserveKeepsSlotsForCritical(t *testing.T) {
 	}
 }
 
+// Below a class with requests in flight, a class leaves room for its bursts: the square root of
+// its count in flight, on top of the reserve.
+func TestBurstRoomForTheClassesAbove(t *testing.T) {
+	l := mustNew(t, Options{Limit: 10, Reserves: [NumClasses]float64{Critical: 0.2}})
+	for i := 0; i < 4; i++ {
+		l.TryAcquire(Critical)
+	}
+	n := 0
+	for l.TryAcquire(Default) {
+		n++
+	}
+	// default's threshold: 10 less the reserve of 2, less sqrt(4) = 2 for critical's bursts: 6
+	// in flight in all, so 2 default requests.
+	if n != 2 {
+		t.Fatalf("default took %d slots beside 4 critical ones, want 2 (8 less 2 of burst room)", n)
+	}
+	for i := 0; i < 4; i++ {
+		if !l.TryAcquire(Critical) {
+			t.Fatalf("critical burst request %d found no slot", i+1)
+		}
+	}
+	if got := l.Inflight(); got != 10 {
+		t.Errorf("got %d in flight, want the limit 10", got)
+	}
+}
+
 func TestDefaultReserveShedsSheddableFirst(t *testing.T) {
 	l := mustNew(t, Options{Limit: 10, Reserves: [NumClasses]float64{Critical: 0.2, Default: 0.2}})
 	n := 0
@@ -92,8 +118,8 @@ func TestDefaultReserveShedsSheddableFirst(t *testing.T) {
 
 func TestQueueOrderPriorityThenFIFO(t *testing.T) {
 	l := mustNew(t, Options{Limit: 2, QueueTimeout: 10 * time.Millisecond})
-	l.TryAcquire(Default)
-	l.TryAcquire(Default)
+	l.TryAcquire(Sheddable)
+	l.TryAcquire(Sheddable)
 	enq := func(c Class) *Waiter {
 		w, ok := l.Enqueue(c, t0)
 		if ok || w == nil {
@@ -104,8 +130,11 @@ func TestQueueOrderPriorityThenFIFO(t *testing.T) {
 	s1, d1, c1, d2 := enq(Sheddable), enq(Default), enq(Critical), enq(Default)
 	order := []*Waiter{c1, d1, d2, s1}
 	names := map[*Waiter]string{s1: "s1", d1: "d1", c1: "c1", d2: "d2"}
+	// Each release is of the request that got the previous slot (one sheddable holds the other
+	// slot throughout).
+	released := []Class{Sheddable, Critical, Default, Default}
 	for i, want := range order {
-		l.Release(t0.Add(time.Millisecond), 0, false)
+		l.Release(released[i], t0.Add(time.Millisecond), 0, false)
 		for _, w := range order[:i+1] {
 			if !granted(w) {
 				t.Fatalf("release %d: %s has no slot, want %s served", i+1, names[w], names[want])
@@ -138,7 +167,7 @@ func TestQueueDeadline(t *testing.T) {
 	l.TryAcquire(Default)
 	late, _ := l.Enqueue(Default, t0)
 	onTime, _ := l.Enqueue(Default, t0.Add(5*time.Millisecond))
-	l.Release(t0.Add(11*time.Millisecond), 0, false) // late's deadline has passed
+	l.Release(Default, t0.Add(11*time.Millisecond), 0, false) // late's deadline has passed
 	if granted(late) {
 		t.Error("a waiter past its deadline got a slot")
 	}
@@ -189,7 +218,7 @@ func TestAcquireWaitsForARelease(t *testing.T) {
 		done <- err
 	}()
 	waitQueued(t, l, Default)
-	l.Release(time.Now(), 0, false)
+	l.Release(Default, time.Now(), 0, false)
 	if err := <-done; err != nil {
 		t.Fatalf("got %v, want the freed slot", err)
 	}
@@ -280,7 +309,7 @@ func TestConcurrentNeverOverLimitNorStranded(t *testing.T) {
 					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 					}
 					active.Add(-1)
-					l.Release(time.Now(), time.Millisecond, true)
+					l.Release(c, time.Now(), time.Millisecond, true)
 				}
 			}(g)
 		}

@@ -41,9 +41,9 @@ type Slots interface {
 	// Acquire takes a slot for a request of class c, waiting up to the queue timeout: nil with
 	// a slot, protect.ErrShed without, or ctx's error when it ended while waiting.
 	Acquire(ctx context.Context, c protect.Class) (waited time.Duration, err error)
-	// Release gives a slot back at now (zero: it reads its own clock if it needs one); rtt
-	// is the upstream's latency when sampled.
-	Release(now time.Time, rtt time.Duration, sampled bool)
+	// Release gives back a slot of class c at now (zero: it reads its own clock if it needs
+	// one); rtt is the upstream's latency when sampled.
+	Release(c protect.Class, now time.Time, rtt time.Duration, sampled bool)
 	// Adaptive reports whether Release wants latencies: without, no clock is read for them.
 	Adaptive() bool
 }
@@ -126,7 +126,7 @@ func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqSta
 	if !p.adaptive {
 		// A fixed limit learns nothing from latency: no clock reads (on some virtual machines
 		// one costs a quarter of a microsecond).
-		defer p.slots.Release(time.Time{}, 0, false)
+		defer p.slots.Release(class, time.Time{}, 0, false)
 		h.send(w, r, st, rp)
 		return
 	}
@@ -137,12 +137,12 @@ func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqSta
 		switch st.fw.fate {
 		case fateNone, fateUndelivered:
 			// The upstream never saw it: its latency says nothing.
-			p.slots.Release(time.Time{}, 0, false)
+			p.slots.Release(class, time.Time{}, 0, false)
 		default:
 			if first.IsZero() {
 				first = time.Now() // no answer (the client left, a reset): at least this long
 			}
-			p.slots.Release(first, first.Sub(start), true)
+			p.slots.Release(class, first, first.Sub(start), true)
 		}
 	}()
 	h.send(&st.pw, r, st, rp)

@@ -189,7 +189,7 @@ func TestProtect_QueuedRequestGetsFreedSlot(t *testing.T) {
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for hs.up.hits.Load() == 0 && time.Now().Before(deadline) {
-		l.Release(time.Now(), 0, false) // frees the held slot as soon as the request waits
+		l.Release(protect.Critical, time.Now(), 0, false) // frees the held slot as soon as the request waits
 		if !l.TryAcquire(protect.Critical) {
 			break // the waiter took it: stop re-taking
 		}

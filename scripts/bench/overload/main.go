@@ -58,7 +58,7 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("overload", flag.ExitOnError)
 	fs.IntVar(&o.capacity, "capacity", harness.Atoi(envOr("BENCH_OVERLOAD_CAPACITY", "10")), "requests the upstream serves in parallel (BENCH_OVERLOAD_CAPACITY)")
-	fs.DurationVar(&o.service, "service", harness.Dur(envOr("BENCH_OVERLOAD_SERVICE", "50ms")), "the upstream's service time (BENCH_OVERLOAD_SERVICE)")
+	fs.DurationVar(&o.service, "service", harness.Dur(envOr("BENCH_OVERLOAD_SERVICE", "100ms")), "the upstream's service time (BENCH_OVERLOAD_SERVICE)")
 	fs.DurationVar(&o.step, "step", harness.Dur(envOr("BENCH_OVERLOAD_STEP", "6s")), "length of each load step (BENCH_OVERLOAD_STEP)")
 	fs.DurationVar(&o.halved, "halved", harness.Dur(envOr("BENCH_OVERLOAD_HALVED", "12s")), "length of the last step, at 4x with the capacity halved (BENCH_OVERLOAD_HALVED)")
 	fs.DurationVar(&o.unloaded, "unloaded", harness.Dur(envOr("BENCH_OVERLOAD_UNLOADED", "3s")), "the unloaded warm-up at 0.1x, whose p99 is the latency target's base (BENCH_OVERLOAD_UNLOADED)")
