@@ -137,3 +137,31 @@ func TestAdaptiveIgnoresASingleSlowRequest(t *testing.T) {
 		t.Errorf("got limit %v, want it grown while in use and fast", prev)
 	}
 }
+
+// At high request rates an adaptive limit times only some requests (about samplesPerWindow per
+// window); a fixed one none.
+func TestSampleThinsOutAtHighRates(t *testing.T) {
+	if mustNew(t, Options{Limit: 5}).Sample() {
+		t.Error("a fixed limit asked for a latency")
+	}
+	l := mustNew(t, Options{Adaptive: true, Limit: 50, MinLimit: 2, MaxLimit: 1000})
+	if !l.Sample() {
+		t.Fatal("an adaptive limit without a window yet did not time every request")
+	}
+	now := t0
+	for i := 0; i < 30000; i++ { // 100,000 requests per second for 0.3 s
+		now = now.Add(10 * time.Microsecond)
+		l.TryAcquire(Default)
+		l.Release(Default, now, 20*time.Millisecond, true)
+	}
+	n := 0
+	for i := 0; i < 10000; i++ {
+		if l.Sample() {
+			n++
+		}
+	}
+	// A window of 100ms held 10,000 samples: one request in 156 is timed now.
+	if n < 20 || n > 200 {
+		t.Errorf("%d of 10000 requests timed, want about 64 (one in 156)", n)
+	}
+}

@@ -44,8 +44,9 @@ type Slots interface {
 	// Release gives back a slot of class c at now (zero: it reads its own clock if it needs
 	// one); rtt is the upstream's latency when sampled.
 	Release(c protect.Class, now time.Time, rtt time.Duration, sampled bool)
-	// Adaptive reports whether Release wants latencies: without, no clock is read for them.
-	Adaptive() bool
+	// Sample reports whether this request's latency should be measured for Release: when
+	// not, no clock is read for it.
+	Sample() bool
 }
 
 var _ Slots = (*protect.Limiter)(nil)
@@ -64,7 +65,6 @@ type Protection struct {
 // protection is the handler's compiled Protection: the shed answers rendered once.
 type protection struct {
 	slots    Slots
-	adaptive bool // slots want latencies
 	classify func(*http.Request) protect.Class
 	status   int
 	body     []byte   // problem+json
@@ -85,7 +85,7 @@ func newProtection(p *Protection) (*protection, error) {
 	if st != http.StatusServiceUnavailable && st != http.StatusTooManyRequests {
 		return nil, errors.New("proxy: protect: status " + strconv.Itoa(st) + ": want 503 or 429")
 	}
-	pr := &protection{slots: p.Slots, adaptive: p.Slots.Adaptive(), classify: p.Classify, status: st, retry: retryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
+	pr := &protection{slots: p.Slots, classify: p.Classify, status: st, retry: retryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
 	if pr.classify == nil {
 		pr.classify = func(*http.Request) protect.Class { return protect.Default }
 	}
@@ -123,9 +123,10 @@ func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqSta
 		}
 		return
 	}
-	if !p.adaptive {
-		// A fixed limit learns nothing from latency: no clock reads (on some virtual machines
-		// one costs a quarter of a microsecond).
+	if !p.slots.Sample() {
+		// A fixed limit learns nothing from latency, and at high rates an adaptive one needs
+		// only some requests timed: no clock reads (on some virtual machines one costs a
+		// quarter of a microsecond).
 		defer p.slots.Release(class, time.Time{}, 0, false)
 		h.send(w, r, st, rp)
 		return
