@@ -152,7 +152,7 @@ func TestSampleThinsOutAtHighRates(t *testing.T) {
 	for i := 0; i < 30000; i++ { // 100,000 requests per second for 0.3 s
 		now = now.Add(10 * time.Microsecond)
 		l.TryAcquire(Default)
-		l.Release(Default, now, 20*time.Millisecond, true)
+		l.Release(Default, now, 20*time.Millisecond, l.Sample()) // as the proxy: timed when sampled
 	}
 	n := 0
 	for i := 0; i < 10000; i++ {
