@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
 	"sync"
 	"testing"
@@ -117,7 +118,15 @@ func TestProtect_SlotReleasedOnClientHangup(t *testing.T) {
 }
 
 // A stream holds its slot until its last byte: a request meanwhile is shed, one after it is not.
+// With an adaptive limit (pinned at 1) the forward goes through the timing writer, whose flushes
+// must reach the client.
 func TestProtect_StreamHoldsSlotUntilItEnds(t *testing.T) {
+	for _, adaptive := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fixed", true: "adaptive"}[adaptive], func(t *testing.T) { testStreamHoldsSlot(t, adaptive) })
+	}
+}
+
+func testStreamHoldsSlot(t *testing.T, adaptive bool) {
 	headersSent, finish := make(chan struct{}), make(chan struct{})
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/stream" {
@@ -131,7 +140,7 @@ func TestProtect_StreamHoldsSlotUntilItEnds(t *testing.T) {
 		}
 		_, _ = w.Write([]byte("ok"))
 	})
-	l, err := protect.New(protect.Options{Limit: 1})
+	l, err := protect.New(protect.Options{Limit: 1, Adaptive: adaptive, MinLimit: 1, MaxLimit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +153,11 @@ func TestProtect_StreamHoldsSlotUntilItEnds(t *testing.T) {
 	}
 	defer streamRes.Body.Close()
 	<-headersSent
+	// The first line arrives before the stream ends: the flush went through.
+	first := make([]byte, len("first\n"))
+	if _, err := io.ReadFull(streamRes.Body, first); err != nil || string(first) != "first\n" {
+		t.Fatalf("got %q, %v before the stream ended, want the flushed first line", first, err)
+	}
 	res, body := hs.get("/during")
 	if res.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("during the stream: got %d, want 429 (status: 429)", res.StatusCode)
