@@ -5,8 +5,9 @@
 // upstream's latency (Release).
 //
 // Shedding order: a class may take a slot while the requests in flight are below its threshold,
-// the limit less the reserves of the classes above it, so sheddable requests are refused first,
-// then default ones; critical ones only when the whole limit is in use. Requests that find no
+// the limit less the reserves of the classes above it and less room for their bursts (the square
+// root of each one's count in flight), so sheddable requests are refused first, then default
+// ones; critical ones only when the whole limit is in use. Requests that find no
 // slot wait up to QueueTimeout in a FIFO queue of their class; a freed slot goes to the most
 // important class waiting, first in first out within it.
 //
