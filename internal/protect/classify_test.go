@@ -27,7 +27,7 @@ func TestClassify(t *testing.T) {
 		{"POST", "/batch/job", "", Default},
 		{"GET", "/batchx", "", Default},
 		{"POST", "/Pay/now", "", Critical},
-		{"POST", "/pay/now", "", Default}, // case-sensitive prefix
+		{"POST", "/pay/now", "", Default},           // case-sensitive prefix
 		{"GET", "/batch/job", "critical", Critical}, // first match wins
 	} {
 		r := httptest.NewRequest("GET", "http://x"+tc.target, nil)
