@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit test-faults soak bench bench-scale bench-rls check-exact profile-c profile-d schema clean
+.PHONY: all build run test check unit test-faults soak bench bench-scale bench-rls bench-overload check-exact profile-c profile-d schema clean
 
 all: build
 
@@ -69,6 +69,13 @@ check-exact: build
 ## .cache/bench/rls.md (~2 minutes). Knobs: go run ./scripts/bench/rls -h
 bench-rls: build
 	$(GO) run ./scripts/bench/rls
+
+## bench-overload: the upstream protection (protect block) under overload: an upstream of fixed
+## capacity (queueing beyond it), load stepping 0.5x/1x/2x/4x with 20% critical, 60% default, 20%
+## sheddable, then its capacity halved; no protection, a fixed limit and the adaptive limit side by
+## side; writes .cache/bench/overload.json and overload.svg (~2 minutes). Knobs: go run ./scripts/bench/overload -h
+bench-overload: build
+	$(GO) run ./scripts/bench/overload
 
 ## profile-c / profile-d: pprof CPU and allocation profiles of the gateway under load (c) / (d).
 profile-c:

@@ -112,7 +112,8 @@ func scrape(t *testing.T, backend string) string {
 	var body string
 	switch backend {
 	case "memory":
-		body = metricsAfterTraffic(t, "")
+		// With the upstream protection on, so that its families are linted and dashboarded too.
+		body = metricsAfterTraffic(t, "protect: {concurrency: {queue_timeout: 10ms}}\n")
 	case "dynamodb":
 		ep := dynamoEndpoint(t)
 		body = metricsAfterTraffic(t, dynamoStore("ratelimit-metrics-"+randomSuffix(), ep, true, "2s", ""), awsEnv()...)

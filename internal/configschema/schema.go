@@ -258,6 +258,16 @@ func (g *gen) refine() {
 	g.set("policies[].period", "enum", []any{"day", "week", "month"})
 	g.set("policies[].offset", "minimum", 0, "maximum", 27)
 	g.set("policies[].match.methods[]", "enum", methods)
+	// protect (validate_protect.go): the single-field rules.
+	g.set("protect.concurrency.limit", "minimum", 1, "maximum", 100000)
+	g.set("protect.concurrency.min_limit", "minimum", 1, "maximum", 100000)
+	g.set("protect.concurrency.max_limit", "minimum", 1, "maximum", 100000)
+	g.set("protect.status", "enum", []any{503, 429})
+	g.require("protect.priorities[]", "name")
+	g.set("protect.priorities[].name", "enum", []any{"critical", "default", "sheddable"})
+	g.set("protect.priorities[].reserve", "minimum", 0, "exclusiveMaximum", 1)
+	g.set("protect.priorities[].match.methods[]", "enum", methods)
+	g.set("protect.priorities[].match.path_prefix", "pattern", "^/")
 	g.set("policies[].match.path_prefix", "pattern", "^/")
 	g.require("policies[].overrides[]", "key")
 	g.set("policies[].overrides[].key", "anyOf", []any{
@@ -388,6 +398,8 @@ func (g *gen) defaults() error {
 			func(c *policy.Config) any { return *c.Identity.JWT }, "identity.jwt", []string{"hs256_secret_env"}},
 		{"upstream: http://h\nstore: {backend: dynamodb, dynamodb: {table: t}}\npolicies: [{name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}]",
 			func(c *policy.Config) any { return *c.Store.DynamoDB }, "store.dynamodb", []string{"table"}},
+		{"upstream: http://h\nprotect: {}\npolicies: [{name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}]",
+			func(c *policy.Config) any { return *c.Protect }, "protect", nil},
 	}
 	noEnv := func(string) string { return "" }
 	for _, f := range files {

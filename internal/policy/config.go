@@ -70,6 +70,11 @@ type Config struct {
 	// envoyproxy/ratelimit's configuration files, on the same store. With upstream empty the
 	// gateway serves RLS alone. (Optional) default: off.
 	RLS *RLSConfig `mapstructure:"rls"`
+
+	// Protect guards the upstream itself: a concurrency limit (fixed or adaptive) on requests
+	// in flight to it, and shedding by priority when it is reached (docs/configuration.md,
+	// "Protecting the upstream"). (Optional) default: off.
+	Protect *ProtectConfig `mapstructure:"protect"`
 }
 
 // RLSConfig is the rls block: Envoy's rate limit service.
@@ -368,4 +373,63 @@ type OverrideConfig struct {
 	Unlimited bool          `mapstructure:"unlimited"`
 	// windowSet: see PolicyConfig.
 	windowSet bool
+}
+
+// ProtectConfig is the protect block: the upstream's own concurrency limit and the priorities
+// by which requests are shed when it is reached. Requests the policies admit take a slot; a
+// request that finds none (after waiting up to queue_timeout) is shed.
+type ProtectConfig struct {
+	Concurrency ProtectConcurrencyConfig `mapstructure:"concurrency"`
+	// Priorities sort requests into the classes critical, default and sheddable: the first
+	// entry whose match matches decides; anything else is default. Sheddable requests are shed
+	// first, then default ones; critical ones only when the limit is full. (Optional)
+	Priorities []PriorityConfig `mapstructure:"priorities"`
+	// Status is the HTTP status of a shed request: 503 or 429 (gRPC: UNAVAILABLE or
+	// RESOURCE_EXHAUSTED). (Optional) default 503.
+	Status int `mapstructure:"status"`
+}
+
+// ProtectConcurrencyConfig is protect.concurrency: how many requests may be in flight to the
+// upstream at once.
+type ProtectConcurrencyConfig struct {
+	// Adaptive makes the limit follow the upstream's latency (a gradient controller, see
+	// docs/configuration.md) between min_limit and max_limit; false: a fixed limit of limit.
+	// (Optional) default true.
+	Adaptive bool `mapstructure:"adaptive"`
+	// Limit is the fixed limit, or the adaptive limit's starting point. (Optional) default 50,
+	// from 1 to 100000.
+	Limit int `mapstructure:"limit"`
+	// MinLimit is the adaptive limit's floor. (Optional) default 2, at least 1.
+	MinLimit int `mapstructure:"min_limit"`
+	// MaxLimit is the adaptive limit's ceiling. (Optional) default 1000, at most 100000.
+	MaxLimit int `mapstructure:"max_limit"`
+	// QueueTimeout is how long a request may wait for a slot; waiting requests get slots by
+	// priority, first in first out within one. (Optional) default 0s: no waiting, at most 1m.
+	QueueTimeout time.Duration `mapstructure:"queue_timeout"`
+}
+
+// PriorityConfig is one entry of protect.priorities.
+type PriorityConfig struct {
+	// Name is the class: critical, default or sheddable. (Required)
+	Name string `mapstructure:"name"`
+	// Match selects the requests of the class; empty matches every request. (Optional)
+	Match PriorityMatchConfig `mapstructure:"match"`
+	// Reserve is the share of the limit that only this class (and the classes above it) may
+	// use: the classes below it are shed once the rest is in use. (Optional) default 0, below
+	// 1; not for sheddable, which has no class below it.
+	Reserve float64 `mapstructure:"reserve"`
+}
+
+// PriorityMatchConfig selects the requests of a priority class: the forms of a policy's match,
+// and headers.
+type PriorityMatchConfig struct {
+	// Methods are upper-case HTTP methods; GET also matches HEAD. (Optional) default: any.
+	Methods []string `mapstructure:"methods"`
+	// PathPrefix is matched as a policy's path_prefix is. (Optional) default: any path.
+	PathPrefix string `mapstructure:"path_prefix"`
+	// PathCaseSensitive is as a policy's. (Optional) default false.
+	PathCaseSensitive bool `mapstructure:"path_case_sensitive"`
+	// Headers must all be present with exactly these values (names case-insensitive).
+	// (Optional) default: none.
+	Headers map[string]string `mapstructure:"headers"`
 }

@@ -181,6 +181,7 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 			d.Clock.WarnOffset = defaultWarnOffset
 		}
 	}
+	defaultProtect(cfg, v) // validate_protect.go
 	return cfg, nil
 }
 
@@ -229,6 +230,9 @@ var envVars = func() []envVar {
 			ft := f.Type
 			if ft.Kind() == reflect.Pointer {
 				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct {
+				continue // a list of mappings (protect.priorities), like policies: file only
 			}
 			if ft.Kind() == reflect.Struct {
 				walk(ft, path+".")
@@ -414,6 +418,16 @@ func strictHook(from, to reflect.Value) (any, error) {
 			return fmt.Sprint(s), nil
 		}
 		return nil, &typeError{value: data, want: "a string"}
+	case t.Kind() == reflect.Float64:
+		switch n := data.(type) {
+		case float64:
+			return n, nil
+		case int:
+			return float64(n), nil
+		case int64:
+			return float64(n), nil
+		}
+		return nil, &typeError{value: data, want: "a number"}
 	case t.Kind() == reflect.Bool:
 		if b, ok := data.(bool); ok {
 			return b, nil

@@ -259,13 +259,16 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_UPGRADE_PROTOCOLS", "RATELIMIT_GRPC_ROUTES", "RATELIMIT_SERVER_GRPC_IDLE_TIMEOUT",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_CORRECT", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_CORRECTION",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_WARN_OFFSET", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_OFFSET",
+		"RATELIMIT_PROTECT_CONCURRENCY_ADAPTIVE", "RATELIMIT_PROTECT_CONCURRENCY_LIMIT",
+		"RATELIMIT_PROTECT_CONCURRENCY_MIN_LIMIT", "RATELIMIT_PROTECT_CONCURRENCY_MAX_LIMIT",
+		"RATELIMIT_PROTECT_CONCURRENCY_QUEUE_TIMEOUT", "RATELIMIT_PROTECT_STATUS",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 56 {
-		t.Errorf("got %d overrides, want 56: a new field needs a line above", len(got))
+	if len(got) != 62 {
+		t.Errorf("got %d overrides, want 62: a new field needs a line above", len(got))
 	}
 }
 

@@ -268,6 +268,7 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	if c.RLS != nil {
 		rls = checkRLS(&es, c, rlsOnly)
 	}
+	checkProtect(&es, c) // validate_protect.go
 	return es, keys, tlsm, rls
 }
 

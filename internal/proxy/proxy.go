@@ -141,6 +141,10 @@ type Options struct {
 	// read that brings data starts it again, and the call's own deadline ends it sooner.
 	// (Optional) default 0: only the call's deadline.
 	GRPCIdleTimeout time.Duration
+	// Protect guards the upstream with a concurrency limit that requests take a slot of
+	// before they are forwarded, after the policies admitted them (protect.go). (Optional)
+	// default: none.
+	Protect *Protection
 }
 
 // Handler enforces the policies on every request and forwards the admitted ones. It serves every
@@ -190,8 +194,9 @@ type Handler struct {
 	grpcAll  bool     // every path may carry gRPC calls (Options.GRPCRoutes nil)
 	grpcAt   []string // else the path prefixes that may
 	grpcIdle time.Duration
-	states   sync.Pool // *reqState
-	byPolicy sync.Map  // policy name -> *policyState
+	prot     *protection // nil without Options.Protect
+	states   sync.Pool   // *reqState
+	byPolicy sync.Map    // policy name -> *policyState
 }
 
 // policyState is what the handler keeps per policy name: its counters, resolved once instead of
@@ -248,6 +253,9 @@ type reqState struct {
 	callExpired bool
 
 	fw forwardWriter // the writer of the forward, once there is one: its fate decides refunds
+	pw timingWriter  // the writer of a forward behind a protection slot (protect.go)
+	// givenBack: every charge was given back already (a request the protection shed).
+	givenBack bool
 
 	// For the access log.
 	decision int    // index into decisionLabels, or decNone while undecided
@@ -334,6 +342,13 @@ func New(o Options) (*Handler, error) {
 		return nil, fmt.Errorf("proxy: gRPC idle timeout %v: must not be negative", o.GRPCIdleTimeout)
 	}
 	h.grpcAll, h.grpcAt, h.grpcIdle = o.GRPCRoutes == nil, o.GRPCRoutes, o.GRPCIdleTimeout
+	if o.Protect != nil {
+		p, err := newProtection(o.Protect)
+		if err != nil {
+			return nil, err
+		}
+		h.prot = p
+	}
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
 	h.rpGRPC = h.rp
@@ -377,6 +392,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.proto = protocolOf(r, grpc)
 	st.decision, st.rejector, st.now = decNone, "", time.Time{}
 	st.fw = forwardWriter{}
+	st.givenBack = false
 	st.plan.WantIdentity = h.access != nil
 	if h.access == nil {
 		h.serve(w, r, st)
@@ -465,6 +481,9 @@ func (st *reqState) mustGiveBack() bool {
 // client went away; a failure is counted (the store keeps the charge: a DynamoDB slot until its
 // lease expires, a refund never).
 func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
+	if st.givenBack {
+		return // shed by the upstream protection: everything went back then
+	}
 	st.taken = st.taken[:0]
 	refundable := st.fw.fate.refundable()
 	for i, c := range st.plan.Charges {
@@ -768,6 +787,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, st *reqState, 
 	if len(r.Header["X-Forwarded-For"]) > 0 || len(r.Header["X-Forwarded-Proto"]) > 0 ||
 		len(r.Header["X-Forwarded-Host"]) > 0 {
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
+	}
+	if h.prot != nil {
+		h.sendGuarded(w, r, st, rp)
+		return
 	}
 	h.send(w, r, st, rp)
 }

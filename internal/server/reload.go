@@ -288,6 +288,8 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("tls", (old.TLS == nil) != (cur.TLS == nil))
 	// rls.config_dir and its files reload; the service's port and answer shape do not.
 	add("rls", rlsRestartFields(old.RLS) != rlsRestartFields(cur.RLS))
+	// An adaptive limit learns the upstream: a reload must not start it over.
+	add("protect", !reflect.DeepEqual(old.Protect, cur.Protect))
 	return out
 }
 

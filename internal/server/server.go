@@ -113,7 +113,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	var handler http.Handler
 	if proxyOn {
+		prot, err := newProtection(cfg.Protect, reg) // protect.go
+		if err != nil {
+			return fmt.Errorf("protect: %w", err)
+		}
 		h, err := proxy.New(proxy.Options{
+			Protect:             prot,
 			Upstream:            upstream,
 			Policies:            rl.Current,
 			Limiter:             st,

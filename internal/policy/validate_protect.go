@@ -1,0 +1,155 @@
+package policy
+
+// The protect block: its defaults (filled in after decoding, since a viper default would
+// create the block and switch protection on for every config) and its checks.
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/spf13/viper"
+	"golang.org/x/net/http/httpguts"
+)
+
+// Priority class names of protect.priorities, from the first shed to the last.
+const (
+	PrioritySheddable = "sheddable"
+	PriorityDefault   = "default"
+	PriorityCritical  = "critical"
+)
+
+// Defaults and bounds of the protect block.
+const (
+	defaultProtectLimit    = 50
+	defaultProtectMinLimit = 2
+	defaultProtectMaxLimit = 1000
+	defaultProtectStatus   = http.StatusServiceUnavailable
+	maxProtectLimit        = 100000
+	maxQueueTimeout        = time.Minute
+)
+
+// defaultProtect fills in the protect block's defaults for the fields the file (or the
+// environment) left out; without a block there is nothing to do: protection stays off.
+func defaultProtect(cfg *Config, v *viper.Viper) {
+	if cfg.Protect == nil {
+		// `protect: {}` asks for protection with every default; viper's settings drop an
+		// empty mapping, so it is looked up on its own.
+		if m, ok := v.Get("protect").(map[string]any); !ok || m == nil {
+			return
+		}
+		cfg.Protect = new(ProtectConfig)
+	}
+	p := cfg.Protect
+	c := &p.Concurrency
+	if !v.IsSet("protect.concurrency.adaptive") {
+		c.Adaptive = true
+	}
+	if !v.IsSet("protect.concurrency.limit") {
+		c.Limit = defaultProtectLimit
+	}
+	if !v.IsSet("protect.concurrency.min_limit") {
+		c.MinLimit = defaultProtectMinLimit
+	}
+	if !v.IsSet("protect.concurrency.max_limit") {
+		c.MaxLimit = defaultProtectMaxLimit
+	}
+	if !v.IsSet("protect.status") {
+		p.Status = defaultProtectStatus
+	}
+}
+
+// checkProtect checks the protect block; nil (no block) is valid: protection is off.
+func checkProtect(es *Errors, cfg *Config) {
+	p := cfg.Protect
+	if p == nil {
+		return
+	}
+	if cfg.Upstream == "" && cfg.RLS != nil {
+		es.add("protect", "", "set, but upstream is empty: protect guards the proxy's upstream, and there is no proxy")
+	}
+	c := &p.Concurrency
+	limitOK := c.Limit >= 1 && c.Limit <= maxProtectLimit
+	if !limitOK {
+		es.add("protect.concurrency.limit", strconv.Itoa(c.Limit), fmt.Sprintf("must be from 1 to %d", maxProtectLimit))
+	}
+	if c.Adaptive {
+		minOK := c.MinLimit >= 1 && c.MinLimit <= maxProtectLimit
+		maxOK := c.MaxLimit >= 1 && c.MaxLimit <= maxProtectLimit
+		if !minOK {
+			es.add("protect.concurrency.min_limit", strconv.Itoa(c.MinLimit), fmt.Sprintf("must be from 1 to %d", maxProtectLimit))
+		}
+		if !maxOK {
+			es.add("protect.concurrency.max_limit", strconv.Itoa(c.MaxLimit), fmt.Sprintf("must be from 1 to %d", maxProtectLimit))
+		}
+		switch {
+		case minOK && maxOK && c.MinLimit > c.MaxLimit:
+			es.add("protect.concurrency.min_limit", strconv.Itoa(c.MinLimit), fmt.Sprintf("must not exceed max_limit (%d)", c.MaxLimit))
+		case limitOK && minOK && maxOK && (c.Limit < c.MinLimit || c.Limit > c.MaxLimit):
+			es.add("protect.concurrency.limit", strconv.Itoa(c.Limit), fmt.Sprintf("must be from min_limit (%d) to max_limit (%d): it is the adaptive limit's start", c.MinLimit, c.MaxLimit))
+		}
+	}
+	if d := c.QueueTimeout; d < 0 || d > maxQueueTimeout {
+		es.add("protect.concurrency.queue_timeout", shortDuration(d), "must be from 0s (no waiting) to "+shortDuration(maxQueueTimeout))
+	}
+	switch p.Status {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+	default:
+		es.add("protect.status", strconv.Itoa(p.Status), "must be 503 or 429")
+	}
+	reserved := map[string]int{} // class -> the entry with its reserve
+	var reserves float64
+	for i := range p.Priorities {
+		pr := &p.Priorities[i]
+		at := fmt.Sprintf("protect.priorities[%d]", i)
+		switch pr.Name {
+		case PriorityCritical, PriorityDefault, PrioritySheddable:
+		case "":
+			es.add(at+".name", "", "required: critical, default or sheddable")
+		default:
+			es.add(at+".name", pr.Name, "must be critical, default or sheddable")
+		}
+		switch r := pr.Reserve; {
+		case r < 0 || r >= 1 || r != r:
+			es.add(at+".reserve", strconv.FormatFloat(r, 'g', -1, 64), "must be at least 0 and below 1 (a share of the limit)")
+		case r > 0 && pr.Name == PrioritySheddable:
+			es.add(at+".reserve", strconv.FormatFloat(r, 'g', -1, 64), "must be 0 for sheddable: a reserve is held back from the classes below, and none is below sheddable")
+		case r > 0:
+			// A class may have several entries (several ways to match it), one reserve.
+			if first, dup := reserved[pr.Name]; dup {
+				es.add(at+".reserve", strconv.FormatFloat(r, 'g', -1, 64), fmt.Sprintf("%s has a reserve already (protect.priorities[%d]): one reserve per class", pr.Name, first))
+			} else {
+				reserved[pr.Name] = i
+				reserves += r
+			}
+		}
+		m := &pr.Match
+		for j, meth := range m.Methods {
+			if !methods[meth] {
+				es.add(fmt.Sprintf("%s.match.methods[%d]", at, j), meth, "must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE")
+			}
+		}
+		checkPathPrefix(es, at+".match.path_prefix", m.PathPrefix)
+		names := make([]string, 0, len(m.Headers))
+		for name := range m.Headers {
+			names = append(names, name)
+		}
+		sort.Strings(names) // a stable report
+		for _, name := range names {
+			hp := at + ".match.headers." + name
+			switch {
+			case !httpguts.ValidHeaderFieldName(name):
+				es.add(hp, name, "must be a valid header name")
+			case unseenHeader(name) != "":
+				es.add(hp, name, unseenHeader(name))
+			case m.Headers[name] == "":
+				es.add(hp, "", "must not be empty: the value the header must have")
+			}
+		}
+	}
+	if reserves >= 1 {
+		es.add("protect.priorities", strconv.FormatFloat(reserves, 'g', -1, 64), "the reserves add up to 1 or more: some class would never get a slot")
+	}
+}

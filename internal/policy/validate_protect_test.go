@@ -1,0 +1,124 @@
+package policy
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestParseProtectOffUnlessPresent(t *testing.T) {
+	if cfg := mustParse(t, minimal, noEnv); cfg.Protect != nil {
+		t.Errorf("got protect %+v, want nil: protection is off unless configured", cfg.Protect)
+	}
+}
+
+func TestParseProtectDefaults(t *testing.T) {
+	cfg := mustParse(t, minimal+"protect: {}\n", noEnv)
+	want := ProtectConfig{Concurrency: ProtectConcurrencyConfig{Adaptive: true, Limit: 50, MinLimit: 2, MaxLimit: 1000}, Status: 503}
+	if cfg.Protect == nil || !reflect.DeepEqual(*cfg.Protect, want) {
+		t.Errorf("got %+v, want %+v", cfg.Protect, want)
+	}
+}
+
+func TestParseProtectIssueExample(t *testing.T) {
+	cfg := mustParse(t, minimal+`protect:
+  concurrency:
+    adaptive: false
+    limit: 7
+    min_limit: 1
+    max_limit: 9
+    queue_timeout: 10ms
+  priorities:
+    - name: critical
+      match: {headers: {X-Priority: critical}}
+      reserve: 0.2
+    - name: sheddable
+      match: {path_prefix: /batch}
+  status: 429
+`, noEnv)
+	p := cfg.Protect
+	want := ProtectConcurrencyConfig{Adaptive: false, Limit: 7, MinLimit: 1, MaxLimit: 9, QueueTimeout: 10 * time.Millisecond}
+	if p.Concurrency != want {
+		t.Errorf("got concurrency %+v, want %+v", p.Concurrency, want)
+	}
+	if p.Status != 429 || len(p.Priorities) != 2 {
+		t.Fatalf("got status %d, %d priorities; want 429, 2", p.Status, len(p.Priorities))
+	}
+	// viper folds keys to lower case; header names are case-insensitive anyway.
+	if got := p.Priorities[0].Match.Headers; !reflect.DeepEqual(got, map[string]string{"x-priority": "critical"}) {
+		t.Errorf("got headers %v, want x-priority: critical", got)
+	}
+	if p.Priorities[0].Reserve != 0.2 || p.Priorities[1].Match.PathPrefix != "/batch" {
+		t.Errorf("got %+v", p.Priorities)
+	}
+	if err := cfg.Validate(noEnv); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
+func TestValidateProtect(t *testing.T) {
+	cases := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"limit zero", "protect: {concurrency: {limit: 0}}",
+			[]string{`protect.concurrency.limit: "0": must be from 1 to 100000`}},
+		{"min above max", "protect: {concurrency: {min_limit: 10, max_limit: 5, limit: 7}}",
+			[]string{`protect.concurrency.min_limit: "10": must not exceed max_limit (5)`}},
+		{"start outside bounds", "protect: {concurrency: {limit: 2000}}",
+			[]string{`protect.concurrency.limit: "2000": must be from min_limit (2) to max_limit (1000): it is the adaptive limit's start`}},
+		{"fixed ignores bounds", "protect: {concurrency: {adaptive: false, limit: 2000, min_limit: 0}}", nil},
+		{"negative queue", "protect: {concurrency: {queue_timeout: -1ms}}",
+			[]string{`protect.concurrency.queue_timeout: "-1ms": must be from 0s (no waiting) to 1m`}},
+		{"status", "protect: {status: 500}",
+			[]string{`protect.status: "500": must be 503 or 429`}},
+		{"class name", "protect: {priorities: [{name: vip}, {match: {path_prefix: /x}}]}",
+			[]string{`protect.priorities[0].name: "vip": must be critical, default or sheddable`,
+				`protect.priorities[1].name: required: critical, default or sheddable`}},
+		{"reserve range", "protect: {priorities: [{name: critical, reserve: 1.5}]}",
+			[]string{`protect.priorities[0].reserve: "1.5": must be at least 0 and below 1 (a share of the limit)`}},
+		{"reserve not a number", "protect: {priorities: [{name: critical, reserve: lots}]}", nil},
+		{"sheddable reserve", "protect: {priorities: [{name: sheddable, reserve: 0.1}]}",
+			[]string{`protect.priorities[0].reserve: "0.1": must be 0 for sheddable: a reserve is held back from the classes below, and none is below sheddable`}},
+		{"two reserves of a class", "protect: {priorities: [{name: critical, reserve: 0.1}, {name: critical, reserve: 0.1}]}",
+			[]string{`protect.priorities[1].reserve: "0.1": critical has a reserve already (protect.priorities[0]): one reserve per class`}},
+		{"reserves sum", "protect: {priorities: [{name: critical, reserve: 0.6}, {name: default, reserve: 0.5}]}",
+			[]string{`protect.priorities: "1.1": the reserves add up to 1 or more: some class would never get a slot`}},
+		{"match forms", "protect: {priorities: [{name: critical, match: {methods: [get], path_prefix: batch, headers: {Host: a, X-A: ''}}}]}",
+			[]string{`protect.priorities[0].match.methods[0]: "get": must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE`,
+				`protect.priorities[0].match.path_prefix: "batch": must start with "/"`,
+				`protect.priorities[0].match.headers.host: "host": Host never reaches the request headers (net/http moves it out), so this key would never be present`,
+				`protect.priorities[0].match.headers.x-a: must not be empty: the value the header must have`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal+c.yaml+"\n"), LoadOptions{Getenv: noEnv})
+			if c.name == "reserve not a number" {
+				if got := errorLines(t, err); !slices.Equal(got, []string{`protect.priorities[0].reserve: "lots": must be a number`}) {
+					t.Errorf("got %q, want the type error", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			got := errorLines(t, cfg.Validate(noEnv))
+			if !slices.Equal(got, c.want) {
+				t.Errorf("got %q\nwant %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestEnvOverrideProtect(t *testing.T) {
+	cfg := mustParse(t, minimal+"protect: {concurrency: {limit: 9}}\n", env("RATELIMIT_PROTECT_CONCURRENCY_LIMIT", "40", "RATELIMIT_PROTECT_STATUS", "429"))
+	if cfg.Protect.Concurrency.Limit != 40 || cfg.Protect.Status != 429 {
+		t.Errorf("got limit %d status %d, want 40 and 429 from the environment", cfg.Protect.Concurrency.Limit, cfg.Protect.Status)
+	}
+	for _, e := range envVars {
+		if e.path == "protect.priorities" {
+			t.Errorf("got override %s, want none for a list of mappings", e.name)
+		}
+	}
+}
