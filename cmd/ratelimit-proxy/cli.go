@@ -110,6 +110,7 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 	})
 	root.AddCommand(table)
 	root.AddCommand(newReplayCmd(&configPath, getenv, stdout, stderr))
+	root.AddCommand(newAdminCmd(&configPath, getenv, stdout, stderr))
 	return root
 }
 

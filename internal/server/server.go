@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
@@ -112,7 +113,11 @@ func Run(ctx context.Context, o Options) error {
 		return err // validated already; only an environment changed since then gets here
 	}
 	var handler http.Handler
+	var console *admin.Console // the operators' console, with the proxy
 	if proxyOn {
+		if console, err = newConsole(cfg, rl, st, pseudonyms, log, reg, now, o.Getenv); err != nil {
+			return err
+		}
 		h, err := proxy.New(proxy.Options{
 			Upstream:            upstream,
 			Policies:            rl.Current,
@@ -128,6 +133,7 @@ func Run(ctx context.Context, o Options) error {
 			Pseudonyms:          pseudonyms,
 			Metrics:             proxy.NewMetrics(reg),
 			Now:                 now, // nil: time.Now, and the store timer's start doubles as the instant
+			Console:             consoleHook(console),
 		})
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
@@ -215,7 +221,7 @@ func Run(ctx context.Context, o Options) error {
 		return st.Ready(ctx)
 	}
 	adminSrv := &http.Server{
-		Handler:           proxy.AdminHandler(reg, ready),
+		Handler:           adminHandler(console, proxy.AdminHandler(reg, ready)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          errLog,
 	}
@@ -238,6 +244,9 @@ func Run(ctx context.Context, o Options) error {
 	if rlsSrv != nil {
 		go func() { errc <- rlsSrv.serve() }()
 	}
+	consoleCtx, stopConsole := context.WithCancel(ctx)
+	defer stopConsole()
+	go runConsole(consoleCtx, console)
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()

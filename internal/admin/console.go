@@ -1,0 +1,239 @@
+// Package admin is the operators' console, a third front end on the admin listener beside
+// /metrics: a JSON API under /v1/ (policies, a key's state without charging it, resets,
+// temporary exemptions, the heaviest keys of each policy), the live page at /, and the hooks the
+// proxy calls per request (Console.Adjust applies exemptions, Console.Observe feeds the
+// heavy-hitter sketches and the per-second series).
+//
+// It reads and resets keys through the store's Peek and Reset (the Keys interface), keeps no raw
+// client key (keys are shown as the access log shows them: an IP in clear, other keys as their
+// pseudonyms) and adds no per-client metric label. Every view is this replica's: the sketches
+// and series count what this replica decided (`ratelimit-proxy admin top --replica URL ...`
+// merges replicas), while key states, resets and exemptions are the store's (shared on
+// DynamoDB).
+package admin
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+// seriesLen is how many seconds of allowed/limited counts the page charts: 15 minutes.
+const seriesLen = 900
+
+// generation is how long a sketch counts before it becomes the previous one: "the heaviest keys
+// of the last minutes" are those of the current and the previous generation (5 to 10 minutes).
+const generation = 5 * time.Minute
+
+// polState is what the console keeps per policy name.
+type polState struct {
+	mu        sync.Mutex
+	cur, prev *topSketch
+	genStart  int64 // Unix ns when cur began
+	// series[s%seriesLen] counts the requests of second s (stamp[...] == s; older: stale).
+	stamp   [seriesLen]int64
+	allowed [seriesLen]uint32
+	limited [seriesLen]uint32
+}
+
+// Console is the operators' console of one replica. It is safe for concurrent use; create it
+// with New.
+type Console struct {
+	o      Options
+	states sync.Map // policy name -> *polState
+	ex     exemptions
+	resets resetLog
+	m      *metrics
+	// lastLimited is the pseudonym of the last limited key per policy, for the OpenMetrics
+	// exemplar of ratelimit_requests_total{result="limited"} (see Exemplar).
+	lastLimited sync.Map // policy name -> *atomic.Pointer[string]
+}
+
+func (c *Console) state(name string) *polState {
+	if v, ok := c.states.Load(name); ok {
+		return v.(*polState)
+	}
+	v, _ := c.states.LoadOrStore(name, &polState{})
+	return v.(*polState)
+}
+
+// Adjust applies the active exemptions to a planned request, before its charges are taken: an
+// exempt key's charge carries the exemption's limit instead, or is dropped for an unlimited one.
+// Without exemptions it costs one atomic load.
+func (c *Console) Adjust(p *policy.Plan) {
+	idx := c.ex.index.Load()
+	if idx == nil || len(*idx) == 0 {
+		return
+	}
+	ns := c.o.Now().UnixNano()
+	for i := 0; i < len(p.Charges); {
+		e := (*idx)[exKey{policy: p.Policies[i].Name, key: p.Charges[i].Key}]
+		if e == nil || ns >= e.expires {
+			i++
+			continue
+		}
+		if !e.Unlimited {
+			p.Charges[i].Limit = e.lim
+			i++
+			continue
+		}
+		p.Charges = append(p.Charges[:i], p.Charges[i+1:]...)
+		p.Policies = append(p.Policies[:i], p.Policies[i+1:]...)
+		if i < len(p.Values) {
+			p.Values = append(p.Values[:i], p.Values[i+1:]...)
+		}
+	}
+}
+
+// Observe counts a decided request: per charge, one request (refused when its result did not
+// conform) in its policy's per-second series and heavy-hitter sketch. results[i] is charge i's.
+func (c *Console) Observe(now time.Time, p *policy.Plan, results []bucket.Result) {
+	ns := now.UnixNano()
+	sec := ns / int64(time.Second)
+	slot := int(sec % seriesLen)
+	for i := range p.Charges {
+		pol := p.Policies[i]
+		ch := &p.Charges[i]
+		limited := i < len(results) && !results[i].Allowed
+		st := c.state(pol.Name)
+		st.mu.Lock()
+		if st.cur == nil || ns-st.genStart >= int64(generation) {
+			st.prev, st.cur, st.genStart = st.cur, newTopSketch(c.o.TopK), ns
+		}
+		if st.stamp[slot] != sec {
+			st.stamp[slot], st.allowed[slot], st.limited[slot] = sec, 0, 0
+		}
+		if limited {
+			st.limited[slot]++
+		} else {
+			st.allowed[slot]++
+		}
+		var label string
+		st.cur.add(ch.Key, limited, &ch.Limit, func() string {
+			label = c.label(p, i)
+			return label
+		})
+		st.mu.Unlock()
+		if limited && !ch.Shadow {
+			if label == "" {
+				label = c.label(p, i)
+			}
+			c.limitedKey(pol.Name).Store(&label)
+		}
+	}
+}
+
+// label is how charge i's key is shown: the ip key in clear, "(global)" for a global policy,
+// the pseudonym of any other key (as the access log's key fields).
+func (c *Console) label(p *policy.Plan, i int) string {
+	switch kind := p.Policies[i].KeyKind; kind {
+	case "ip":
+		return p.KeyValue(i)
+	case "global":
+		return globalLabel
+	default:
+		return c.o.Pseudonyms.Of(kind, p.KeyValue(i))
+	}
+}
+
+// globalLabel is the key shown for a global policy's single bucket.
+const globalLabel = "(global)"
+
+func (c *Console) limitedKey(name string) *atomic.Pointer[string] {
+	if v, ok := c.lastLimited.Load(name); ok {
+		return v.(*atomic.Pointer[string])
+	}
+	v, _ := c.lastLimited.LoadOrStore(name, new(atomic.Pointer[string]))
+	return v.(*atomic.Pointer[string])
+}
+
+// LastLimited returns the key (as shown: pseudonym or IP) of the last request of policy name
+// that this replica refused, "" when none was: the exemplar of the policy's limited counter.
+func (c *Console) LastLimited(name string) string {
+	if v, ok := c.lastLimited.Load(name); ok {
+		if s := v.(*atomic.Pointer[string]).Load(); s != nil {
+			return *s
+		}
+	}
+	return ""
+}
+
+// top returns policy name's heaviest keys of the current and previous generation, merged.
+func (c *Console) top(name string, n int, now time.Time) []TopKey {
+	v, ok := c.states.Load(name)
+	if !ok {
+		return []TopKey{}
+	}
+	st := v.(*polState)
+	st.mu.Lock()
+	var lists [][]TopKey
+	if st.cur != nil && now.UnixNano()-st.genStart < 2*int64(generation) {
+		lists = append(lists, st.cur.list())
+		if st.prev != nil && now.UnixNano()-st.genStart < int64(generation) {
+			lists = append(lists, st.prev.list())
+		}
+	}
+	st.mu.Unlock()
+	out := mergeTop(n, lists...)
+	if out == nil {
+		out = []TopKey{}
+	}
+	return out
+}
+
+// byPseudonym finds a tracked key of policy name by its label, for lookups by pseudonym: the
+// console keeps no raw key, so only a key in the policy's sketch (one of its heaviest lately)
+// can be found this way.
+func (c *Console) byPseudonym(name, label string) (topEntry, bool) {
+	v, ok := c.states.Load(name)
+	if !ok {
+		return topEntry{}, false
+	}
+	st := v.(*polState)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, s := range []*topSketch{st.cur, st.prev} {
+		if s == nil {
+			continue
+		}
+		if e, ok := s.find(label); ok {
+			return e, true
+		}
+	}
+	return topEntry{}, false
+}
+
+// Point is one second of a policy's series.
+type Point struct {
+	At      int64  `json:"t"` // Unix seconds
+	Allowed uint32 `json:"allowed"`
+	Limited uint32 `json:"limited"`
+}
+
+// series returns policy name's counts per second over the last 15 minutes up to now, oldest
+// first, one point per second (zeros included).
+func (c *Console) series(name string, now time.Time) []Point {
+	out := make([]Point, seriesLen)
+	end := now.Unix()
+	for i := range out {
+		out[i].At = end - seriesLen + 1 + int64(i)
+	}
+	v, ok := c.states.Load(name)
+	if !ok {
+		return out
+	}
+	st := v.(*polState)
+	st.mu.Lock()
+	for i := range out {
+		s := out[i].At
+		slot := int(s % seriesLen)
+		if st.stamp[slot] == s {
+			out[i].Allowed, out[i].Limited = st.allowed[slot], st.limited[slot]
+		}
+	}
+	st.mu.Unlock()
+	return out
+}
