@@ -14,7 +14,6 @@ package admin
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -47,9 +46,6 @@ type Console struct {
 	ex     exemptions
 	resets resetLog
 	m      *metrics
-	// lastLimited is the pseudonym of the last limited key per policy, for the OpenMetrics
-	// exemplar of ratelimit_requests_total{result="limited"} (see Exemplar).
-	lastLimited sync.Map // policy name -> *atomic.Pointer[string]
 }
 
 func (c *Console) state(name string) *polState {
@@ -111,18 +107,10 @@ func (c *Console) Observe(now time.Time, p *policy.Plan, results []bucket.Result
 		} else {
 			st.allowed[slot]++
 		}
-		var label string
-		st.cur.add(ch.Key, limited, &ch.Limit, func() string {
-			label = c.label(p, i)
-			return label
-		})
-		st.mu.Unlock()
-		if limited && !ch.Shadow {
-			if label == "" {
-				label = c.label(p, i)
-			}
-			c.limitedKey(pol.Name).Store(&label)
+		if e, fresh := st.cur.add(ch.Key, limited, &ch.Limit); fresh {
+			e.label = c.label(p, i)
 		}
+		st.mu.Unlock()
 	}
 }
 
@@ -141,25 +129,6 @@ func (c *Console) label(p *policy.Plan, i int) string {
 
 // globalLabel is the key shown for a global policy's single bucket.
 const globalLabel = "(global)"
-
-func (c *Console) limitedKey(name string) *atomic.Pointer[string] {
-	if v, ok := c.lastLimited.Load(name); ok {
-		return v.(*atomic.Pointer[string])
-	}
-	v, _ := c.lastLimited.LoadOrStore(name, new(atomic.Pointer[string]))
-	return v.(*atomic.Pointer[string])
-}
-
-// LastLimited returns the key (as shown: pseudonym or IP) of the last request of policy name
-// that this replica refused, "" when none was: the exemplar of the policy's limited counter.
-func (c *Console) LastLimited(name string) string {
-	if v, ok := c.lastLimited.Load(name); ok {
-		if s := v.(*atomic.Pointer[string]).Load(); s != nil {
-			return *s
-		}
-	}
-	return ""
-}
 
 // top returns policy name's heaviest keys of the current and previous generation, merged.
 func (c *Console) top(name string, n int, now time.Time) []TopKey {

@@ -40,35 +40,34 @@ func newTopSketch(k int) *topSketch {
 	return &topSketch{k: k, entries: make([]topEntry, 0, k), index: make(map[bucket.Key]int, k)}
 }
 
-// add counts one request of key (refused when limited). label is called only when the key
-// enters the sketch, so that its pseudonym is computed once per entry, not per request.
-func (s *topSketch) add(key bucket.Key, limited bool, lim *bucket.Limit, label func() string) {
+// add counts one request of key (refused when limited) and returns its entry, fresh when the
+// key has just entered the sketch: the caller then sets its label, so that a pseudonym is
+// computed once per entry, not per request. The entry is valid until the next add.
+func (s *topSketch) add(key bucket.Key, limited bool, lim *bucket.Limit) (e *topEntry, fresh bool) {
 	s.total++
 	lim1 := uint64(0)
 	if limited {
 		lim1 = 1
 	}
 	if i, ok := s.index[key]; ok {
-		e := &s.entries[i]
+		e = &s.entries[i]
 		e.requests++
 		e.limited += lim1
 		e.limit = *lim
-		s.down(i)
-		return
+		return &s.entries[s.down(i)], false
 	}
 	if len(s.entries) < s.k {
-		s.entries = append(s.entries, topEntry{key: key, label: label(), limit: *lim, requests: 1, limited: lim1})
+		s.entries = append(s.entries, topEntry{key: key, limit: *lim, requests: 1, limited: lim1})
 		s.index[key] = len(s.entries) - 1
-		s.up(len(s.entries) - 1)
-		return
+		return &s.entries[s.up(len(s.entries)-1)], true
 	}
 	// Take over the minimum (the heap's root): count min+1, error min.
-	e := &s.entries[0]
+	e = &s.entries[0]
 	delete(s.index, e.key)
 	min := e.requests
-	*e = topEntry{key: key, label: label(), limit: *lim, requests: min + 1, limited: lim1, err: min}
+	*e = topEntry{key: key, limit: *lim, requests: min + 1, limited: lim1, err: min}
 	s.index[key] = 0
-	s.down(0)
+	return &s.entries[s.down(0)], true
 }
 
 func (s *topSketch) less(i, j int) bool { return s.entries[i].requests < s.entries[j].requests }
@@ -79,30 +78,33 @@ func (s *topSketch) swap(i, j int) {
 	s.index[s.entries[j].key] = j
 }
 
-func (s *topSketch) up(i int) {
+// up restores the heap above i and returns where the entry at i went.
+func (s *topSketch) up(i int) int {
 	for i > 0 {
 		p := (i - 1) / 2
 		if !s.less(i, p) {
-			return
+			return i
 		}
 		s.swap(i, p)
 		i = p
 	}
+	return i
 }
 
-func (s *topSketch) down(i int) {
+// down restores the heap below i and returns where the entry at i went.
+func (s *topSketch) down(i int) int {
 	n := len(s.entries)
 	for {
 		l := 2*i + 1
 		if l >= n {
-			return
+			return i
 		}
 		m := l
 		if r := l + 1; r < n && s.less(r, l) {
 			m = r
 		}
 		if !s.less(m, i) {
-			return
+			return i
 		}
 		s.swap(i, m)
 		i = m
