@@ -39,6 +39,7 @@ type pageData struct {
 var pageTmpl = template.Must(template.New("page").Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="{{.Refresh}}">
+<link rel="icon" href="data:,">
 <title>ratelimit-proxy console</title>
 <style>
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
@@ -54,7 +55,7 @@ svg{width:100%;max-width:900px;height:auto;background:#fcfcfc;border:1px solid #
 <p class="muted">This replica's view at {{.Now}}; refreshes every {{.Refresh}}s. The API is under <code>/v1/</code> (docs/operations.md).</p>
 {{range .Policies}}<section class="policy" id="policy-{{.Info.Name}}">
 <h2>{{.Info.Name}}</h2>
-<p class="muted">{{.Info.Summary}} · {{.Info.Mode}}</p>
+<p class="muted">{{.Info.Summary}}</p>
 <p class="legend"><span class="a">■ allowed/s</span><span class="l">■ limited/s</span>
 <span>last 15 min: {{.SumAllowed}} allowed, {{.SumLim}} limited; peak {{.Max}}/s</span></p>
 <svg class="chart" viewBox="0 0 900 130" role="img" aria-label="{{.Info.Name}}: allowed and limited per second over the last 15 minutes">
@@ -97,7 +98,7 @@ func (c *Console) page(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	// Nothing but this page's own inline style may load: no script, no outside resource.
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:")
 	if err := pageTmpl.Execute(w, d); err != nil {
 		c.o.Logger.Warn("admin: rendering the page failed")
 	}
