@@ -72,6 +72,7 @@ func TestParseDefaults(t *testing.T) {
 		Log:            LogConfig{Level: "info"},
 		Policies:       []PolicyConfig{{Name: "p", Key: "ip", Algorithm: "token_bucket", Rate: "1/s", Burst: 1, Mode: "enforce"}},
 		MethodOverride: "judge",
+		Admin:          AdminConfig{TopK: 100},
 	}
 	if !reflect.DeepEqual(*cfg, want) {
 		t.Errorf("got  %+v\nwant %+v", *cfg, want)
@@ -257,13 +258,14 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_METHOD_OVERRIDE",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_CORRECT", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_CORRECTION",
 		"RATELIMIT_STORE_DYNAMODB_CLOCK_WARN_OFFSET", "RATELIMIT_STORE_DYNAMODB_CLOCK_MAX_OFFSET",
+		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 53 {
-		t.Errorf("got %d overrides, want 53: a new field needs a line above", len(got))
+	if len(got) != 56 {
+		t.Errorf("got %d overrides, want 56: a new field needs a line above", len(got))
 	}
 }
 
