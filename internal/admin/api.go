@@ -220,12 +220,59 @@ func infoOf(p *policy.Policy) PolicyInfo {
 }
 
 func (c *Console) getPolicies(w http.ResponseWriter, _ *http.Request) {
-	pols := c.o.Policies().Policies()
-	out := make([]PolicyInfo, len(pols))
+	set := c.o.Policies()
+	pols := set.Policies()
+	out := make([]PolicyInfo, len(pols), len(pols)+set.RLS().Len())
 	for i, p := range pols {
 		out[i] = infoOf(p)
 	}
+	for _, dn := range set.RLS().Domains() {
+		for _, r := range set.RLS().Domain(dn).Rules() {
+			out = append(out, rlsInfo(dn, r))
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"policies": out})
+}
+
+// rlsInfo describes an rls rule as GET /v1/policies lists it: scope rls:DOMAIN, its key the
+// descriptor.
+func rlsInfo(domain string, r *policy.RLSRule) PolicyInfo {
+	pi := infoOf(&policy.Policy{Name: r.Name, Shadow: r.Shadow, Limit: r.Limit, KeyKind: "descriptor", Summary: r.Label})
+	pi.Scope = "rls:" + domain
+	if r.Unlimited {
+		pi.Algorithm, pi.Limit, pi.Rate, pi.Window = "unlimited", 0, 0, 0
+	}
+	return pi
+}
+
+// resolveRLS finds the charge of an rls descriptor (?domain=D&entry=k=v...). The key is shown
+// as the pseudonym of the descriptor: its values may be credentials.
+func (c *Console) resolveRLS(name, domain string, entries []string) (target, int, string) {
+	es := make([]policy.RLSEntry, 0, len(entries))
+	for _, e := range entries {
+		k, v, _ := strings.Cut(e, "=")
+		if k == "" {
+			return target{}, http.StatusBadRequest, fmt.Sprintf("entry %q: want key=value (or key=).", e)
+		}
+		es = append(es, policy.RLSEntry{Key: k, Value: v})
+	}
+	if len(es) == 0 {
+		return target{}, http.StatusBadRequest, "An rls descriptor needs at least one entry=key=value."
+	}
+	ch, rule, unlimited, err := c.o.Policies().RLSCharge(domain, es)
+	if err != nil {
+		return target{}, http.StatusNotFound, err.Error()
+	}
+	if name != "rls" && name != rule.Name {
+		return target{}, http.StatusBadRequest, fmt.Sprintf("The descriptor matches rule %q, not %q (or use rls).", rule.Name, name)
+	}
+	var b strings.Builder
+	for _, e := range es {
+		b.WriteString(e.Key + "=" + e.Value + "\x00")
+	}
+	label := c.o.Pseudonyms.Of("rls:"+domain, b.String())
+	pol := &policy.Policy{Name: rule.Name, Shadow: rule.Shadow, Limit: rule.Limit, KeyKind: "descriptor"}
+	return target{pol: pol, charge: ch, unlimited: unlimited, label: label}, 0, ""
 }
 
 // target is the key a request names, resolved to its charge.
@@ -290,7 +337,14 @@ type KeyState struct {
 
 func (c *Console) getKey(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	t, status, detail := c.resolve(r.PathValue("policy"), q.Get("key"), q.Get("pseudonym"))
+	var t target
+	var status int
+	var detail string
+	if d := q.Get("domain"); d != "" {
+		t, status, detail = c.resolveRLS(r.PathValue("policy"), d, q["entry"])
+	} else {
+		t, status, detail = c.resolve(r.PathValue("policy"), q.Get("key"), q.Get("pseudonym"))
+	}
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return
@@ -338,6 +392,9 @@ type writeBody struct {
 	Unlimited bool       `json:"unlimited"`
 	ExpiresIn string     `json:"expires_in"`
 	ExpiresAt *time.Time `json:"expires_at"`
+	// Domain and Entries name an rls descriptor (reset only): entries as "key=value".
+	Domain  string   `json:"domain"`
+	Entries []string `json:"entries"`
 }
 
 // maxBody bounds a write's body.
@@ -365,7 +422,14 @@ func (c *Console) postReset(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &b) {
 		return
 	}
-	t, status, detail := c.resolve(r.PathValue("policy"), b.Key, b.Pseudonym)
+	var t target
+	var status int
+	var detail string
+	if b.Domain != "" {
+		t, status, detail = c.resolveRLS(r.PathValue("policy"), b.Domain, b.Entries)
+	} else {
+		t, status, detail = c.resolve(r.PathValue("policy"), b.Key, b.Pseudonym)
+	}
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return

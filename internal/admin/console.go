@@ -14,6 +14,7 @@ package admin
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -43,10 +44,44 @@ type polState struct {
 type Console struct {
 	o      Options
 	states sync.Map // policy name -> *polState
-	ex     exemptions
-	resets resetLog
-	m      *metrics
+	// byPol caches states by compiled policy, so that the request path looks a policy up by
+	// pointer rather than hashing its name: copied on write when a policy is first seen (after
+	// a reload, the new set's policies), read with one atomic load.
+	byPol   atomic.Pointer[map[*policy.Policy]*polState]
+	byPolMu sync.Mutex
+	ex      exemptions
+	resets  resetLog
+	m       *metrics
 }
+
+// stateOf returns pol's state: by pointer, else by name (and remembered by pointer).
+func (c *Console) stateOf(pol *policy.Policy) *polState {
+	if m := c.byPol.Load(); m != nil {
+		if st := (*m)[pol]; st != nil {
+			return st
+		}
+	}
+	st := c.state(pol.Name)
+	c.byPolMu.Lock()
+	old := c.byPol.Load()
+	n := 0
+	if old != nil {
+		n = len(*old)
+	}
+	m := make(map[*policy.Policy]*polState, n+1)
+	if old != nil && n < maxCachedPolicies { // past it, start afresh: policies of old sets go
+		for k, v := range *old {
+			m[k] = v
+		}
+	}
+	m[pol] = st
+	c.byPol.Store(&m)
+	c.byPolMu.Unlock()
+	return st
+}
+
+// maxCachedPolicies bounds byPol, which grows by the policies of each reloaded set.
+const maxCachedPolicies = 1024
 
 func (c *Console) state(name string) *polState {
 	if v, ok := c.states.Load(name); ok {
@@ -94,7 +129,7 @@ func (c *Console) Observe(now time.Time, p *policy.Plan, results []bucket.Result
 		pol := p.Policies[i]
 		ch := &p.Charges[i]
 		limited := i < len(results) && !results[i].Allowed
-		st := c.state(pol.Name)
+		st := c.stateOf(pol)
 		st.mu.Lock()
 		if st.cur == nil || ns-st.genStart >= int64(generation) {
 			st.prev, st.cur, st.genStart = st.cur, newTopSketch(c.o.TopK), ns

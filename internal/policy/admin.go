@@ -106,3 +106,41 @@ func AlgorithmName(a bucket.Algorithm) string {
 	}
 	return ""
 }
+
+// Rules returns the domain's rules (those with a rate_limit block), in no particular order.
+func (d *RLSDomain) Rules() []*RLSRule {
+	var out []*RLSRule
+	var walk func(n *rlsNode)
+	walk = func(n *rlsNode) {
+		if n.rule != nil {
+			out = append(out, n.rule)
+		}
+		for _, c := range n.children {
+			walk(c)
+		}
+		for i := range n.wild {
+			walk(n.wild[i].node)
+		}
+	}
+	walk(&d.root)
+	return out
+}
+
+// RLSCharge is the charge that Envoy's rate limit service makes for a descriptor of domain, as
+// the service builds it (without a per-request limit override): what the console inspects and
+// resets. unlimited reports a rule without a limit.
+func (s *Set) RLSCharge(domain string, entries []RLSEntry) (c bucket.Charge, rule *RLSRule, unlimited bool, err error) {
+	d := s.RLS().Domain(domain)
+	if d == nil {
+		return bucket.Charge{}, nil, false, fmt.Errorf("no rls domain %q", domain)
+	}
+	var m RLSMatch
+	r := d.Match(entries, &m)
+	if r == nil {
+		return bucket.Charge{}, nil, false, fmt.Errorf("no rule of rls domain %q matches the descriptor", domain)
+	}
+	if r.Unlimited {
+		return bucket.Charge{}, r, true, nil
+	}
+	return bucket.Charge{Key: m.Key(entries), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Cost: 1}, r, false, nil
+}
