@@ -6,16 +6,35 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 )
+
+// adminTable is a table of one console test alone, deleted when it ends: the console's shared
+// items (resets, exemptions) must not meet the tests that scan the suite's table for digests only.
+func adminTable(t *testing.T) (*dynamodb.Client, string) {
+	t.Helper()
+	api, _ := localTable(t)
+	name := randomName("ratelimit-admin-test")
+	if err := createTableWithoutTTL(context.Background(), api, name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = api.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: &name})
+	})
+	return api, name
+}
 
 // TestAdminPeekResetTwoReplicas checks, per algorithm, on two Stores of one table with deny
 // caches: a peek says what the last request's Remaining said and charges nothing; a reset made
 // through one replica admits the next request on it at once and on the other once it has read
 // the shared resets (its deny cache, hints and slot cache dropped).
 func TestAdminPeekResetTwoReplicas(t *testing.T) {
-	api, table := localTable(t)
+	api, table := adminTable(t)
 	limits := map[string]bucket.Limit{
 		"token":       {Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 3},
 		"fixed":       {Algorithm: bucket.FixedWindow, Count: 3, Window: time.Hour},
@@ -72,7 +91,7 @@ func TestAdminPeekResetTwoReplicas(t *testing.T) {
 // TestAdminExemptionsShared checks that an exemption stored through one Store is read by another
 // and removed for both.
 func TestAdminExemptionsShared(t *testing.T) {
-	api, table := localTable(t)
+	api, table := adminTable(t)
 	ctx := context.Background()
 	a := dynamo.New(api, dynamo.Options{Table: table})
 	b := dynamo.New(api, dynamo.Options{Table: table})
