@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -62,7 +64,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucke
 	c.Cost = 1
 	l := c.Limit
 	pks := peekItems(c, n)
-	items, err := s.readItems(ctx, pks)
+	items, err := s.adminRead(ctx, pks)
 	if err != nil {
 		return bucket.Result{}, fmt.Errorf("dynamo: peek: %w", err)
 	}
@@ -205,7 +207,7 @@ func (s *Store) emptyItem(ctx context.Context, pk string, c bucket.Charge) error
 			u.names[w], u.names[cc] = chainW(i), chainC(i)
 		}
 	case c.Limit.Algorithm == bucket.Concurrency:
-		items, err := s.readItems(ctx, []string{pk})
+		items, err := s.adminRead(ctx, []string{pk})
 		if err != nil {
 			return err
 		}
@@ -327,7 +329,7 @@ func (s *Store) DeleteExemption(ctx context.Context, id string) error {
 // applies the resets this replica has not applied yet (see forgetKey), prunes resets older than
 // resetMemory, and returns every exemption's JSON. The console calls it once a second.
 func (s *Store) Exemptions(ctx context.Context) ([][]byte, error) {
-	items, err := s.readItems(ctx, []string{resetsItem, exemptionsItem})
+	items, err := s.adminRead(ctx, []string{resetsItem, exemptionsItem})
 	if err != nil {
 		return nil, fmt.Errorf("dynamo: admin read: %w", err)
 	}
@@ -368,6 +370,34 @@ func (s *Store) Exemptions(ctx context.Context) ([][]byte, error) {
 			if sv, ok := av.(*types.AttributeValueMemberS); ok {
 				out = append(out, []byte(sv.Value))
 			}
+		}
+	}
+	return out, nil
+}
+
+// adminRead reads items (at most 100: a sliding window's 11 slots, a pool's shards, the two
+// shared items) with one consistent BatchGetItem, counted as op "admin" so that the decisions'
+// own batch_get counts stay theirs. Keys left unprocessed (throttling) are an error: the
+// console's next read, a second later, tries again.
+func (s *Store) adminRead(ctx context.Context, pks []string) (map[string]map[string]types.AttributeValue, error) {
+	keys := make([]map[string]types.AttributeValue, len(pks))
+	for i, pk := range pks {
+		keys[i] = map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: pk}}
+	}
+	s.m.requests.WithLabelValues(opAdmin).Inc()
+	res, err := s.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
+		s.table: {Keys: keys, ConsistentRead: aws.Bool(true)}}})
+	if err != nil {
+		s.m.errors.WithLabelValues(opAdmin).Inc()
+		return nil, err
+	}
+	if len(res.UnprocessedKeys) > 0 {
+		return nil, errors.New("some items were not read (throttled)")
+	}
+	out := make(map[string]map[string]types.AttributeValue, len(pks))
+	for _, item := range res.Responses[s.table] {
+		if pk, ok := item[attrPK].(*types.AttributeValueMemberS); ok {
+			out[pk.Value] = item
 		}
 	}
 	return out, nil
