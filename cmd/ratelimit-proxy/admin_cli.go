@@ -56,24 +56,32 @@ func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr 
 		Use: "policies", Short: "List the policies with their limits", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.policies(cmd.Context()) },
 	})
-	var pseudonym, reason string
+	var pseudonym, reason, domain string
+	var entries []string
 	get := &cobra.Command{
 		Use: "get POLICY [KEY]", Short: "Show a key's state without charging it", Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.get(cmd.Context(), args[0], argKey(args), pseudonym)
+			return c.get(cmd.Context(), args[0], argKey(args), pseudonym, domain, entries)
 		},
 	}
 	get.Flags().StringVar(&pseudonym, "pseudonym", "", "the key's pseudonym (as the access log shows it) instead of the key")
+	get.Flags().StringVar(&domain, "domain", "", "an rls descriptor's domain (POLICY: the rule's name, or rls)")
+	get.Flags().StringArrayVar(&entries, "entry", nil, "an rls descriptor's entry key=value (repeat, in order)")
 	cmd.AddCommand(get)
 	reset := &cobra.Command{
 		Use: "reset POLICY [KEY]", Short: "Make a key full again", Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.write(cmd.Context(), http.MethodPost, "/v1/keys/"+url.PathEscape(args[0])+"/reset",
-				map[string]any{"key": argKey(args), "pseudonym": pseudonym, "reason": reason})
+			body := map[string]any{"key": argKey(args), "pseudonym": pseudonym, "reason": reason, "domain": domain}
+			if len(entries) > 0 {
+				body["entries"] = entries
+			}
+			return c.write(cmd.Context(), http.MethodPost, "/v1/keys/"+url.PathEscape(args[0])+"/reset", body)
 		},
 	}
 	reset.Flags().StringVar(&pseudonym, "pseudonym", "", "the key's pseudonym instead of the key")
 	reset.Flags().StringVar(&reason, "reason", "", "why (written to the audit log)")
+	reset.Flags().StringVar(&domain, "domain", "", "an rls descriptor's domain (POLICY: the rule's name, or rls)")
+	reset.Flags().StringArrayVar(&entries, "entry", nil, "an rls descriptor's entry key=value (repeat, in order)")
 	cmd.AddCommand(reset)
 
 	var n int
@@ -250,7 +258,7 @@ func (c *adminClient) policies(ctx context.Context) error {
 	})
 }
 
-func (c *adminClient) get(ctx context.Context, pol, key, pseudonym string) error {
+func (c *adminClient) get(ctx context.Context, pol, key, pseudonym, domain string, entries []string) error {
 	base, _, err := c.settings()
 	if err != nil {
 		return err
@@ -261,6 +269,10 @@ func (c *adminClient) get(ctx context.Context, pol, key, pseudonym string) error
 	}
 	if pseudonym != "" {
 		q.Set("pseudonym", pseudonym)
+	}
+	if domain != "" {
+		q.Set("domain", domain)
+		q["entry"] = entries
 	}
 	var raw json.RawMessage
 	if err := c.call(ctx, base, http.MethodGet, "/v1/keys/"+url.PathEscape(pol)+"?"+q.Encode(), nil, &raw); err != nil {
