@@ -123,3 +123,21 @@ func TestWritesNeedToken(t *testing.T) {
 		t.Fatalf("exemption without an end: %d %s, want 400 naming expires_in", code, body)
 	}
 }
+
+// TestReadToken checks that reads need the read token (or the write token) once one is set.
+func TestReadToken(t *testing.T) {
+	c, _, _, _ := newTestConsole(t, "upstream: http://127.0.0.1:1\npolicies:\n  - {name: p, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n", "")
+	c.o.ReadToken = "read-token-0123456789"
+	h := c.Handler()
+	for tok, want := range map[string]int{"": 401, "nope-0123456789abcdef": 401, "read-token-0123456789": 200, testToken: 200} {
+		for _, path := range []string{"/v1/policies", "/"} {
+			if code, _ := call(t, h, http.MethodGet, path, tok, nil); code != want {
+				t.Errorf("GET %s with token %q: %d, want %d", path, tok, code, want)
+			}
+		}
+	}
+	// The read token does not write.
+	if code, _ := call(t, h, http.MethodPost, "/v1/keys/p/reset", "read-token-0123456789", map[string]string{"key": "192.0.2.1"}); code != http.StatusUnauthorized {
+		t.Errorf("reset with the read token: %d, want 401", code)
+	}
+}
