@@ -18,7 +18,7 @@ import (
 
 // The operators' console on the shared store (package admin): Peek reads a key's items without
 // writing, Reset empties them, and both the resets and the exemptions reach every replica
-// through two items that each replica reads once a second (AdminSync):
+// through two items that each replica reads once a second (Exemptions):
 //
 //	pk = ratelimit-proxy#resets      r (M: bucket key hex -> reset instant, Unix ns)
 //	pk = ratelimit-proxy#exemptions  x (M: exemption id -> its JSON)
@@ -40,20 +40,22 @@ const (
 	resetMemory = 10 * time.Minute
 )
 
-// adminState is what AdminSync remembers between reads.
+// adminState is what Exemptions remembers between reads: the zero value is ready.
 type adminState struct {
 	mu      sync.Mutex
 	applied map[string]int64 // bucket key hex -> the newest reset applied here
 }
 
-var adminStates sync.Map // *Store -> *adminState; kept beside the Store so store.go stays as is
-
+// admin returns the Store's console state, its map made on first use. The caller locks mu
+// before using applied.
 func (s *Store) admin() *adminState {
-	if v, ok := adminStates.Load(s); ok {
-		return v.(*adminState)
+	st := &s.adm
+	st.mu.Lock()
+	if st.applied == nil {
+		st.applied = make(map[string]int64)
 	}
-	v, _ := adminStates.LoadOrStore(s, &adminState{applied: make(map[string]int64)})
-	return v.(*adminState)
+	st.mu.Unlock()
+	return st
 }
 
 // Peek returns the state of c's key at now without charging it, from consistent reads of its
@@ -172,7 +174,7 @@ func peekItems(c bucket.Charge, n int64) []string {
 // Reset makes c's key full again at now: it empties every item that counts against the key
 // (a bucket's tat and its chain of writes, the window's or period's count, the counted slots of a
 // sliding window, a concurrency item's slots, a leased pool's shards), then records the reset in
-// the shared resets item so that every replica drops what it knows locally (see AdminSync), and
+// the shared resets item so that every replica drops what it knows locally (see Exemptions), and
 // drops it here at once. A give-back of a charge taken before the reset that lands after it may
 // return its cost to a window (at most the cost of the charges in flight at the reset); a GCRA
 // give-back finds its write gone from the chain and gives nothing.
@@ -233,7 +235,7 @@ func (s *Store) emptyItem(ctx context.Context, pk string, c bucket.Charge) error
 const opAdmin = "admin"
 
 // putMapEntry sets entry name of map attribute attr of item pk to v, creating the map when the
-// item has none, and removes the entries that AdminSync last saw expired.
+// item has none.
 func (s *Store) putMapEntry(ctx context.Context, pk, attr, name string, v types.AttributeValue, n int64) error {
 	u := update{expr: "SET #m.#k = :v, #ttl = :ttl", cond: "attribute_exists(#m)",
 		names:  map[string]string{"#m": attr, "#k": name, "#ttl": attrTTL},
@@ -315,7 +317,7 @@ func (s *Store) forgetKey(key bucket.Key) {
 }
 
 // PutExemption stores an exemption (its JSON) in the shared exemptions item, where every
-// replica's AdminSync reads it.
+// replica's Exemptions reads it.
 func (s *Store) PutExemption(ctx context.Context, id string, data []byte, expires time.Time) error {
 	return s.putMapEntry(ctx, exemptionsItem, attrExemptions, id, &types.AttributeValueMemberS{Value: string(data)}, expires.UnixNano())
 }
