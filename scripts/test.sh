@@ -32,6 +32,16 @@ if ! python3 -c 'import flask' 2>/dev/null && ! /usr/bin/python3 -c 'import flas
   fi
 fi
 
+# Debian's chromium for TestConsolePageInChromium (the console's page in a real headless
+# browser). Installed when missing, as python3-flask is; without it the test skips (listed below).
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing chromium (apt-get)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+      >.cache/apt-chromium.log 2>&1 || echo "could not install chromium (see .cache/apt-chromium.log)"
+  fi
+fi
+
 # -timeout: the end-to-end package runs for minutes on a loaded 2-core machine; the default 10 m
 # per-package limit is a wall-clock bet, not a check.
 go test -race -count=1 -timeout 30m -v ./... >"$log" 2>&1

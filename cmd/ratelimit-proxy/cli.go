@@ -111,6 +111,7 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 	root.AddCommand(table)
 	root.AddCommand(newReplayCmd(&configPath, getenv, stdout, stderr))
 	root.AddCommand(newRLSCmd(stdout))
+	root.AddCommand(newAdminCmd(&configPath, getenv, stdout, stderr))
 	return root
 }
 
@@ -187,7 +188,7 @@ func newReplayCmd(configPath *string, getenv func(string) string, stdout, stderr
 				return err
 			}
 			r, err := replay.New(replay.Options{Set: set, MaxKeys: cfg.Store.MaxKeys, Pseudonyms: ps,
-				Format: f, KeyFields: kf, Top: top})
+				Format: f, KeyFields: kf, Top: top, Progress: replayProgress(stderr)})
 			if err != nil {
 				return err
 			}
@@ -199,6 +200,7 @@ func newReplayCmd(configPath *string, getenv func(string) string, stdout, stderr
 					return err
 				}
 			}
+			r.Finish()
 			rep := r.Report()
 			if plotFile != "" {
 				if err := writePlot(rep, plotFile, plotFormat); err != nil {

@@ -75,6 +75,25 @@ type Config struct {
 	// in flight to it, and shedding by priority when it is reached (docs/configuration.md,
 	// "Protecting the upstream"). (Optional) default: off.
 	Protect *ProtectConfig `mapstructure:"protect"`
+	// Admin configures the operators' console on admin_listen: the /v1/ API, the live page at
+	// / and `ratelimit-proxy admin` (docs/operations.md, "The operators' console").
+	Admin AdminConfig `mapstructure:"admin"`
+}
+
+// AdminConfig is the admin block: the operators' console.
+type AdminConfig struct {
+	// TokenEnv names the environment variable holding the bearer token that admin writes
+	// (resets, exemptions) need. Without it every write answers 403. The variable's name is
+	// who the audit log says wrote. (Optional) default "": writes are off.
+	TokenEnv string `mapstructure:"token_env"`
+	// ReadTokenEnv names the environment variable holding the bearer token that admin reads
+	// (GET /v1/...) need; the write token is accepted too. (Optional) default "": reads are
+	// open like /metrics.
+	ReadTokenEnv string `mapstructure:"read_token_env"`
+	// TopK is how many keys the heavy-hitter sketch of each policy tracks: its memory, and its
+	// error bound (a count is overstated by at most the requests seen / top_k). (Optional)
+	// default 100, from 1 to 10000.
+	TopK int `mapstructure:"top_k"`
 }
 
 // RLSConfig is the rls block: Envoy's rate limit service.

@@ -72,6 +72,7 @@ var defaults = []struct {
 	{"log.access", false},
 	{"log.pseudonym_secret_env", ""},
 	{"method_override", MethodOverrideJudge},
+	{"admin.top_k", 100},
 }
 
 const (

@@ -260,6 +260,7 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 			seen[name] = i
 		}
 	}
+	checkAdmin(&es, &c.Admin, getenv)
 	var tlsm *TLSMaterial
 	if c.TLS != nil {
 		tlsm = checkTLS(&es, c.TLS)

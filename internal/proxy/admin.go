@@ -10,7 +10,8 @@ import (
 
 // AdminHandler serves the admin port:
 //
-//   - /metrics: the metrics gathered from g (Prometheus text or OpenMetrics, as negotiated);
+//   - /metrics: the metrics gathered from g (Prometheus text or OpenMetrics, as negotiated;
+//     exemplars only in OpenMetrics);
 //   - /healthz: 200 "ok" while the process serves (liveness);
 //   - /readyz: 200 "ok" when ready(ctx) returns nil, else 503 with the error's text (readiness:
 //     for instance the store is unreachable). A nil ready is always ready. ready receives the
@@ -20,7 +21,7 @@ import (
 // It is a separate handler from the proxy's so that these paths never shadow the upstream's.
 func AdminHandler(g prometheus.Gatherer, ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok")
 	})

@@ -145,6 +145,9 @@ type Options struct {
 	// before they are forwarded, after the policies admitted them (protect.go). (Optional)
 	// default: none.
 	Protect *Protection
+	// Console is told about every planned and decided request (exemptions, heavy hitters, the
+	// live page), and adds exemplars to the limited counters. (Optional) default: none.
+	Console Console
 }
 
 // Handler enforces the policies on every request and forwards the admitted ones. It serves every
@@ -197,6 +200,7 @@ type Handler struct {
 	prot     *protection // nil without Options.Protect
 	states   sync.Pool   // *reqState
 	byPolicy sync.Map    // policy name -> *policyState
+	console  Console     // nil without one
 }
 
 // policyState is what the handler keeps per policy name: its counters, resolved once instead of
@@ -206,6 +210,8 @@ type policyState struct {
 	counters *policyCounters
 	last     atomic.Pointer[rejection]
 	lastGRPC atomic.Pointer[grpcRejection]
+	// exemplarAt is when the limited counter last got an exemplar (Unix ns; see countLimited).
+	exemplarAt atomic.Int64
 }
 
 // rejection is a pre-rendered 429 of one policy: the problem body and the header values, shared
@@ -349,6 +355,7 @@ func New(o Options) (*Handler, error) {
 		}
 		h.prot = p
 	}
+	h.console = o.Console
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
 	h.rpGRPC = h.rp
@@ -436,6 +443,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 			Detail: "The request could not be matched against the rate-limit policies."})
 		return
 	}
+	if h.console != nil {
+		h.console.Adjust(&st.plan)
+	}
 	if len(st.plan.Charges) == 0 {
 		h.decide(st, decUnmatched)
 		h.forward(w, r, st, pols)
@@ -445,6 +455,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 	if err != nil {
 		h.storeError(w, r, st, pols, err, timedOut, st.callExpired)
 		return
+	}
+	if h.console != nil {
+		h.console.Observe(st.now, &st.plan, st.results[:len(st.plan.Charges)])
 	}
 	if !admitted {
 		h.reject(w, r, st, pols)
@@ -650,7 +663,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 			continue
 		}
 		state := h.policy(ps[i].Name)
-		state.counters.limited.Inc()
+		h.countLimited(state, &st.plan, i, st.now)
 		if pick < 0 || results[i].RetryAfter > results[pick].RetryAfter {
 			pick, pickState = i, state
 		}

@@ -59,6 +59,9 @@ type Options struct {
 	// MaxErrors is how many unparseable lines are reported (all are counted). (Optional)
 	// default 5.
 	MaxErrors int
+	// Progress, when set, is called every few thousand lines with how far the replay has read
+	// (see Progress), and by Finish. (Optional) default: none.
+	Progress func(Progress)
 }
 
 // Replayer replays logs. Feed it with Read, once per log in time order, then call Report. It is
@@ -208,6 +211,9 @@ func (r *Replayer) Read(ctx context.Context, name string, rd io.Reader) error {
 				}
 			}
 			r.line(lineNo, trimNewline(line))
+			if lineNo%progressEvery == 0 {
+				r.progress(false)
+			}
 		}
 		if err != nil {
 			if err == io.EOF {

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
@@ -112,10 +113,14 @@ func Run(ctx context.Context, o Options) error {
 		return err // validated already; only an environment changed since then gets here
 	}
 	var handler http.Handler
+	var console *admin.Console // the operators' console, with the proxy
 	if proxyOn {
 		prot, err := newProtection(cfg.Protect, reg) // protect.go
 		if err != nil {
 			return fmt.Errorf("protect: %w", err)
+		}
+		if console, err = newConsole(cfg, rl, st, pseudonyms, log, reg, now, o.Getenv); err != nil {
+			return err
 		}
 		h, err := proxy.New(proxy.Options{
 			Protect:             prot,
@@ -136,6 +141,7 @@ func Run(ctx context.Context, o Options) error {
 			Pseudonyms:          pseudonyms,
 			Metrics:             proxy.NewMetrics(reg),
 			Now:                 now, // nil: time.Now, and the store timer's start doubles as the instant
+			Console:             consoleHook(console),
 		})
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
@@ -226,7 +232,7 @@ func Run(ctx context.Context, o Options) error {
 		return st.Ready(ctx)
 	}
 	adminSrv := &http.Server{
-		Handler:           proxy.AdminHandler(reg, ready),
+		Handler:           adminHandler(console, proxy.AdminHandler(reg, ready)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          errLog,
 	}
@@ -249,6 +255,9 @@ func Run(ctx context.Context, o Options) error {
 	if rlsSrv != nil {
 		go func() { errc <- rlsSrv.serve() }()
 	}
+	consoleCtx, stopConsole := context.WithCancel(ctx)
+	defer stopConsole()
+	go runConsole(consoleCtx, console)
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()

@@ -1,0 +1,76 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Peek returns a key's state at instant now without charging it: what an operator's console
+// shows. The Result reads as a charge's would, but describes the key before any request:
+// Remaining is how many requests of cost 1 would conform at now (what X-RateLimit-Remaining said
+// to the last request answered at now), Allowed whether one more would, RetryAfter (when it would
+// not) when it will, and Reset when the key is full again. c.Cost is ignored: the peek is for a
+// request of cost 1. A key the store does not hold is full. It never fails but for a canceled ctx.
+func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{}, fmt.Errorf("bucket: memory peek: %w", err)
+	}
+	if a := c.Limit.Algorithm; a < TokenBucket || a > Quota {
+		return Result{}, fmt.Errorf("bucket: memory peek: unknown algorithm %d", a)
+	}
+	c.Cost = 1
+	ns := now.UnixNano()
+	sh := &m.shards[m.shardOf(c.Key)]
+	var (
+		p   pending
+		r   Result
+		tat int64
+	)
+	sh.mu.Lock()
+	sh.eval(&c, ns, &p, nil, &r)
+	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
+		e, _ := sh.gcra.get(&c.Key)
+		tat = e.tat
+	}
+	sh.mu.Unlock()
+	return peeked(&c, r, tat, ns), nil
+}
+
+// peeked turns the verdict of a cost-1 charge evaluated (not committed) at now into the key's
+// state before it: an admitted charge's Remaining counted itself out, and a GCRA key's Reset is
+// its tat (the charge's would be one emission interval later). tat is the stored GCRA state, 0
+// for other algorithms.
+func peeked(c *Charge, r Result, tat, now int64) Result {
+	r.Token, r.Wait = 0, 0
+	if r.Allowed {
+		r.Remaining++
+		r.RetryAfter = 0
+	}
+	if a := c.Limit.Algorithm; a == TokenBucket || a == LeakyBucket {
+		r.Reset = time.Duration(max(tat-now, 0))
+	}
+	return r
+}
+
+// Reset forgets c's key (every kind of state the memory store keeps for it: bucket, window,
+// sliding window and concurrency slots), so that its next request finds it full. Requests in
+// flight under a concurrency limit at the reset give their slots back to nothing (the key starts
+// from zero): until they end, the key may have up to Count more in flight. A charge_on refund of
+// a charge taken before the reset is lost, which never makes the key roomier than full. It never
+// fails but for a canceled ctx.
+func (m *Memory) Reset(ctx context.Context, _ time.Time, c Charge) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("bucket: memory reset: %w", err)
+	}
+	sh := &m.shards[m.shardOf(c.Key)]
+	sh.mu.Lock()
+	sh.gcra.remove(&c.Key)
+	sh.fixed.remove(&c.Key)
+	sh.sliding.remove(&c.Key)
+	delete(sh.wide, c.Key)
+	sh.conc.remove(&c.Key)
+	sh.fullUntil = 0 // a key at its limit left: a full shard must look again
+	sh.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,68 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+)
+
+// Bounds of admin.top_k and the shortest admin token accepted.
+const (
+	maxTopK          = 10000
+	minAdminTokenLen = 16
+)
+
+// checkAdmin checks the admin block: the token variables must hold a token (never quoted in
+// the error) and top_k must be within its bounds.
+func checkAdmin(es *Errors, a *AdminConfig, getenv func(string) string) {
+	for _, f := range []struct{ path, name string }{
+		{"admin.token_env", a.TokenEnv},
+		{"admin.read_token_env", a.ReadTokenEnv},
+	} {
+		if f.name == "" {
+			continue
+		}
+		if _, err := adminToken(f.name, getenv); err != nil {
+			shown := f.name
+			if !isIdentifier(f.name) {
+				shown = "" // probably the token itself, pasted into the wrong field
+			}
+			es.add(f.path, shown, err.Error())
+		}
+	}
+	if n := a.TopK; n < 1 || n > maxTopK {
+		es.add("admin.top_k", strconv.Itoa(n), fmt.Sprintf("must be from 1 to %d", maxTopK))
+	}
+}
+
+// adminToken reads the token that the variable name holds. The error never quotes its value.
+func adminToken(name string, getenv func(string) string) (string, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	v := getenv(name)
+	switch {
+	case v == "":
+		return "", errors.New("environment variable is not set or empty")
+	case len(v) < minAdminTokenLen:
+		return "", fmt.Errorf("token must be at least %d bytes", minAdminTokenLen)
+	}
+	return v, nil
+}
+
+// AdminTokens reads the admin tokens that cfg names through getenv (nil means os.Getenv): the
+// write token and the read token, "" for a variable the admin block does not name.
+func AdminTokens(cfg *Config, getenv func(string) string) (write, read string, err error) {
+	if cfg.Admin.TokenEnv != "" {
+		if write, err = adminToken(cfg.Admin.TokenEnv, getenv); err != nil {
+			return "", "", fmt.Errorf("admin.token_env: %w", err)
+		}
+	}
+	if cfg.Admin.ReadTokenEnv != "" {
+		if read, err = adminToken(cfg.Admin.ReadTokenEnv, getenv); err != nil {
+			return "", "", fmt.Errorf("admin.read_token_env: %w", err)
+		}
+	}
+	return write, read, nil
+}

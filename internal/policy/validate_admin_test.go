@@ -1,0 +1,56 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestAdminBlockValidation checks that every problem of the admin block is reported with its
+// field, and that a token is never quoted.
+func TestAdminBlockValidation(t *testing.T) {
+	const secret = "s3cr3t-token-value-0123456789"
+	env := map[string]string{"GOOD": secret, "SHORT": "abc"}
+	getenv := func(k string) string { return env[k] }
+	cases := []struct {
+		admin AdminConfig
+		want  []string // substrings of the error; none: valid
+	}{
+		{AdminConfig{TopK: 100}, nil},
+		{AdminConfig{TopK: 100, TokenEnv: "GOOD", ReadTokenEnv: "GOOD"}, nil},
+		{AdminConfig{TopK: 0}, []string{`admin.top_k: "0": must be from 1 to 10000`}},
+		{AdminConfig{TopK: 10001}, []string{`admin.top_k: "10001"`}},
+		{AdminConfig{TopK: 5, TokenEnv: "MISSING"}, []string{`admin.token_env: "MISSING": environment variable is not set or empty`}},
+		{AdminConfig{TopK: 5, ReadTokenEnv: "SHORT"}, []string{`admin.read_token_env: "SHORT": token must be at least 16 bytes`}},
+		{AdminConfig{TopK: 5, TokenEnv: secret + "-x"}, []string{`admin.token_env: environment variable is not set`}},
+	}
+	for _, tc := range cases {
+		var es Errors
+		checkAdmin(&es, &tc.admin, getenv)
+		got := es.Error()
+		if len(tc.want) == 0 && len(es) > 0 {
+			t.Errorf("%+v: got %q, want no error", tc.admin, got)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%+v: got %q, want it to contain %q", tc.admin, got, w)
+			}
+		}
+		if strings.Contains(got, secret) {
+			t.Errorf("%+v: the error quotes a token: %q", tc.admin, got)
+		}
+	}
+}
+
+// TestAdminDefaults checks that a file without an admin block gets top_k 100 and no tokens.
+func TestAdminDefaults(t *testing.T) {
+	cfg, err := Parse([]byte("upstream: http://127.0.0.1:1\npolicies:\n  - {name: p, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n"), LoadOptions{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Admin.TopK != 100 || cfg.Admin.TokenEnv != "" {
+		t.Fatalf("admin block %+v, want top_k 100 and no token", cfg.Admin)
+	}
+	if err := cfg.Validate(func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+}
