@@ -21,13 +21,16 @@ import (
 
 // replica is one gateway: a `serve` process, restarted in place after a kill.
 type replica struct {
-	i            int
-	offset       time.Duration
-	proxy, admin string // host:port
-	cfgPath      string
-	logPath      string
-	bin          string
-	client       *http.Client
+	i int
+	// offset is the replica's clock offset as the judge assumes it; ahead is how much further
+	// ahead its clock really runs (the self-test's clock mutant; 0 otherwise).
+	offset, ahead time.Duration
+	env           []string // more environment (the self-test's mutant)
+	proxy, admin  string   // host:port
+	cfgPath       string
+	logPath       string
+	bin           string
+	client        *http.Client
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -47,11 +50,11 @@ func (r *replica) start() error {
 		return err
 	}
 	args := []string{"serve", "--config", r.cfgPath}
-	if r.offset != 0 {
-		args = append(args, "--test-clock-offset", r.offset.String())
+	if off := r.offset + r.ahead; off != 0 {
+		args = append(args, "--test-clock-offset", off.String())
 	}
 	cmd := exec.Command(r.bin, args...)
-	cmd.Env = append(os.Environ(), dynamolocal.Env()...)
+	cmd.Env = append(append(os.Environ(), dynamolocal.Env()...), r.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A checker killed hard must not leave gateways behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -35,56 +35,62 @@ const (
 )
 
 // policies are every algorithm, with leases on and off where leases apply (token bucket and
-// fixed window). Limits are small so that a loaded 2-core machine drives them well past their
-// bound.
+// fixed window). Limits are small, and each policy is offered about 2.5 times its bound at load
+// 1 (the default) over the intervals the checker judges, in a run of a few seconds as in one of
+// a minute: a gateway that limits nothing must over-admit on every policy, or the check proves
+// nothing for it (the self-test's admit-everything mutant shows it does). loadRatio computes
+// the offered load against the bound of every run.
 func policies() []policy {
 	const w = 2 * time.Second
 	return []policy{
-		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 40, Burst: 20}, offered: 80, postCost: 3, yaml: `
+		// Cost 1.5 on average (a quarter are POSTs of cost 3): 30 units/s against 10/s.
+		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 5}, offered: 20, postCost: 3, yaml: `
     algorithm: token_bucket
-    rate: 40/s
-    burst: 20
+    rate: 10/s
+    burst: 5
     costs: [{methods: [POST], cost: 3}]`},
-		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 40, Burst: 20}, offered: 80, yaml: `
+		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 6}, offered: 30, yaml: `
     algorithm: token_bucket
-    rate: 40/s
-    burst: 20
+    rate: 10/s
+    burst: 6
     pool: check-tbl
     lease: {enabled: true, shards: 2}`},
 		// A leaky bucket's decisions are GCRA with tau = (burst + 1) x T: burst waiting behind the
 		// one served.
-		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 20, Burst: 6}, offered: 40, yaml: `
+		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 8, Burst: 4}, offered: 24, yaml: `
     algorithm: leaky_bucket
-    rate: 20/s
-    burst: 5`},
-		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 30, Window: w}, offered: 30, postCost: 2, yaml: `
+    rate: 8/s
+    burst: 3`},
+		// Cost 1.25 on average: 30 units per 2 s window against 10.
+		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 12, postCost: 2, yaml: `
     algorithm: fixed_window
-    limit: 30
+    limit: 10
     window: 2s
     costs: [{methods: [POST], cost: 2}]`},
-		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 30, Window: w}, offered: 30, yaml: `
+		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 12, Window: w}, offered: 15, yaml: `
     algorithm: fixed_window
-    limit: 30
+    limit: 12
     window: 2s
     pool: check-fwl
     lease: {enabled: true, shards: 2}`},
-		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 30, Window: w}, offered: 30, yaml: `
+		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 10, Window: w}, offered: 12, yaml: `
     algorithm: sliding_window
-    limit: 30
+    limit: 10
     window: 2s`},
 		// One UTC day: the whole run is one period (a run that crosses midnight UTC checks two).
-		{name: "q", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 60, Window: 24 * time.Hour}, offered: 20, yaml: `
+		{name: "q", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: 24 * time.Hour}, offered: 10, yaml: `
     algorithm: quota
-    limit: 60
+    limit: 10
     period: day`},
-		{name: "cc", concurrency: 3, offered: 120, yaml: `
+		// 50/s held 100 ms each: 5 in flight against 2.
+		{name: "cc", concurrency: 2, offered: 50, yaml: `
     algorithm: concurrency
-    limit: 3`},
+    limit: 2`},
 	}
 }
 
 // concurrencyHold is how long the upstream holds a request of a concurrency policy.
-const concurrencyHold = 30 * time.Millisecond
+const concurrencyHold = 100 * time.Millisecond
 
 // gatewayConfig is one replica's configuration.
 func gatewayConfig(proxy, admin, upstream, table, endpoint, mode string, storeTimeout time.Duration, ps []policy, gate, correct bool) string {

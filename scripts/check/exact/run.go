@@ -18,6 +18,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactcheck"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
 )
 
@@ -40,11 +41,16 @@ type options struct {
 	storeTimeout time.Duration
 	exclude      []string // policies left out (see the short run): "name", or "name@mode" in one mode only
 	bin          string
-	out          string
-	endpoint     string        // a running DynamoDB Local; "" starts one
-	warmRounds   int           // at most this many one-second rounds of warm-up writes
-	settle       time.Duration // how long idle replicas get to account for every leased unit
-	logf         func(format string, args ...any)
+	// mutant is the self-test's mutant of this run ("": none); mutantBin the gateway built with
+	// the exactmutant tag that the code mutants run.
+	mutant     string
+	mutantBin  string
+	selftest   bool // run the mutants instead of the check
+	out        string
+	endpoint   string        // a running DynamoDB Local; "" starts one
+	warmRounds int           // at most this many one-second rounds of warm-up writes
+	settle     time.Duration // how long idle replicas get to account for every leased unit
+	logf       func(format string, args ...any)
 }
 
 // runResult is one run: the history judged, and what the run injected.
@@ -62,7 +68,8 @@ type runResult struct {
 	UnitsOpen       float64                      `json:"units_unaccounted"`
 	UnitsByReplica  []map[string]float64         `json:"lease_units_by_replica"`
 	UnitsAtKill     float64                      `json:"units_held_at_kill"`
-	UnknownUpstream int64                        `json:"upstream_unknown_requests"`
+	UnknownUpstream int64                        `json:"unknown_upstream"`
+	Load            map[string]loadRatio         `json:"offered_vs_bound"`
 	Admitted        int64                        `json:"admitted_units"`
 	Possible        float64                      `json:"possible_units"`
 	StoreP99MS      float64                      `json:"store_p99_ms"`
@@ -116,11 +123,17 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	if err != nil {
 		return res, err
 	}
-	relayURL, closeRelay, err := harness.Serve(relay)
-	if err != nil {
-		return res, err
+	// One listener per replica: the relay tells their writes apart (reorder swaps two writes
+	// of one replica).
+	relayURLs := make([]string, o.replicas)
+	for i := range relayURLs {
+		u, closeRelay, err := harness.Serve(relay.Source(fmt.Sprintf("replica-%d", i)))
+		if err != nil {
+			return res, err
+		}
+		relayURLs[i] = u
+		cleanups = append(cleanups, closeRelay)
 	}
-	cleanups = append(cleanups, closeRelay)
 	up := newUpstream()
 	upURL, closeUp, err := harness.Serve(up)
 	if err != nil {
@@ -144,14 +157,26 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	}
 	reps := make([]*replica, o.replicas)
 	offsets := []time.Duration{0, o.offset, -o.offset}
+	bin, env, correct := o.bin, []string(nil), o.clockCorrect
+	switch o.mutant {
+	case "":
+	case exactmutant.ClockAheadUncorrected:
+		correct = false // and replica 1 runs 2 s ahead, below
+	default:
+		bin, env = o.mutantBin, []string{exactmutant.Env + "=" + o.mutant}
+	}
 	addrs, err := harness.FreeAddrs(2 * o.replicas)
 	if err != nil {
 		return res, err
 	}
 	for i := range reps {
-		r := &replica{i: i, offset: offsets[i%3], proxy: addrs[2*i], admin: addrs[2*i+1], bin: o.bin, client: newClient(),
+		r := &replica{i: i, offset: offsets[i%3], proxy: addrs[2*i], admin: addrs[2*i+1], bin: bin, env: env, client: newClient(),
 			cfgPath: filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i)), logPath: filepath.Join(dir, fmt.Sprintf("replica-%d.log", i))}
-		cfg := gatewayConfig(r.proxy, r.admin, upURL, table, relayURL, mode, o.storeTimeout, ps, gate, o.clockCorrect)
+		if o.mutant == exactmutant.ClockAheadUncorrected && i == 1 {
+			// Judged as if its clock were corrected to within the offsets, it runs 2 s ahead.
+			r.ahead = clockAhead
+		}
+		cfg := gatewayConfig(r.proxy, r.admin, upURL, table, relayURLs[i], mode, o.storeTimeout, ps, gate, correct)
 		if err := os.WriteFile(r.cfgPath, []byte(cfg), 0o600); err != nil {
 			return res, err
 		}
@@ -229,8 +254,17 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		case <-time.After(200 * time.Millisecond): // polling processes, with a deadline
 		}
 	}
+	relay.Close() // the copies still held land now, before the relay's figures are read
 	st := relay.Stats()
 	res.Faults = st.Faults
+	if res.Killed {
+		res.Faults[faultKill]++
+	}
+	for _, r := range reps {
+		if r.offset != 0 {
+			res.Faults[faultClockOffset]++
+		}
+	}
 	res.StoreP99MS = float64(st.Latency.P99) / 1e6
 	up.mu.Lock()
 	res.UnknownUpstream = up.extra
@@ -250,6 +284,7 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 	for _, r := range reps {
 		minOff, maxOff = min(minOff, r.offset), max(maxOff, r.offset)
 	}
+	res.Load = offeredVsBound(ps, recs)
 	var first time.Time
 	byBucket := map[[2]string][]exactcheck.Decision{}
 	intervals := map[string][]exactcheck.Interval{}
@@ -329,6 +364,60 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 	for _, k := range keys {
 		add("gate", k, exactcheck.Check(gl, byBucket[[2]string{"gate", k}]))
 	}
+}
+
+// loadRatio is one policy's offered load against its bound over the intervals the checker
+// judges: Offered and Bound in units over the run (a concurrency limit: requests in flight on
+// average, and the limit), Ratio = Offered / Bound. Below 1 a gateway that limits nothing
+// would pass; the check asks for at least minLoadRatio.
+type loadRatio struct {
+	Offered float64 `json:"offered"`
+	Bound   float64 `json:"bound"`
+	Ratio   float64 `json:"ratio"`
+}
+
+// minLoadRatio is how far past its bound every policy must be offered.
+const minLoadRatio = 2
+
+// offeredVsBound computes each policy's loadRatio from what the generator sent (answered or
+// not), over the span from the run's first request to its last.
+func offeredVsBound(ps []policy, recs []*record) map[string]loadRatio {
+	var first, last time.Time
+	units := map[string]float64{}
+	reqs := map[string]float64{}
+	for _, rec := range recs {
+		if first.IsZero() || rec.sent.Before(first) {
+			first = rec.sent
+		}
+		if rec.sent.After(last) {
+			last = rec.sent
+		}
+		units[rec.policy] += float64(rec.cost)
+		reqs[rec.policy]++
+	}
+	span := last.Sub(first).Seconds()
+	out := map[string]loadRatio{}
+	if span <= 0 {
+		return out
+	}
+	for _, p := range ps {
+		var lr loadRatio
+		l := p.limit
+		switch {
+		case p.concurrency > 0:
+			lr = loadRatio{Offered: reqs[p.name] * concurrencyHold.Seconds() / span, Bound: float64(p.concurrency)}
+		case l.Kind == exactcheck.GCRA:
+			lr = loadRatio{Offered: units[p.name], Bound: l.Burst + l.Rate*span}
+		default: // a window's limit per window, over the windows the run spans (at least one)
+			lr = loadRatio{Offered: units[p.name], Bound: float64(l.Limit) * max(1, span/l.Window.Seconds())}
+		}
+		lr.Offered, lr.Bound = round3(lr.Offered), round3(lr.Bound)
+		if lr.Bound > 0 {
+			lr.Ratio = round3(lr.Offered / lr.Bound)
+		}
+		out[p.name] = lr
+	}
+	return out
 }
 
 // capacity is the most a bucket may admit over a span: what under-admission is measured against.
