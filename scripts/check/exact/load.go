@@ -92,6 +92,9 @@ func (g *generator) run(ctx context.Context) {
 		if rate <= 0 {
 			continue
 		}
+		if p.pulse {
+			rate *= float64(pulseCycle) / float64(pulseTo-pulseFrom) // the same average
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -104,7 +107,10 @@ func (g *generator) run(ctx context.Context) {
 				select {
 				case <-ctx.Done():
 					return
-				case <-tick.C:
+				case now := <-tick.C:
+					if p.pulse && !inPulse(now) {
+						continue
+					}
 					inflight.Add(1)
 					go func() { defer inflight.Done(); g.send(p) }()
 				}

@@ -22,6 +22,25 @@ type policy struct {
 	// postCost is the cost of a POST (a `costs` route); 0: the generator sends only GETs.
 	postCost int64
 	lease    bool
+	// pulse: the load comes in pulses, only in [pulseFrom, pulseTo) of every pulseCycle of the
+	// recording clock (at the same average rate): every pulse starts on windows nobody has
+	// touched for a while, the transient where a clock running ahead over-admits (a steady load
+	// hides it: whoever comes first fills each window), and on buckets that were idle.
+	pulse bool
+}
+
+// The pulses: the first of every two 2 s windows (aligned to the Unix epoch, as fixed windows
+// are), clear of the ±100 ms clock offsets of a normal run.
+const (
+	pulseCycle = 4 * time.Second
+	pulseFrom  = 200 * time.Millisecond
+	pulseTo    = 2 * time.Second
+)
+
+// inPulse reports whether t lies in a pulse.
+func inPulse(t time.Time) bool {
+	at := time.Duration(t.UnixNano() % int64(pulseCycle))
+	return at >= pulseFrom && at < pulseTo
 }
 
 // The gate policy (left out with -exclude gate): a token bucket per X-Gate value, which a part of the requests
@@ -61,8 +80,8 @@ func policies() []policy {
     algorithm: leaky_bucket
     rate: 8/s
     burst: 3`},
-		// Cost 1.25 on average: 30 units per 2 s window against 10.
-		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 12, postCost: 2, yaml: `
+		// Cost 1.25 on average, in pulses: 60 units in every other 2 s window against 10.
+		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 12, postCost: 2, pulse: true, yaml: `
     algorithm: fixed_window
     limit: 10
     window: 2s
