@@ -111,11 +111,11 @@ func TestOfferedVsBound(t *testing.T) {
 	send("cc", 500, 1, s10)  // 50/s held 100 ms: 5 in flight against 2
 	got := offeredVsBound(policies(), recs)
 	want := map[string]loadRatio{
-		"tb": {Offered: 300, Bound: 105, Ratio: 2.857},
-		"fw": {Offered: 40, Bound: 30, Ratio: 1.333},
-		"sw": {Offered: 11, Bound: 60, Ratio: 0.183},
-		"q":  {Offered: 30, Bound: 10, Ratio: 3},
-		"cc": {Offered: 5, Bound: 2, Ratio: 2.5},
+		"tb":  {Offered: 300, Bound: 105, Ratio: 2.857},
+		"fw":  {Offered: 40, Bound: 30, Ratio: 1.333},
+		"sw":  {Offered: 11, Bound: 60, Ratio: 0.183},
+		"q":   {Offered: 30, Bound: 10, Ratio: 3},
+		"cc":  {Offered: 5, Bound: 2, Ratio: 2.5},
 		"fwl": {}, "tbl": {Bound: 106}, "lb": {Bound: 84},
 	}
 	for p, w := range want {

@@ -1,19 +1,26 @@
 // Command exact is `make check-exact`: the adversary of the shared store. It runs gateway
 // replicas (the real binary, `bin/ratelimit-proxy serve`) on one DynamoDB Local table behind a
 // fault-injecting relay (internal/ddbrelay: responses dropped after the write landed, requests
-// duplicated, connections reset, calls delayed and throttled), kills one replica with SIGKILL
-// mid-load and restarts it, runs the replicas with offset clocks (the test-only
-// --test-clock-offset), and drives every algorithm with leases on and off, in each group mode.
-// It records every decision on one clock (the load generator's, shared with the test upstream)
-// and checks the exact bound of every bucket over every interval of the history
-// (internal/exactcheck). It writes .cache/check/exact.json:
+// duplicated, connections reset, calls delayed and throttled, writes applied after their client
+// gave up, copies applied after other writes landed, two writes of one replica reordered), kills
+// one replica with SIGKILL mid-load and restarts it, runs the replicas with offset clocks (the
+// test-only --test-clock-offset), and drives every algorithm with leases on and off, in each
+// group mode, each offered at least twice its bound. It records every decision on one clock (the
+// load generator's, shared with the test upstream) and checks the exact bound of every bucket
+// over every interval of the history (internal/exactcheck). It writes .cache/check/exact.json:
 //
-//	runs, decisions, faults_injected{kind: n}, over_admits, units_unaccounted,
-//	under_admit_ratio, duration_s
+//	runs, decisions, faults_injected{kind: n} (the relay's kinds, kill, clock_offset),
+//	over_admits, units_unaccounted, under_admit_ratio, unknown_upstream,
+//	offered_vs_bound{policy: ratio}, duration_s
 //
 // and .cache/check/exact-runs.json, the details of every run: its seed, each bucket's worst
 // interval, the faults, how wide the decisions' intervals were. It exits non-zero when
-// over_admits or units_unaccounted is not 0 or a fault kind was never injected.
+// over_admits, units_unaccounted or unknown_upstream is not 0, a fault kind was never injected,
+// or a policy was offered less than twice its bound.
+//
+// With CHECK_EXACT_SELFTEST=1 it runs the same scenario against each mutant instead (selftest.go:
+// a gateway built with the exactmutant tag, and a clock mutant), writes
+// .cache/check/selftest.json, and exits non-zero unless every mutant is caught.
 //
 // Every knob is a flag with an environment default (CHECK_EXACT_*): see -h. A failing run names
 // its seed; CHECK_EXACT_SEED=<seed> CHECK_EXACT_REPEATS=1 CHECK_EXACT_MODES=<mode> repeats it
