@@ -105,18 +105,18 @@ func TestOfferedVsBound(t *testing.T) {
 	}
 	const s10 = 10 * time.Second
 	send("tb", 100, 3, s10)  // 300 units in 10 s against 5 + 10 x 10
-	send("fw", 40, 1, s10/2) // 40 units in [0 s, 5 s]: 3 windows of 10
-	send("sw", 11, 1, s10)   // 11 units in [0 s, 10 s]: 6 windows of 10
+	send("fw", 40, 1, s10/2) // 40 units in [0 s, 5 s] (the run lasts 10 s): 5 windows of 10
+	send("sw", 11, 1, s10)   // 11 units in 10 s: 5 windows of 10
 	send("q", 30, 1, s10)    // 30 against one day's 10
 	send("cc", 500, 1, s10)  // 50/s held 100 ms: 5 in flight against 2
 	got := offeredVsBound(policies(), recs)
 	want := map[string]loadRatio{
 		"tb":  {Offered: 300, Bound: 105, Ratio: 2.857},
-		"fw":  {Offered: 40, Bound: 30, Ratio: 1.333},
-		"sw":  {Offered: 11, Bound: 60, Ratio: 0.183},
+		"fw":  {Offered: 40, Bound: 50, Ratio: 0.8},
+		"sw":  {Offered: 11, Bound: 50, Ratio: 0.22},
 		"q":   {Offered: 30, Bound: 10, Ratio: 3},
 		"cc":  {Offered: 5, Bound: 2, Ratio: 2.5},
-		"fwl": {}, "tbl": {Bound: 106}, "lb": {Bound: 84},
+		"fwl": {Bound: 60}, "tbl": {Bound: 106}, "lb": {Bound: 84},
 	}
 	for p, w := range want {
 		if got[p] != w {

@@ -54,7 +54,7 @@ const (
 )
 
 // policies are every algorithm, with leases on and off where leases apply (token bucket and
-// fixed window). Limits are small, and each policy is offered about 2.5 times its bound at load
+// fixed window). Limits are small, and each policy is offered about 3 times its bound at load
 // 1 (the default) over the intervals the checker judges, in a run of a few seconds as in one of
 // a minute: a gateway that limits nothing must over-admit on every policy, or the check proves
 // nothing for it (the self-test's admit-everything mutant shows it does). loadRatio computes
@@ -62,13 +62,13 @@ const (
 func policies() []policy {
 	const w = 2 * time.Second
 	return []policy{
-		// Cost 1.5 on average (a quarter are POSTs of cost 3): 30 units/s against 10/s.
-		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 5}, offered: 20, postCost: 3, yaml: `
+		// Cost 1.5 on average (a quarter are POSTs of cost 3): 36 units/s against 10/s.
+		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 5}, offered: 24, postCost: 3, yaml: `
     algorithm: token_bucket
     rate: 10/s
     burst: 5
     costs: [{methods: [POST], cost: 3}]`},
-		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 6}, offered: 30, yaml: `
+		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 6}, offered: 36, yaml: `
     algorithm: token_bucket
     rate: 10/s
     burst: 6
@@ -76,23 +76,23 @@ func policies() []policy {
     lease: {enabled: true, shards: 2}`},
 		// A leaky bucket's decisions are GCRA with tau = (burst + 1) x T: burst waiting behind the
 		// one served.
-		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 8, Burst: 4}, offered: 24, yaml: `
+		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 8, Burst: 4}, offered: 28, yaml: `
     algorithm: leaky_bucket
     rate: 8/s
     burst: 3`},
-		// Cost 1.25 on average, in pulses: 60 units in every other 2 s window against 10.
-		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 12, postCost: 2, pulse: true, yaml: `
+		// Cost 1.25 on average, in pulses: 70 units in every other 2 s window against 10.
+		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 14, postCost: 2, pulse: true, yaml: `
     algorithm: fixed_window
     limit: 10
     window: 2s
     costs: [{methods: [POST], cost: 2}]`},
-		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 12, Window: w}, offered: 15, yaml: `
+		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 12, Window: w}, offered: 18, yaml: `
     algorithm: fixed_window
     limit: 12
     window: 2s
     pool: check-fwl
     lease: {enabled: true, shards: 2}`},
-		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 10, Window: w}, offered: 12, yaml: `
+		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 10, Window: w}, offered: 15, yaml: `
     algorithm: sliding_window
     limit: 10
     window: 2s`},
@@ -101,8 +101,8 @@ func policies() []policy {
     algorithm: quota
     limit: 10
     period: day`},
-		// 50/s held 100 ms each: 5 in flight against 2.
-		{name: "cc", concurrency: 2, offered: 50, yaml: `
+		// 60/s held 100 ms each: 6 in flight against 2.
+		{name: "cc", concurrency: 2, offered: 60, yaml: `
     algorithm: concurrency
     limit: 2`},
 	}

@@ -387,24 +387,13 @@ type loadRatio struct {
 const minLoadRatio = 2
 
 // offeredVsBound computes each policy's loadRatio from what the generator sent (answered or
-// not): a bucket's over the span from the run's first request to its last, a window's in the
-// windows it was offered load in.
+// not), over the span from the run's first request to its last: a bucket's burst + rate x span,
+// a window's limit x span / window (at least one window's).
 func offeredVsBound(ps []policy, recs []*record) map[string]loadRatio {
 	var first, last time.Time
 	units := map[string]float64{}
 	reqs := map[string]float64{}
-	windows := map[string]map[int64]bool{} // the windows each policy was offered load in
-	for _, p := range ps {
-		windows[p.name] = map[int64]bool{}
-	}
-	wins := map[string]time.Duration{}
-	for _, p := range ps {
-		wins[p.name] = p.limit.Window
-	}
 	for _, rec := range recs {
-		if w := wins[rec.policy]; w > 0 {
-			windows[rec.policy][rec.sent.UnixNano()/int64(w)] = true // times after 1970: no negative quotient
-		}
 		if first.IsZero() || rec.sent.Before(first) {
 			first = rec.sent
 		}
@@ -427,8 +416,8 @@ func offeredVsBound(ps []policy, recs []*record) map[string]loadRatio {
 			lr = loadRatio{Offered: reqs[p.name] * concurrencyHold.Seconds() / span, Bound: float64(p.concurrency)}
 		case l.Kind == exactcheck.GCRA:
 			lr = loadRatio{Offered: units[p.name], Bound: l.Burst + l.Rate*span}
-		default: // a window's limit in every window that was offered load
-			lr = loadRatio{Offered: units[p.name], Bound: float64(l.Limit) * float64(len(windows[p.name]))}
+		default: // a window's limit per window, over the windows the run lasts (at least one)
+			lr = loadRatio{Offered: units[p.name], Bound: float64(l.Limit) * max(1, span/l.Window.Seconds())}
 		}
 		lr.Offered, lr.Bound = round3(lr.Offered), round3(lr.Bound)
 		if lr.Bound > 0 {
