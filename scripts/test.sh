@@ -34,6 +34,9 @@ fi
 
 go test -race -count=1 -v ./... >"$log" 2>&1
 rc=$?
+# The self-test's mutants exist only under their build tag (internal/exactmutant, see
+# docs/development.md): their own tests run with it.
+go test -race -count=1 -v -tags exactmutant ./internal/exactmutant/ >>"$log" 2>&1 || rc=$?
 
 grep -E '^(ok|FAIL|\?)\s' "$log"
 skips=$(grep -E -- '--- SKIP' "$log" || true)
