@@ -124,3 +124,18 @@ func TestOfferedVsBound(t *testing.T) {
 		}
 	}
 }
+
+func TestPulses(t *testing.T) {
+	cycle := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC) // a multiple of 4 s
+	for _, tc := range []struct {
+		at time.Duration
+		in bool
+	}{{0, false}, {199 * time.Millisecond, false}, {200 * time.Millisecond, true}, {1999 * time.Millisecond, true}, {2 * time.Second, false}, {3999 * time.Millisecond, false}} {
+		if got := inPulse(cycle.Add(tc.at)); got != tc.in {
+			t.Errorf("inPulse(cycle + %v) got %t, want %t", tc.at, got, tc.in)
+		}
+		if got, want := pulseStart(cycle.Add(tc.at)), cycle.Add(pulseFrom); !got.Equal(want) {
+			t.Errorf("pulseStart(cycle + %v) got %v, want %v", tc.at, got, want)
+		}
+	}
+}

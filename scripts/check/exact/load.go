@@ -98,21 +98,32 @@ func (g *generator) run(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			interval := time.Duration(float64(time.Second) / rate)
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
 			var inflight sync.WaitGroup
 			defer inflight.Wait()
+			// Open loop that keeps count: each tick sends what is due since the origin (the start,
+			// or the pulse's start), so a tick the scheduler of a loaded machine delays or drops
+			// delays requests but never loses them.
+			tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+			defer tick.Stop()
+			origin, sent := time.Now(), int64(0)
 			for {
 				select {
 				case <-ctx.Done():
 					return
 				case now := <-tick.C:
-					if p.pulse && !inPulse(now) {
-						continue
+					if p.pulse {
+						if !inPulse(now) {
+							continue
+						}
+						if ps := pulseStart(now); !ps.Equal(origin) {
+							origin, sent = ps, 0
+						}
 					}
-					inflight.Add(1)
-					go func() { defer inflight.Done(); g.send(p) }()
+					for due := int64(now.Sub(origin).Seconds()*rate) + 1 - sent; due > 0; due-- {
+						sent++
+						inflight.Add(1)
+						go func() { defer inflight.Done(); g.send(p) }()
+					}
 				}
 			}
 		}()

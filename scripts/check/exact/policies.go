@@ -37,6 +37,12 @@ const (
 	pulseTo    = 2 * time.Second
 )
 
+// pulseStart is the start of the pulse of t's cycle.
+func pulseStart(t time.Time) time.Time {
+	t = t.Round(0) // wall clock only: every instant of a cycle gives the same start
+	return t.Add(-time.Duration(t.UnixNano() % int64(pulseCycle))).Add(pulseFrom)
+}
+
 // inPulse reports whether t lies in a pulse.
 func inPulse(t time.Time) bool {
 	at := time.Duration(t.UnixNano() % int64(pulseCycle))
