@@ -164,12 +164,8 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	}
 	reps := make([]*replica, o.replicas)
 	offsets := []time.Duration{0, o.offset, -o.offset}
-	bin, env, correct := o.bin, []string(nil), o.clockCorrect
-	switch o.mutant {
-	case "":
-	case exactmutant.ClockAheadUncorrected:
-		correct = false // and replica 1 runs 2 s ahead, below
-	default:
+	bin, env := o.bin, []string(nil)
+	if o.mutant != "" && o.mutant != exactmutant.ClockAheadUncorrected {
 		bin, env = o.mutantBin, []string{exactmutant.Env + "=" + o.mutant}
 	}
 	addrs, err := harness.FreeAddrs(2 * o.replicas)
@@ -179,9 +175,10 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	for i := range reps {
 		r := &replica{i: i, offset: offsets[i%3], proxy: addrs[2*i], admin: addrs[2*i+1], bin: bin, env: env, client: newClient(),
 			cfgPath: filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i)), logPath: filepath.Join(dir, fmt.Sprintf("replica-%d.log", i))}
+		correct := o.clockCorrect
 		if o.mutant == exactmutant.ClockAheadUncorrected && i == 1 {
-			// Judged as if its clock were corrected to within the offsets, it runs 2 s ahead.
-			r.ahead = clockAhead
+			// Judged as if its clock were within the offsets, it runs 2 s ahead, uncorrected.
+			r.ahead, correct = clockAhead, false
 		}
 		cfg := gatewayConfig(r.proxy, r.admin, upURL, table, relayURLs[i], mode, o.storeTimeout, ps, gate, correct)
 		if err := os.WriteFile(r.cfgPath, []byte(cfg), 0o600); err != nil {

@@ -20,8 +20,8 @@ import (
 
 // mutants are the self-test's mutants, in the order they run. The code mutants live in
 // internal/exactmutant, built into the gateway only with the exactmutant tag; the clock mutant
-// is a configuration: replica 1 runs clockAhead ahead of its judged offset with clock
-// correction off on every replica.
+// is a configuration: replica 1 runs clockAhead ahead of its judged offset, with its clock
+// correction off.
 var mutants = []string{
 	exactmutant.AdmitEverything,
 	exactmutant.GiveBackTwice,
