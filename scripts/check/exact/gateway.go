@@ -132,6 +132,24 @@ func (r *replica) alive() bool {
 
 // leaseUnits reads ratelimit_dynamodb_lease_units_total by outcome from the replica's /metrics.
 func (r *replica) leaseUnits(ctx context.Context) (map[string]float64, error) {
+	page, err := r.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return parseLeaseUnits(page), nil
+}
+
+// storeCalls reads ratelimit_store_requests_total by op from the replica's /metrics: how often
+// each kind of write (refund: a rejected group's give-backs) was sent.
+func (r *replica) storeCalls(ctx context.Context) (map[string]float64, error) {
+	page, err := r.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return parseSamples(page, "ratelimit_store_requests_total", "op"), nil
+}
+
+func (r *replica) metrics(ctx context.Context) ([]byte, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.admin+"/metrics", nil)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -142,12 +160,17 @@ func (r *replica) leaseUnits(ctx context.Context) (map[string]float64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replica %d metrics: %w", r.i, err)
 	}
-	return parseLeaseUnits(body), nil
+	return body, nil
 }
 
 // parseLeaseUnits picks the samples of ratelimit_dynamodb_lease_units_total{outcome="..."}.
 func parseLeaseUnits(page []byte) map[string]float64 {
-	const name = "ratelimit_dynamodb_lease_units_total{"
+	return parseSamples(page, "ratelimit_dynamodb_lease_units_total", "outcome")
+}
+
+// parseSamples sums the samples of metric by the value of label.
+func parseSamples(page []byte, metric, label string) map[string]float64 {
+	name := metric + "{"
 	out := map[string]float64{}
 	sc := bufio.NewScanner(bytes.NewReader(page))
 	for sc.Scan() {
@@ -160,7 +183,7 @@ func parseLeaseUnits(page []byte) map[string]float64 {
 			continue
 		}
 		for _, l := range strings.Split(labels, ",") {
-			if k, v, ok := strings.Cut(l, "="); ok && k == "outcome" {
+			if k, v, ok := strings.Cut(l, "="); ok && k == label {
 				if f, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
 					out[strings.Trim(v, `"`)] += f
 				}

@@ -113,6 +113,8 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.storeTimeout, "store-timeout", harness.Dur(envOr("CHECK_EXACT_STORE_TIMEOUT", "2s")), "the replicas' store.timeout (CHECK_EXACT_STORE_TIMEOUT)")
 	fs.StringVar(&exclude, "exclude", envOr("CHECK_EXACT_EXCLUDE", ""), "policies left out, of tb, tbl, lb, fw, fwl, sw, q, cc and gate (gate: no group is ever rejected by a second policy); name@mode leaves it out in one group mode only, e.g. gate@refund (CHECK_EXACT_EXCLUDE)")
 	fs.StringVar(&self, "selftest", envOr("CHECK_EXACT_SELFTEST", "0"), "1: instead of the check, its self-test: one run against each mutant ("+strings.Join(mutants, ", ")+"), in the first mode; writes selftest.json and fails unless every mutant is caught and every policy over-admits under admit-everything (CHECK_EXACT_SELFTEST)")
+	var ms string
+	fs.StringVar(&ms, "mutants", envOr("CHECK_EXACT_MUTANTS", strings.Join(mutants, ",")), "the mutants the self-test runs (CHECK_EXACT_MUTANTS)")
 	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
 	fs.StringVar(&o.mutantBin, "mutant-bin", "bin/ratelimit-proxy-exactmutant", "where the self-test builds the gateway with the exactmutant tag")
 	fs.StringVar(&o.out, "out", ".cache/check", "where exact.json, exact-runs.json and the replicas' logs go")
@@ -130,6 +132,12 @@ func parseFlags(args []string) (options, error) {
 	o.kill = kill == "1" || kill == "true"
 	o.clockCorrect = correct == "1" || correct == "true"
 	o.selftest = self == "1" || self == "true"
+	o.mutants = split(ms)
+	for _, m := range o.mutants {
+		if !slices.Contains(mutants, m) {
+			return o, fmt.Errorf("-mutants: %q is not one of %v", m, mutants)
+		}
+	}
 	if seed == "" {
 		o.seed = uint64(time.Now().UnixNano()) % 1e9
 	} else if s, err := strconv.ParseUint(seed, 10, 64); err == nil {
@@ -171,7 +179,7 @@ func main() {
 		if o.selftest {
 			var st SelfTest
 			if err = buildMutant(ctx, "./cmd/ratelimit-proxy", o.mutantBin); err == nil {
-				st, err = selftest(ctx, o, mutants, os.Stdout)
+				st, err = selftest(ctx, o, o.mutants, os.Stdout)
 			}
 			if err == nil {
 				err = st.verdict()
@@ -269,8 +277,8 @@ func check(ctx context.Context, o options, stdout io.Writer) (Summary, []runResu
 			sum.UnitsUnaccounted += res.UnitsOpen
 			admitted += res.Admitted
 			possible += res.Possible
-			o.logf("run seed %d mode %s: %d decisions, faults %v, over-admitted %d, units unaccounted %v (held at kill %v), unknown upstream %d, decision intervals p50 %.1f ms p99 %.1f ms, store p99 %.1f ms, offered vs bound %v",
-				seed, mode, res.Decisions, res.Faults, excess(res), res.UnitsOpen, res.UnitsAtKill, res.UnknownUpstream, res.Widths.P50, res.Widths.P99, res.StoreP99MS, ratios(res.Load))
+			o.logf("run seed %d mode %s: %d decisions, faults %v, over-admitted %d, units unaccounted %v (held at kill %v), unknown upstream %d, give-backs sent %v, decision intervals p50 %.1f ms p99 %.1f ms, store p99 %.1f ms, offered vs bound %v",
+				seed, mode, res.Decisions, res.Faults, excess(res), res.UnitsOpen, res.UnitsAtKill, res.UnknownUpstream, res.StoreCalls["refund"]+res.StoreCalls["release"], res.Widths.P50, res.Widths.P99, res.StoreP99MS, ratios(res.Load))
 			seed++
 		}
 	}

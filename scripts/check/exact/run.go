@@ -43,14 +43,17 @@ type options struct {
 	bin          string
 	// mutant is the self-test's mutant of this run ("": none); mutantBin the gateway built with
 	// the exactmutant tag that the code mutants run.
-	mutant     string
-	mutantBin  string
-	selftest   bool // run the mutants instead of the check
-	out        string
-	endpoint   string        // a running DynamoDB Local; "" starts one
-	warmRounds int           // at most this many one-second rounds of warm-up writes
-	settle     time.Duration // how long idle replicas get to account for every leased unit
-	logf       func(format string, args ...any)
+	mutant    string
+	mutantBin string
+	selftest  bool     // run the mutants instead of the check
+	mutants   []string // the mutants the self-test runs
+	// extraFaults are tried before the faultKinds' rules (the self-test's targeted faults).
+	extraFaults []ddbrelay.Fault
+	out         string
+	endpoint    string        // a running DynamoDB Local; "" starts one
+	warmRounds  int           // at most this many one-second rounds of warm-up writes
+	settle      time.Duration // how long idle replicas get to account for every leased unit
+	logf        func(format string, args ...any)
 }
 
 // runResult is one run: the history judged, and what the run injected.
@@ -70,9 +73,12 @@ type runResult struct {
 	UnitsAtKill     float64                      `json:"units_held_at_kill"`
 	UnknownUpstream int64                        `json:"unknown_upstream"`
 	Load            map[string]loadRatio         `json:"offered_vs_bound"`
-	Admitted        int64                        `json:"admitted_units"`
-	Possible        float64                      `json:"possible_units"`
-	StoreP99MS      float64                      `json:"store_p99_ms"`
+	// StoreCalls are the replicas' DynamoDB calls by op (ratelimit_store_requests_total, the
+	// restarted replica's since its restart): refund and release count the give-backs sent.
+	StoreCalls map[string]float64 `json:"store_calls"`
+	Admitted   int64              `json:"admitted_units"`
+	Possible   float64            `json:"possible_units"`
+	StoreP99MS float64            `json:"store_p99_ms"`
 }
 
 type widthMS struct {
@@ -115,7 +121,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	}
 	o.logf("DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes", p50.Round(10*time.Microsecond), rounds)
 
-	var faults []ddbrelay.Fault
+	faults := append([]ddbrelay.Fault(nil), o.extraFaults...)
 	for _, k := range o.faultKinds {
 		f := ddbrelay.Fault{Kind: k, Rate: o.faultRate, Delay: o.faultDelay}
 		switch k {
@@ -256,6 +262,14 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		case <-ctx.Done():
 			return res, ctx.Err()
 		case <-time.After(200 * time.Millisecond): // polling processes, with a deadline
+		}
+	}
+	res.StoreCalls = map[string]float64{}
+	for _, r := range reps {
+		if calls, err := r.storeCalls(ctx); err == nil {
+			for op, n := range calls {
+				res.StoreCalls[op] += n
+			}
 		}
 	}
 	relay.Close() // the copies still held land now, before the relay's figures are read
