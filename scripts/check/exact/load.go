@@ -49,6 +49,9 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		<-t.C
 	}
 	w.Header().Set("Content-Type", "text/plain")
+	if strings.HasPrefix(r.URL.Path, "/co/") && err == nil && charged(id) {
+		w.WriteHeader(http.StatusUnauthorized) // the answer a charge_on policy keeps charged
+	}
 	_, _ = io.WriteString(w, "ok\n")
 	exit := time.Now()
 	u.mu.Lock()

@@ -27,7 +27,15 @@ type policy struct {
 	// touched for a while, the transient where a clock running ahead over-admits (a steady load
 	// hides it: whoever comes first fills each window), and on buckets that were idle.
 	pulse bool
+	// chargeOn: the policy charges only answers 401 (charge_on), which the upstream gives to
+	// every third request (charged); the others' charges are given back (Release), so every
+	// run sends give-backs by the thousand. The bound holds the charged answers.
+	chargeOn bool
 }
+
+// charged reports whether the upstream answers request id 401: a charge_on policy keeps its
+// charge.
+func charged(id int64) bool { return id%3 == 0 }
 
 // The pulses: the first of every two 2 s windows (aligned to the Unix epoch, as fixed windows
 // are), clear of the ±100 ms clock offsets of a normal run.
@@ -102,6 +110,12 @@ func policies() []policy {
     algorithm: sliding_window
     limit: 10
     window: 2s`},
+		// charge_on: a third of the answers are charged: 10 charged units/s against 2.5/s.
+		{name: "co", chargeOn: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 5, Window: w}, offered: 30, yaml: `
+    algorithm: fixed_window
+    limit: 5
+    window: 2s
+    charge_on: [401]`},
 		// One UTC day: the whole run is one period (a run that crosses midnight UTC checks two).
 		{name: "q", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: 24 * time.Hour}, offered: 10, yaml: `
     algorithm: quota

@@ -303,6 +303,10 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 		minOff, maxOff = min(minOff, r.offset), max(maxOff, r.offset)
 	}
 	res.Load = offeredVsBound(ps, recs)
+	chargeOn := map[string]bool{}
+	for _, p := range ps {
+		chargeOn[p.name] = p.chargeOn
+	}
 	var first time.Time
 	byBucket := map[[2]string][]exactcheck.Decision{}
 	intervals := map[string][]exactcheck.Interval{}
@@ -315,7 +319,7 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 		switch {
 		case rec.status == 0:
 			res.NoAnswer++
-		case rec.status == http.StatusOK || rec.status == http.StatusTooManyRequests:
+		case rec.status == http.StatusOK || rec.status == http.StatusTooManyRequests || rec.status == http.StatusUnauthorized:
 			res.Decisions++
 		default:
 			res.Other[rec.status]++
@@ -323,8 +327,8 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 		if rec.by != "gate" && rec.status != 0 {
 			offered[rec.policy] += rec.cost
 		}
-		if rec.enter.IsZero() {
-			continue
+		if rec.enter.IsZero() || (chargeOn[rec.policy] && !charged(rec.id)) {
+			continue // not admitted, or admitted and given back (charge_on)
 		}
 		// The decision was made after the request was sent and before the upstream saw it.
 		d := exactcheck.Decision{Replica: rec.replica, Key: rec.policy, Start: rec.sent, End: rec.enter, Cost: rec.cost}
@@ -404,12 +408,19 @@ func offeredVsBound(ps []policy, recs []*record) map[string]loadRatio {
 	var first, last time.Time
 	units := map[string]float64{}
 	reqs := map[string]float64{}
+	chargeOn := map[string]bool{}
+	for _, p := range ps {
+		chargeOn[p.name] = p.chargeOn
+	}
 	for _, rec := range recs {
 		if first.IsZero() || rec.sent.Before(first) {
 			first = rec.sent
 		}
 		if rec.sent.After(last) {
 			last = rec.sent
+		}
+		if chargeOn[rec.policy] && !charged(rec.id) {
+			continue // its charge is given back: no load on the bound
 		}
 		units[rec.policy] += float64(rec.cost)
 		reqs[rec.policy]++
