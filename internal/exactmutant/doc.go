@@ -10,7 +10,8 @@
 //   - apply-each-give-back-twice: every give-back is applied one more time (a group rejected in
 //     refund mode is given back again, and every Release is sent twice);
 //   - re-send-a-lost-write-without-its-marker: a give-back whose answer is lost is sent again
-//     with fresh marker values, so that nothing tells the re-sent write from a new one.
+//     without its marker (the same change, the marker's condition and attribute left out), so
+//     that nothing tells the re-sent write from a new one.
 //
 // The fourth mutant of the self-test, a replica whose clock is 2 s ahead with clock correction
 // off, is a configuration, not code (scripts/check/exact).

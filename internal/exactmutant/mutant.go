@@ -5,12 +5,11 @@ package exactmutant
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
-	"strconv"
+	"maps"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
@@ -77,12 +76,11 @@ func Client(api dynamo.API, name string) dynamo.API {
 	return api
 }
 
-// resend sends a give-back (an update carrying a marker value) once, and when its answer is
-// lost sends it again with fresh marker values: the write cannot be told from a new one.
+// resend sends a give-back (an update carrying a marker) once, and when its answer is lost
+// sends it again without its marker: the same change, conditioned on the rest of its condition
+// only, and leaving no marker behind, so that nothing tells it from a new give-back (and the
+// store's later give-backs, which the marker orders, are not disturbed).
 type resend struct{ dynamo.API }
-
-// markerValues are the placeholders of the give-backs' markers (internal/dynamo giveback.go).
-var markerValues = []string{":gid", ":gs", ":seq"}
 
 func (r resend) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
 	if !marked(in) {
@@ -94,8 +92,19 @@ func (r resend) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 	if err == nil || errors.As(err, &apiErr) || ctx.Err() != nil {
 		return out, err // answered (or given up): nothing was lost
 	}
-	return r.API.UpdateItem(ctx, fresh(in), optFns...)
+	return r.API.UpdateItem(ctx, unmarked(in), optFns...)
 }
+
+// The marker parts of the give-backs' updates (internal/dynamo giveback.go): a count's
+// sequence number (#b, :seq), a token bucket's give-back id (#g, :gid, :gs).
+var (
+	markerParts = []string{
+		" AND (attribute_not_exists(#b) OR #b < :seq)", " SET #b = :seq",
+		" AND NOT contains(#g, :gid)", " ADD #g :gs",
+	}
+	markerValues = []string{":seq", ":gid", ":gs"}
+	markerNames  = []string{"#b", "#g"}
+)
 
 func marked(in *dynamodb.UpdateItemInput) bool {
 	for _, k := range markerValues {
@@ -106,24 +115,27 @@ func marked(in *dynamodb.UpdateItemInput) bool {
 	return false
 }
 
-// fresh is in with new marker values: a new give-back id, a sequence number one higher.
-func fresh(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
+// unmarked is in without its marker parts.
+func unmarked(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
 	c := *in
-	c.ExpressionAttributeValues = make(map[string]types.AttributeValue, len(in.ExpressionAttributeValues))
-	for k, v := range in.ExpressionAttributeValues {
-		c.ExpressionAttributeValues[k] = v
-	}
-	gid := strconv.FormatUint(rand.Uint64()>>2|1, 10)
-	if _, ok := c.ExpressionAttributeValues[":gid"]; ok {
-		c.ExpressionAttributeValues[":gid"] = &types.AttributeValueMemberN{Value: gid}
-	}
-	if _, ok := c.ExpressionAttributeValues[":gs"]; ok {
-		c.ExpressionAttributeValues[":gs"] = &types.AttributeValueMemberNS{Value: []string{gid}}
-	}
-	if v, ok := c.ExpressionAttributeValues[":seq"].(*types.AttributeValueMemberN); ok {
-		if n, err := strconv.ParseInt(v.Value, 10, 64); err == nil {
-			c.ExpressionAttributeValues[":seq"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(n+1, 10)}
+	strip := func(s *string) *string {
+		if s == nil {
+			return nil
 		}
+		v := *s
+		for _, p := range markerParts {
+			v = strings.ReplaceAll(v, p, "")
+		}
+		return &v
+	}
+	c.UpdateExpression, c.ConditionExpression = strip(in.UpdateExpression), strip(in.ConditionExpression)
+	c.ExpressionAttributeValues = maps.Clone(in.ExpressionAttributeValues)
+	for _, k := range markerValues {
+		delete(c.ExpressionAttributeValues, k)
+	}
+	c.ExpressionAttributeNames = maps.Clone(in.ExpressionAttributeNames)
+	for _, k := range markerNames {
+		delete(c.ExpressionAttributeNames, k)
 	}
 	return &c
 }

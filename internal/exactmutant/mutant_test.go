@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
@@ -119,13 +120,17 @@ func (l *lossy) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 	return &dynamodb.UpdateItemOutput{}, nil
 }
 
-func TestResendWithoutMarkerSendsFreshMarkers(t *testing.T) {
-	in := &dynamodb.UpdateItemInput{ExpressionAttributeValues: map[string]types.AttributeValue{
-		":gid": &types.AttributeValueMemberN{Value: "7"},
-		":gs":  &types.AttributeValueMemberNS{Value: []string{"7"}},
-		":seq": &types.AttributeValueMemberN{Value: "41"},
-		":t":   &types.AttributeValueMemberN{Value: "5"},
-	}}
+func TestResendWithoutMarkerStripsTheMarker(t *testing.T) {
+	in := &dynamodb.UpdateItemInput{
+		UpdateExpression:         aws.String("ADD #count :minus SET #b = :seq"),
+		ConditionExpression:      aws.String("(#count >= :n) AND (attribute_not_exists(#b) OR #b < :seq)"),
+		ExpressionAttributeNames: map[string]string{"#count": "count", "#b": "b1"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":minus": &types.AttributeValueMemberN{Value: "-1"},
+			":n":     &types.AttributeValueMemberN{Value: "1"},
+			":seq":   &types.AttributeValueMemberN{Value: "41"},
+		},
+	}
 	for _, name := range []string{"", ResendWithoutMarker} {
 		l := &lossy{}
 		_, err := Client(l, name).UpdateItem(context.Background(), in)
@@ -138,14 +143,14 @@ func TestResendWithoutMarkerSendsFreshMarkers(t *testing.T) {
 		if err != nil || len(l.sent) != 2 {
 			t.Fatalf("mutant: %d sent, error %v; want 2 and none", len(l.sent), err)
 		}
-		v := l.sent[1].ExpressionAttributeValues
-		if gid := v[":gid"].(*types.AttributeValueMemberN).Value; gid == "7" || v[":gs"].(*types.AttributeValueMemberNS).Value[0] != gid {
-			t.Errorf("re-sent :gid %s, :gs %v; want a fresh id in both", gid, v[":gs"])
+		again := l.sent[1]
+		if got := *again.UpdateExpression + " IF " + *again.ConditionExpression; got != "ADD #count :minus IF (#count >= :n)" {
+			t.Errorf("re-sent %q, want the change without its marker", got)
 		}
-		if seq := v[":seq"].(*types.AttributeValueMemberN).Value; seq != "42" {
-			t.Errorf("re-sent :seq %s, want 42", seq)
+		if _, ok := again.ExpressionAttributeValues[":seq"]; ok || len(again.ExpressionAttributeValues) != 2 || len(again.ExpressionAttributeNames) != 1 {
+			t.Errorf("re-sent values %v, names %v; want :minus, :n and #count", again.ExpressionAttributeValues, again.ExpressionAttributeNames)
 		}
-		if in.ExpressionAttributeValues[":gid"].(*types.AttributeValueMemberN).Value != "7" {
+		if _, ok := in.ExpressionAttributeValues[":seq"]; !ok || *in.UpdateExpression != "ADD #count :minus SET #b = :seq" {
 			t.Error("the caller's input was changed")
 		}
 	}
