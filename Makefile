@@ -55,10 +55,12 @@ bench-scale: build
 	$(GO) run ./scripts/bench/scale
 
 ## check-exact: the adversary of the shared store: 3 gateway processes on one DynamoDB Local table
-## behind a fault relay (dropped responses, duplicates, resets, delays, throttles), a replica
-## SIGKILLed and restarted, offset clocks, every algorithm with leases on and off, both group
-## modes; checks the exact bound over every interval of the recorded history and writes
-## .cache/check/exact.json (minutes). CHECK_EXACT_DURATION=30s per run; other knobs:
+## behind a fault relay (dropped responses, duplicates, resets, delays, throttles, late writes,
+## delayed duplicates, reordered writes), a replica SIGKILLed and restarted, offset clocks, every
+## algorithm with leases on and off offered at least twice its bound, both group modes; checks the
+## exact bound over every interval of the recorded history and writes .cache/check/exact.json
+## (minutes). CHECK_EXACT_SELFTEST=1: the same scenario against mutants (built with -tags
+## exactmutant), writes .cache/check/selftest.json. CHECK_EXACT_DURATION=30s per run; other knobs:
 ## go run ./scripts/check/exact -h. `make test` runs a short version (TestCheckExactShort).
 check-exact: build
 	$(GO) run ./scripts/check/exact

@@ -34,10 +34,24 @@ const (
 	// FaultThrottle answers ProvisionedThroughputExceededException without forwarding the call,
 	// as DynamoDB does when a partition is hot.
 	FaultThrottle FaultKind = "throttle"
+	// FaultLateWrite holds a write until its client gives up (its timeout closes the
+	// connection) or Fault.Hold passes, then applies it: a write that lands after its client
+	// stopped waiting, and after whatever the client did next. Writes only.
+	FaultLateWrite FaultKind = "late_write"
+	// FaultDelayedDuplicate applies and answers a write, and applies a copy of it once another
+	// write to one of its items has landed (or Fault.Hold passed): a duplicate the network
+	// delivered late, after other clients' writes. Writes only; counted when the copy is sent.
+	FaultDelayedDuplicate FaultKind = "delayed_duplicate"
+	// FaultReorder holds a write until a later write of the same source (see Relay.Source) has
+	// landed, then applies and answers it: two writes of one client applied in the opposite
+	// order. Writes only; counted when the order changed (a write held past Fault.Hold without
+	// a later one is applied as it is).
+	FaultReorder FaultKind = "reorder"
 )
 
 // FaultKinds lists every kind, in a fixed order.
-var FaultKinds = []FaultKind{FaultDropResponse, FaultDuplicate, FaultReset, FaultDelay, FaultThrottle}
+var FaultKinds = []FaultKind{FaultDropResponse, FaultDuplicate, FaultReset, FaultDelay, FaultThrottle,
+	FaultLateWrite, FaultDelayedDuplicate, FaultReorder}
 
 // Fault is one rule: calls that match it get the fault at the given rate.
 type Fault struct {
@@ -56,17 +70,24 @@ type Fault struct {
 	Rate float64
 	// Delay is FaultDelay's extra wait. (Required for FaultDelay, unused otherwise.)
 	Delay time.Duration
+	// Hold is the longest an order fault holds its write: FaultLateWrite waits this long at
+	// most for its client to give up, FaultDelayedDuplicate for another write to its items,
+	// FaultReorder for a later write of its source. (Optional; default 10 s, 1 s and 500 ms.)
+	Hold time.Duration
 }
 
 func (f Fault) validate(i int) error {
 	switch f.Kind {
-	case FaultDropResponse, FaultDuplicate, FaultReset, FaultThrottle:
+	case FaultDropResponse, FaultDuplicate, FaultReset, FaultThrottle, FaultLateWrite, FaultDelayedDuplicate, FaultReorder:
 	case FaultDelay:
 		if f.Delay <= 0 {
 			return fmt.Errorf("ddbrelay: Faults[%d].Delay %v must be positive for a delay fault", i, f.Delay)
 		}
 	default:
 		return fmt.Errorf("ddbrelay: Faults[%d].Kind %q is not one of %v", i, f.Kind, FaultKinds)
+	}
+	if f.Hold < 0 {
+		return fmt.Errorf("ddbrelay: Faults[%d].Hold %v must not be negative", i, f.Hold)
 	}
 	if !(f.Rate >= 0 && f.Rate <= 1) {
 		return fmt.Errorf("ddbrelay: Faults[%d].Rate %v is not within [0, 1]", i, f.Rate)
@@ -152,6 +173,24 @@ func namedItems(op string, body []byte, keyAttr []string) []Item {
 
 // inject serves a call that drew fault f.
 func (r *Relay) inject(w http.ResponseWriter, req *http.Request, op string, body []byte, f *Fault) {
+	switch f.Kind {
+	case FaultLateWrite, FaultDelayedDuplicate, FaultReorder:
+		if !isWrite(op) {
+			r.serve(w, req, op, body) // faults of writes: a read goes through
+			return
+		}
+	}
+	switch f.Kind {
+	case FaultLateWrite:
+		r.lateWrite(w, req, op, body, f)
+		return
+	case FaultDelayedDuplicate:
+		r.delayedDuplicate(w, req, op, body, f)
+		return
+	case FaultReorder:
+		r.reorder(w, req, op, body, f)
+		return
+	}
 	r.countFault(f.Kind)
 	switch f.Kind {
 	case FaultThrottle:

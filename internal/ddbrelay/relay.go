@@ -42,8 +42,9 @@
 // Options.Faults injects faults, per operation and per item kind, at configurable rates drawn
 // from the same seeded RNG: a response dropped after the call was applied (so the SDK retries a
 // write that landed), a call delivered twice, a connection reset before forwarding, an extra
-// delay, and a throttle the server never saw. Stats.Faults counts each kind injected. A call
-// gets at most one fault.
+// delay, and a throttle the server never saw; and faults of order (order.go): a write applied
+// after its client gave up, a copy applied after other writes landed, two writes of one client
+// reordered. Stats.Faults counts each kind injected. A call gets at most one fault.
 //
 // The body is forwarded byte for byte, so a SigV4 signature stays valid (DynamoDB Local ignores
 // it anyway).
@@ -182,6 +183,9 @@ type Stats struct {
 	// Faults counts the faults injected, by kind (see Options.Faults). A call that drew
 	// FaultThrottle or FaultReset was not forwarded and counts in Ops[op].Requests only.
 	Faults map[FaultKind]int64
+	// Held is how many writes and copies the order faults hold now (see FaultReorder and
+	// FaultDelayedDuplicate).
+	Held int
 }
 
 // Relay is an http.Handler that forwards to a DynamoDB-API server and throttles writes over
@@ -213,6 +217,8 @@ type Relay struct {
 	windows      []*window // ascending by second; the last is the current one
 	hottest      Peak
 	hottestFwd   Peak
+
+	ord order // the order faults' held writes and copies (order.go)
 }
 
 type window struct {
@@ -309,6 +315,7 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		writeError(w, "com.amazon.coral.validate#ValidationException", "Request size exceeds "+strconv.Itoa(maxBody)+" bytes")
 		return
 	}
+	req = r.arrive(req)
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	req.ContentLength = int64(len(body))
 	d := r.wait()
@@ -377,6 +384,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, op string, body 
 		return
 	}
 	r.proxy.ServeHTTP(w, req)
+	r.landed(req, items)
 }
 
 // admit decides a write request and counts it. unattributed requests are forwarded unbudgeted.
@@ -489,6 +497,9 @@ func (r *Relay) Stats() Stats {
 	for op, st := range r.ops {
 		s.Ops[op] = *st
 	}
+	r.ord.mu.Lock()
+	s.Held = len(r.ord.held) + len(r.ord.copies)
+	r.ord.mu.Unlock()
 	for _, w := range r.windows {
 		if len(w.items) == 0 {
 			continue

@@ -109,13 +109,13 @@ func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometh
 		if d.Mode == "transaction" {
 			mode = dynamo.Transaction
 		}
-		ds := dynamo.New(client, dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
+		ds := dynamo.New(mutateClient(client), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
 			SlotLease: d.SlotLease, Now: decide,
 			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 			// batch whose deadline is another waiter's: a write can land up to about twice the
 			// timeout after its decision.
 			LateWrites: max(5*time.Second, 2*cfg.Store.Timeout)})
-		primary = ds
+		primary = mutateStore(ds)
 		// Connections and credentials before the first decision, not during it (see Warm);
 		// a store that does not answer is no reason not to start: on_error decides meanwhile.
 		wctx, wcancel := context.WithTimeout(ctx, min(StartupTimeout, max(time.Second, 5*cfg.Store.Timeout)))

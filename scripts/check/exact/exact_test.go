@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
 )
 
 var local dynamolocal.Lazy
@@ -33,8 +34,11 @@ var shortExcluded = map[string]string{
 // TestCheckExactShort is `make check-exact` in small: the same orchestrator, 3 real gateway
 // processes on DynamoDB Local behind the fault relay, a SIGKILL and restart, offset clocks,
 // every algorithm with leases on and off, both group modes, a few seconds each. It fails on any
-// over-admission, any leased unit unaccounted, or a fault kind never injected, and names the
-// seed that reproduces it (go run ./scripts/check/exact -seed N, see docs/development.md).
+// over-admission, any leased unit unaccounted, any upstream request seen twice or without an
+// id, a fault kind never injected, or a policy offered less than twice its bound, and names the
+// seed that reproduces it (go run ./scripts/check/exact -seed N, see docs/development.md). Then
+// the same scenario against the admit-everything mutant (a gateway built with the exactmutant
+// tag): every policy must over-admit, or the check could not fail for it.
 func TestCheckExactShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the check starts 6 gateway processes")
@@ -77,7 +81,7 @@ func TestCheckExactShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sum.verdict(o.faultKinds); err != nil {
+	if err := sum.verdict(o.expectedFaults()); err != nil {
 		for _, r := range runs {
 			t.Logf("run seed %d mode %s: checks %+v, lease units by replica %v", r.Seed, r.Mode, r.Checks, r.UnitsByReplica)
 		}
@@ -86,10 +90,29 @@ func TestCheckExactShort(t *testing.T) {
 	if sum.Runs != 2 || sum.Decisions == 0 {
 		t.Errorf("got %d runs, %d decisions; want 2 runs with decisions", sum.Runs, sum.Decisions)
 	}
-	for _, k := range ddbrelay.FaultKinds {
+	for _, k := range append(ddbrelay.FaultKinds, faultKill, faultClockOffset) {
 		if sum.FaultsInjected[k] == 0 {
 			t.Errorf("fault %s never injected", k)
 		}
+	}
+	if len(sum.OfferedVsBound) != len(policies()) {
+		t.Errorf("offered_vs_bound got %v, want every one of the %d policies", sum.OfferedVsBound, len(policies()))
+	}
+
+	o.mutantBin = filepath.Join(dir, "ratelimit-proxy-exactmutant")
+	if err := buildMutant(ctx, "../../../cmd/ratelimit-proxy", o.mutantBin); err != nil {
+		t.Fatal(err)
+	}
+	st, err := selftest(ctx, o, []string{exactmutant.AdmitEverything}, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.verdict(); err != nil {
+		t.Errorf("seed %d: %v", o.seed, err)
+	}
+	// Every policy, the gate included, took part.
+	if got, want := len(st.Policies), len(policies())+1; got != want {
+		t.Errorf("self-test policies got %d (%v), want %d", got, slices.Sorted(maps.Keys(st.Policies)), want)
 	}
 }
 

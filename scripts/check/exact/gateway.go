@@ -21,13 +21,16 @@ import (
 
 // replica is one gateway: a `serve` process, restarted in place after a kill.
 type replica struct {
-	i            int
-	offset       time.Duration
-	proxy, admin string // host:port
-	cfgPath      string
-	logPath      string
-	bin          string
-	client       *http.Client
+	i int
+	// offset is the replica's clock offset as the judge assumes it; ahead is how much further
+	// ahead its clock really runs (the self-test's clock mutant; 0 otherwise).
+	offset, ahead time.Duration
+	env           []string // more environment (the self-test's mutant)
+	proxy, admin  string   // host:port
+	cfgPath       string
+	logPath       string
+	bin           string
+	client        *http.Client
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -47,11 +50,11 @@ func (r *replica) start() error {
 		return err
 	}
 	args := []string{"serve", "--config", r.cfgPath}
-	if r.offset != 0 {
-		args = append(args, "--test-clock-offset", r.offset.String())
+	if off := r.offset + r.ahead; off != 0 {
+		args = append(args, "--test-clock-offset", off.String())
 	}
 	cmd := exec.Command(r.bin, args...)
-	cmd.Env = append(os.Environ(), dynamolocal.Env()...)
+	cmd.Env = append(append(os.Environ(), dynamolocal.Env()...), r.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A checker killed hard must not leave gateways behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -129,6 +132,24 @@ func (r *replica) alive() bool {
 
 // leaseUnits reads ratelimit_dynamodb_lease_units_total by outcome from the replica's /metrics.
 func (r *replica) leaseUnits(ctx context.Context) (map[string]float64, error) {
+	page, err := r.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return parseLeaseUnits(page), nil
+}
+
+// storeCalls reads ratelimit_store_requests_total by op from the replica's /metrics: how often
+// each kind of write (refund: a rejected group's give-backs) was sent.
+func (r *replica) storeCalls(ctx context.Context) (map[string]float64, error) {
+	page, err := r.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return parseSamples(page, "ratelimit_store_requests_total", "op"), nil
+}
+
+func (r *replica) metrics(ctx context.Context) ([]byte, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.admin+"/metrics", nil)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -139,12 +160,17 @@ func (r *replica) leaseUnits(ctx context.Context) (map[string]float64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replica %d metrics: %w", r.i, err)
 	}
-	return parseLeaseUnits(body), nil
+	return body, nil
 }
 
 // parseLeaseUnits picks the samples of ratelimit_dynamodb_lease_units_total{outcome="..."}.
 func parseLeaseUnits(page []byte) map[string]float64 {
-	const name = "ratelimit_dynamodb_lease_units_total{"
+	return parseSamples(page, "ratelimit_dynamodb_lease_units_total", "outcome")
+}
+
+// parseSamples sums the samples of metric by the value of label.
+func parseSamples(page []byte, metric, label string) map[string]float64 {
+	name := metric + "{"
 	out := map[string]float64{}
 	sc := bufio.NewScanner(bytes.NewReader(page))
 	for sc.Scan() {
@@ -157,7 +183,7 @@ func parseLeaseUnits(page []byte) map[string]float64 {
 			continue
 		}
 		for _, l := range strings.Split(labels, ",") {
-			if k, v, ok := strings.Cut(l, "="); ok && k == "outcome" {
+			if k, v, ok := strings.Cut(l, "="); ok && k == label {
 				if f, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
 					out[strings.Trim(v, `"`)] += f
 				}

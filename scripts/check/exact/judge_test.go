@@ -27,7 +27,7 @@ ratelimit_dynamodb_leases_total{result="granted"} 4
 }
 
 func TestVerdictFailsOnEachClass(t *testing.T) {
-	kinds := ddbrelay.FaultKinds
+	kinds := append(ddbrelay.FaultKinds, faultKill, faultClockOffset)
 	ok := Summary{FaultsInjected: map[ddbrelay.FaultKind]int64{}}
 	for _, k := range kinds {
 		ok.FaultsInjected[k] = 1
@@ -41,10 +41,15 @@ func TestVerdictFailsOnEachClass(t *testing.T) {
 	lost.UnitsUnaccounted = 3
 	missing := ok
 	missing.FaultsInjected = map[ddbrelay.FaultKind]int64{ddbrelay.FaultReset: 1}
+	unknown := ok
+	unknown.UnknownUpstream = 2
+	light := ok
+	light.OfferedVsBound = map[string]float64{"tb": 2.5, "sw": 1.9}
 	for _, tc := range []struct {
 		s    Summary
 		want string
-	}{{over, "over_admits 1"}, {lost, "units_unaccounted 3"}, {missing, "fault drop_response was never injected"}} {
+	}{{over, "over_admits 1"}, {lost, "units_unaccounted 3"}, {missing, "fault drop_response was never injected"},
+		{unknown, "unknown_upstream 2"}, {light, "policy sw was offered 1.90x its bound"}} {
 		if err := tc.s.verdict(kinds); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("verdict got %v, want one saying %q", err, tc.want)
 		}
@@ -52,13 +57,13 @@ func TestVerdictFailsOnEachClass(t *testing.T) {
 }
 
 // TestJudgeCatchesAnOverAdmissionInARecordedHistory feeds judge what the generator and the
-// upstream record: the fixed window of 30 per 2 s admitting 31 inside one window is caught,
+// upstream record: the fixed window of 10 per 2 s admitting 11 inside one window is caught,
 // and a decision the upstream never saw (a 503, a request lost) never counts.
 func TestJudgeCatchesAnOverAdmissionInARecordedHistory(t *testing.T) {
 	base := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC) // a window starts here
 	var recs []*record
-	for i := range 31 {
-		sent := base.Add(100*time.Millisecond + time.Duration(i)*50*time.Millisecond)
+	for i := range 11 {
+		sent := base.Add(100*time.Millisecond + time.Duration(i)*150*time.Millisecond)
 		recs = append(recs, &record{id: int64(i), policy: "fw", cost: 1, sent: sent, recv: sent.Add(5 * time.Millisecond),
 			status: 200, enter: sent.Add(2 * time.Millisecond), exit: sent.Add(3 * time.Millisecond)})
 	}
@@ -73,18 +78,64 @@ func TestJudgeCatchesAnOverAdmissionInARecordedHistory(t *testing.T) {
 	var res runResult
 	res.Other = map[int]int{}
 	judge(&res, ps, recs, reps)
-	if len(res.Checks) != 1 || res.Checks[0].Excess != 1 || res.Checks[0].Admitted != 31 {
-		t.Fatalf("checks got %+v, want fw with 31 admitted, excess 1", res.Checks)
+	if len(res.Checks) != 1 || res.Checks[0].Excess != 1 || res.Checks[0].Admitted != 11 {
+		t.Fatalf("checks got %+v, want fw with 11 admitted, excess 1", res.Checks)
 	}
-	if res.Decisions != 31 || res.Other[503] != 1 {
-		t.Errorf("decisions %d, other %v; want 31 and one 503", res.Decisions, res.Other)
+	if res.Decisions != 11 || res.Other[503] != 1 {
+		t.Errorf("decisions %d, other %v; want 11 and one 503", res.Decisions, res.Other)
 	}
-	// The same 31 with the last one sent before the window's sure part: within ±100 ms of
+	// The same 11 with the last one sent before the window's sure part: within ±100 ms of
 	// skew the checker cannot place it, and says nothing.
 	recs[0].sent, recs[0].enter = base.Add(50*time.Millisecond), base.Add(60*time.Millisecond)
 	res = runResult{Other: map[int]int{}}
 	judge(&res, ps, recs, reps)
 	if res.Checks[0].Excess != 0 {
 		t.Errorf("with one decision in the skew margin: excess %d, want 0", res.Checks[0].Excess)
+	}
+}
+
+// TestOfferedVsBound: what was sent (answered or not) against each kind's bound over the run.
+func TestOfferedVsBound(t *testing.T) {
+	base := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC)
+	var recs []*record
+	send := func(policy string, n int, cost int64, over time.Duration) {
+		for i := range n {
+			recs = append(recs, &record{policy: policy, cost: cost, sent: base.Add(time.Duration(i) * over / time.Duration(n-1))})
+		}
+	}
+	const s10 = 10 * time.Second
+	send("tb", 100, 3, s10)  // 300 units in 10 s against 5 + 10 x 10
+	send("fw", 40, 1, s10/2) // 40 units in [0 s, 5 s] (the run lasts 10 s): 5 windows of 10
+	send("sw", 11, 1, s10)   // 11 units in 10 s: 5 windows of 10
+	send("q", 30, 1, s10)    // 30 against one day's 10
+	send("cc", 500, 1, s10)  // 50/s held 100 ms: 5 in flight against 2
+	got := offeredVsBound(policies(), recs)
+	want := map[string]loadRatio{
+		"tb":  {Offered: 300, Bound: 105, Ratio: 2.857},
+		"fw":  {Offered: 40, Bound: 50, Ratio: 0.8},
+		"sw":  {Offered: 11, Bound: 50, Ratio: 0.22},
+		"q":   {Offered: 30, Bound: 10, Ratio: 3},
+		"cc":  {Offered: 5, Bound: 2, Ratio: 2.5},
+		"fwl": {Bound: 60}, "tbl": {Bound: 106}, "lb": {Bound: 84},
+	}
+	for p, w := range want {
+		if got[p] != w {
+			t.Errorf("%s: got %+v, want %+v", p, got[p], w)
+		}
+	}
+}
+
+func TestPulses(t *testing.T) {
+	cycle := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC) // a multiple of 4 s
+	for _, tc := range []struct {
+		at time.Duration
+		in bool
+	}{{0, false}, {199 * time.Millisecond, false}, {200 * time.Millisecond, true}, {1999 * time.Millisecond, true}, {2 * time.Second, false}, {3999 * time.Millisecond, false}} {
+		if got := inPulse(cycle.Add(tc.at)); got != tc.in {
+			t.Errorf("inPulse(cycle + %v) got %t, want %t", tc.at, got, tc.in)
+		}
+		if got, want := pulseStart(cycle.Add(tc.at)), cycle.Add(pulseFrom); !got.Equal(want) {
+			t.Errorf("pulseStart(cycle + %v) got %v, want %v", tc.at, got, want)
+		}
 	}
 }

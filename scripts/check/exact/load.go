@@ -49,6 +49,9 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		<-t.C
 	}
 	w.Header().Set("Content-Type", "text/plain")
+	if strings.HasPrefix(r.URL.Path, "/co/") && err == nil && charged(id) {
+		w.WriteHeader(http.StatusUnauthorized) // the answer a charge_on policy keeps charged
+	}
 	_, _ = io.WriteString(w, "ok\n")
 	exit := time.Now()
 	u.mu.Lock()
@@ -92,21 +95,38 @@ func (g *generator) run(ctx context.Context) {
 		if rate <= 0 {
 			continue
 		}
+		if p.pulse {
+			rate *= float64(pulseCycle) / float64(pulseTo-pulseFrom) // the same average
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			interval := time.Duration(float64(time.Second) / rate)
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
 			var inflight sync.WaitGroup
 			defer inflight.Wait()
+			// Open loop that keeps count: each tick sends what is due since the origin (the start,
+			// or the pulse's start), so a tick the scheduler of a loaded machine delays or drops
+			// delays requests but never loses them.
+			tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+			defer tick.Stop()
+			origin, sent := time.Now(), int64(0)
 			for {
 				select {
 				case <-ctx.Done():
 					return
-				case <-tick.C:
-					inflight.Add(1)
-					go func() { defer inflight.Done(); g.send(p) }()
+				case now := <-tick.C:
+					if p.pulse {
+						if !inPulse(now) {
+							continue
+						}
+						if ps := pulseStart(now); !ps.Equal(origin) {
+							origin, sent = ps, 0
+						}
+					}
+					for due := int64(now.Sub(origin).Seconds()*rate) + 1 - sent; due > 0; due-- {
+						sent++
+						inflight.Add(1)
+						go func() { defer inflight.Done(); g.send(p) }()
+					}
 				}
 			}
 		}()

@@ -22,6 +22,39 @@ type policy struct {
 	// postCost is the cost of a POST (a `costs` route); 0: the generator sends only GETs.
 	postCost int64
 	lease    bool
+	// pulse: the load comes in pulses, only in [pulseFrom, pulseTo) of every pulseCycle of the
+	// recording clock (at the same average rate): every pulse starts on windows nobody has
+	// touched for a while, the transient where a clock running ahead over-admits (a steady load
+	// hides it: whoever comes first fills each window), and on buckets that were idle.
+	pulse bool
+	// chargeOn: the policy charges only answers 401 (charge_on), which the upstream gives to
+	// every third request (charged); the others' charges are given back (Release), so every
+	// run sends give-backs by the thousand. The bound holds the charged answers.
+	chargeOn bool
+}
+
+// charged reports whether the upstream answers request id 401: a charge_on policy keeps its
+// charge.
+func charged(id int64) bool { return id%3 == 0 }
+
+// The pulses: the first of every two 2 s windows (aligned to the Unix epoch, as fixed windows
+// are), clear of the ±100 ms clock offsets of a normal run.
+const (
+	pulseCycle = 4 * time.Second
+	pulseFrom  = 200 * time.Millisecond
+	pulseTo    = 2 * time.Second
+)
+
+// pulseStart is the start of the pulse of t's cycle.
+func pulseStart(t time.Time) time.Time {
+	t = t.Round(0) // wall clock only: every instant of a cycle gives the same start
+	return t.Add(-time.Duration(t.UnixNano() % int64(pulseCycle))).Add(pulseFrom)
+}
+
+// inPulse reports whether t lies in a pulse.
+func inPulse(t time.Time) bool {
+	at := time.Duration(t.UnixNano() % int64(pulseCycle))
+	return at >= pulseFrom && at < pulseTo
 }
 
 // The gate policy (left out with -exclude gate): a token bucket per X-Gate value, which a part of the requests
@@ -35,56 +68,68 @@ const (
 )
 
 // policies are every algorithm, with leases on and off where leases apply (token bucket and
-// fixed window). Limits are small so that a loaded 2-core machine drives them well past their
-// bound.
+// fixed window). Limits are small, and each policy is offered about 3 times its bound at load
+// 1 (the default) over the intervals the checker judges, in a run of a few seconds as in one of
+// a minute: a gateway that limits nothing must over-admit on every policy, or the check proves
+// nothing for it (the self-test's admit-everything mutant shows it does). loadRatio computes
+// the offered load against the bound of every run.
 func policies() []policy {
 	const w = 2 * time.Second
 	return []policy{
-		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 40, Burst: 20}, offered: 80, postCost: 3, yaml: `
+		// Cost 1.5 on average (a quarter are POSTs of cost 3): 36 units/s against 10/s.
+		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 5}, offered: 24, postCost: 3, yaml: `
     algorithm: token_bucket
-    rate: 40/s
-    burst: 20
+    rate: 10/s
+    burst: 5
     costs: [{methods: [POST], cost: 3}]`},
-		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 40, Burst: 20}, offered: 80, yaml: `
+		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 6}, offered: 36, yaml: `
     algorithm: token_bucket
-    rate: 40/s
-    burst: 20
+    rate: 10/s
+    burst: 6
     pool: check-tbl
     lease: {enabled: true, shards: 2}`},
 		// A leaky bucket's decisions are GCRA with tau = (burst + 1) x T: burst waiting behind the
 		// one served.
-		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 20, Burst: 6}, offered: 40, yaml: `
+		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 8, Burst: 4}, offered: 28, yaml: `
     algorithm: leaky_bucket
-    rate: 20/s
-    burst: 5`},
-		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 30, Window: w}, offered: 30, postCost: 2, yaml: `
+    rate: 8/s
+    burst: 3`},
+		// Cost 1.25 on average, in pulses: 70 units in every other 2 s window against 10.
+		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 14, postCost: 2, pulse: true, yaml: `
     algorithm: fixed_window
-    limit: 30
+    limit: 10
     window: 2s
     costs: [{methods: [POST], cost: 2}]`},
-		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 30, Window: w}, offered: 30, yaml: `
+		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 12, Window: w}, offered: 18, yaml: `
     algorithm: fixed_window
-    limit: 30
+    limit: 12
     window: 2s
     pool: check-fwl
     lease: {enabled: true, shards: 2}`},
-		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 30, Window: w}, offered: 30, yaml: `
+		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 10, Window: w}, offered: 15, yaml: `
     algorithm: sliding_window
-    limit: 30
+    limit: 10
     window: 2s`},
+		// charge_on: a third of the answers are charged: 10 charged units/s against 2.5/s.
+		{name: "co", chargeOn: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 5, Window: w}, offered: 30, yaml: `
+    algorithm: fixed_window
+    limit: 5
+    window: 2s
+    charge_on: [401]`},
 		// One UTC day: the whole run is one period (a run that crosses midnight UTC checks two).
-		{name: "q", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 60, Window: 24 * time.Hour}, offered: 20, yaml: `
+		{name: "q", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: 24 * time.Hour}, offered: 10, yaml: `
     algorithm: quota
-    limit: 60
+    limit: 10
     period: day`},
-		{name: "cc", concurrency: 3, offered: 120, yaml: `
+		// 60/s held 100 ms each: 6 in flight against 2.
+		{name: "cc", concurrency: 2, offered: 60, yaml: `
     algorithm: concurrency
-    limit: 3`},
+    limit: 2`},
 	}
 }
 
 // concurrencyHold is how long the upstream holds a request of a concurrency policy.
-const concurrencyHold = 30 * time.Millisecond
+const concurrencyHold = 100 * time.Millisecond
 
 // gatewayConfig is one replica's configuration.
 func gatewayConfig(proxy, admin, upstream, table, endpoint, mode string, storeTimeout time.Duration, ps []policy, gate, correct bool) string {

@@ -18,6 +18,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactcheck"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
 )
 
@@ -40,11 +41,19 @@ type options struct {
 	storeTimeout time.Duration
 	exclude      []string // policies left out (see the short run): "name", or "name@mode" in one mode only
 	bin          string
-	out          string
-	endpoint     string        // a running DynamoDB Local; "" starts one
-	warmRounds   int           // at most this many one-second rounds of warm-up writes
-	settle       time.Duration // how long idle replicas get to account for every leased unit
-	logf         func(format string, args ...any)
+	// mutant is the self-test's mutant of this run ("": none); mutantBin the gateway built with
+	// the exactmutant tag that the code mutants run.
+	mutant    string
+	mutantBin string
+	selftest  bool     // run the mutants instead of the check
+	mutants   []string // the mutants the self-test runs
+	// extraFaults are tried before the faultKinds' rules (the self-test's targeted faults).
+	extraFaults []ddbrelay.Fault
+	out         string
+	endpoint    string        // a running DynamoDB Local; "" starts one
+	warmRounds  int           // at most this many one-second rounds of warm-up writes
+	settle      time.Duration // how long idle replicas get to account for every leased unit
+	logf        func(format string, args ...any)
 }
 
 // runResult is one run: the history judged, and what the run injected.
@@ -62,10 +71,14 @@ type runResult struct {
 	UnitsOpen       float64                      `json:"units_unaccounted"`
 	UnitsByReplica  []map[string]float64         `json:"lease_units_by_replica"`
 	UnitsAtKill     float64                      `json:"units_held_at_kill"`
-	UnknownUpstream int64                        `json:"upstream_unknown_requests"`
-	Admitted        int64                        `json:"admitted_units"`
-	Possible        float64                      `json:"possible_units"`
-	StoreP99MS      float64                      `json:"store_p99_ms"`
+	UnknownUpstream int64                        `json:"unknown_upstream"`
+	Load            map[string]loadRatio         `json:"offered_vs_bound"`
+	// StoreCalls are the replicas' DynamoDB calls by op (ratelimit_store_requests_total, the
+	// restarted replica's since its restart): refund and release count the give-backs sent.
+	StoreCalls map[string]float64 `json:"store_calls"`
+	Admitted   int64              `json:"admitted_units"`
+	Possible   float64            `json:"possible_units"`
+	StoreP99MS float64            `json:"store_p99_ms"`
 }
 
 type widthMS struct {
@@ -108,19 +121,32 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	}
 	o.logf("DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes", p50.Round(10*time.Microsecond), rounds)
 
-	var faults []ddbrelay.Fault
+	faults := append([]ddbrelay.Fault(nil), o.extraFaults...)
 	for _, k := range o.faultKinds {
-		faults = append(faults, ddbrelay.Fault{Kind: k, Rate: o.faultRate, Delay: o.faultDelay})
+		f := ddbrelay.Fault{Kind: k, Rate: o.faultRate, Delay: o.faultDelay}
+		switch k {
+		case ddbrelay.FaultLateWrite:
+			f.Hold = 2 * o.storeTimeout // a client without a deadline of its own learns nothing for this long
+		case ddbrelay.FaultReorder:
+			f.Hold = o.storeTimeout / 2 // a later write of the replica has this long to overtake it
+		}
+		faults = append(faults, f)
 	}
 	relay, err := ddbrelay.New(ddbEndpoint, ddbrelay.Options{Faults: faults, Seed: seed, Delay: o.storeDelay, Jitter: o.storeJitter})
 	if err != nil {
 		return res, err
 	}
-	relayURL, closeRelay, err := harness.Serve(relay)
-	if err != nil {
-		return res, err
+	// One listener per replica: the relay tells their writes apart (reorder swaps two writes
+	// of one replica).
+	relayURLs := make([]string, o.replicas)
+	for i := range relayURLs {
+		u, closeRelay, err := harness.Serve(relay.Source(fmt.Sprintf("replica-%d", i)))
+		if err != nil {
+			return res, err
+		}
+		relayURLs[i] = u
+		cleanups = append(cleanups, closeRelay)
 	}
-	cleanups = append(cleanups, closeRelay)
 	up := newUpstream()
 	upURL, closeUp, err := harness.Serve(up)
 	if err != nil {
@@ -144,14 +170,23 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	}
 	reps := make([]*replica, o.replicas)
 	offsets := []time.Duration{0, o.offset, -o.offset}
+	bin, env := o.bin, []string(nil)
+	if o.mutant != "" && o.mutant != exactmutant.ClockAheadUncorrected {
+		bin, env = o.mutantBin, []string{exactmutant.Env + "=" + o.mutant}
+	}
 	addrs, err := harness.FreeAddrs(2 * o.replicas)
 	if err != nil {
 		return res, err
 	}
 	for i := range reps {
-		r := &replica{i: i, offset: offsets[i%3], proxy: addrs[2*i], admin: addrs[2*i+1], bin: o.bin, client: newClient(),
+		r := &replica{i: i, offset: offsets[i%3], proxy: addrs[2*i], admin: addrs[2*i+1], bin: bin, env: env, client: newClient(),
 			cfgPath: filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i)), logPath: filepath.Join(dir, fmt.Sprintf("replica-%d.log", i))}
-		cfg := gatewayConfig(r.proxy, r.admin, upURL, table, relayURL, mode, o.storeTimeout, ps, gate, o.clockCorrect)
+		correct := o.clockCorrect
+		if o.mutant == exactmutant.ClockAheadUncorrected && i == 1 {
+			// Judged as if its clock were within the offsets, it runs 2 s ahead, uncorrected.
+			r.ahead, correct = clockAhead, false
+		}
+		cfg := gatewayConfig(r.proxy, r.admin, upURL, table, relayURLs[i], mode, o.storeTimeout, ps, gate, correct)
 		if err := os.WriteFile(r.cfgPath, []byte(cfg), 0o600); err != nil {
 			return res, err
 		}
@@ -229,8 +264,25 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		case <-time.After(200 * time.Millisecond): // polling processes, with a deadline
 		}
 	}
+	res.StoreCalls = map[string]float64{}
+	for _, r := range reps {
+		if calls, err := r.storeCalls(ctx); err == nil {
+			for op, n := range calls {
+				res.StoreCalls[op] += n
+			}
+		}
+	}
+	relay.Close() // the copies still held land now, before the relay's figures are read
 	st := relay.Stats()
 	res.Faults = st.Faults
+	if res.Killed {
+		res.Faults[faultKill]++
+	}
+	for _, r := range reps {
+		if r.offset != 0 {
+			res.Faults[faultClockOffset]++
+		}
+	}
 	res.StoreP99MS = float64(st.Latency.P99) / 1e6
 	up.mu.Lock()
 	res.UnknownUpstream = up.extra
@@ -250,6 +302,11 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 	for _, r := range reps {
 		minOff, maxOff = min(minOff, r.offset), max(maxOff, r.offset)
 	}
+	res.Load = offeredVsBound(ps, recs)
+	chargeOn := map[string]bool{}
+	for _, p := range ps {
+		chargeOn[p.name] = p.chargeOn
+	}
 	var first time.Time
 	byBucket := map[[2]string][]exactcheck.Decision{}
 	intervals := map[string][]exactcheck.Interval{}
@@ -262,7 +319,7 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 		switch {
 		case rec.status == 0:
 			res.NoAnswer++
-		case rec.status == http.StatusOK || rec.status == http.StatusTooManyRequests:
+		case rec.status == http.StatusOK || rec.status == http.StatusTooManyRequests || rec.status == http.StatusUnauthorized:
 			res.Decisions++
 		default:
 			res.Other[rec.status]++
@@ -270,8 +327,8 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 		if rec.by != "gate" && rec.status != 0 {
 			offered[rec.policy] += rec.cost
 		}
-		if rec.enter.IsZero() {
-			continue
+		if rec.enter.IsZero() || (chargeOn[rec.policy] && !charged(rec.id)) {
+			continue // not admitted, or admitted and given back (charge_on)
 		}
 		// The decision was made after the request was sent and before the upstream saw it.
 		d := exactcheck.Decision{Replica: rec.replica, Key: rec.policy, Start: rec.sent, End: rec.enter, Cost: rec.cost}
@@ -329,6 +386,68 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
 	for _, k := range keys {
 		add("gate", k, exactcheck.Check(gl, byBucket[[2]string{"gate", k}]))
 	}
+}
+
+// loadRatio is one policy's offered load against its bound over the intervals the checker
+// judges: Offered and Bound in units over the run (a concurrency limit: requests in flight on
+// average, and the limit), Ratio = Offered / Bound. Below 1 a gateway that limits nothing
+// would pass; the check asks for at least minLoadRatio.
+type loadRatio struct {
+	Offered float64 `json:"offered"`
+	Bound   float64 `json:"bound"`
+	Ratio   float64 `json:"ratio"`
+}
+
+// minLoadRatio is how far past its bound every policy must be offered.
+const minLoadRatio = 2
+
+// offeredVsBound computes each policy's loadRatio from what the generator sent (answered or
+// not), over the span from the run's first request to its last: a bucket's burst + rate x span,
+// a window's limit x span / window (at least one window's).
+func offeredVsBound(ps []policy, recs []*record) map[string]loadRatio {
+	var first, last time.Time
+	units := map[string]float64{}
+	reqs := map[string]float64{}
+	chargeOn := map[string]bool{}
+	for _, p := range ps {
+		chargeOn[p.name] = p.chargeOn
+	}
+	for _, rec := range recs {
+		if first.IsZero() || rec.sent.Before(first) {
+			first = rec.sent
+		}
+		if rec.sent.After(last) {
+			last = rec.sent
+		}
+		if chargeOn[rec.policy] && !charged(rec.id) {
+			continue // its charge is given back: no load on the bound
+		}
+		units[rec.policy] += float64(rec.cost)
+		reqs[rec.policy]++
+	}
+	span := last.Sub(first).Seconds()
+	out := map[string]loadRatio{}
+	if span <= 0 {
+		return out
+	}
+	for _, p := range ps {
+		var lr loadRatio
+		l := p.limit
+		switch {
+		case p.concurrency > 0:
+			lr = loadRatio{Offered: reqs[p.name] * concurrencyHold.Seconds() / span, Bound: float64(p.concurrency)}
+		case l.Kind == exactcheck.GCRA:
+			lr = loadRatio{Offered: units[p.name], Bound: l.Burst + l.Rate*span}
+		default: // a window's limit per window, over the windows the run lasts (at least one)
+			lr = loadRatio{Offered: units[p.name], Bound: float64(l.Limit) * max(1, span/l.Window.Seconds())}
+		}
+		lr.Offered, lr.Bound = round3(lr.Offered), round3(lr.Bound)
+		if lr.Bound > 0 {
+			lr.Ratio = round3(lr.Offered / lr.Bound)
+		}
+		out[p.name] = lr
+	}
+	return out
 }
 
 // capacity is the most a bucket may admit over a span: what under-admission is measured against.

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
+)
+
+// The self-test (CHECK_EXACT_SELFTEST=1): the same scenarios, each run against a mutant, which
+// the check must catch. A checker that passes a store admitting everything proves nothing.
+
+// mutants are the self-test's mutants, in the order they run. The code mutants live in
+// internal/exactmutant, built into the gateway only with the exactmutant tag; the clock mutant
+// is a configuration: replica 1 runs clockAhead ahead of its judged offset, with its clock
+// correction off.
+var mutants = []string{
+	exactmutant.AdmitEverything,
+	exactmutant.GiveBackTwice,
+	exactmutant.ResendWithoutMarker,
+	exactmutant.ClockAheadUncorrected,
+}
+
+// resendDropRate is the share of UpdateItem answers the re-send mutant's run loses (after the
+// write landed), on top of the check's faults.
+const resendDropRate = 0.15
+
+// clockAhead is how far the clock mutant's replica runs ahead.
+const clockAhead = 2 * time.Second
+
+// SelfTest is selftest.json.
+type SelfTest struct {
+	// Policies: each policy under the admit-everything mutant (over_admits must be > 0), its
+	// offered load against its bound there, and the mutants it caught.
+	Policies map[string]*policySelfTest `json:"policies"`
+	// Mutants: whether each was caught, and by which policies.
+	Mutants   map[string]*mutantSelfTest `json:"mutants"`
+	DurationS float64                    `json:"duration_s"`
+}
+
+type policySelfTest struct {
+	OverAdmits     int64    `json:"over_admits"`
+	OfferedVsBound float64  `json:"offered_vs_bound"`
+	Catches        []string `json:"catches"`
+}
+
+type mutantSelfTest struct {
+	Caught     bool             `json:"caught"`
+	CaughtBy   []string         `json:"caught_by"`
+	OverAdmits map[string]int64 `json:"over_admits"` // by policy
+	Seed       uint64           `json:"seed"`
+	Mode       string           `json:"mode"`
+	Decisions  int              `json:"decisions"`
+}
+
+// buildMutant builds the gateway with the exactmutant tag from the package directory pkg.
+func buildMutant(ctx context.Context, pkg, dst string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "exactmutant", "-o", dst, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the mutant gateway: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// selftest runs each of names (mutants) once, in the first of o.modes, and writes
+// selftest.json under o.out.
+func selftest(ctx context.Context, o options, names []string, stdout io.Writer) (SelfTest, error) {
+	start := time.Now()
+	st := SelfTest{Policies: map[string]*policySelfTest{}, Mutants: map[string]*mutantSelfTest{}}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return st, err
+	}
+	endpoint, stopDDB, err := dynamoEndpoint(ctx, o)
+	if err != nil {
+		return st, err
+	}
+	defer stopDDB()
+	mode := o.modes[0]
+	seed := o.seed
+	for _, name := range names {
+		mo := o
+		mo.mutant = name
+		if name == exactmutant.ResendWithoutMarker {
+			// Its fault is a lost answer to a give-back, a few a minute at the check's rate:
+			// this run loses more answers to writes.
+			mo.extraFaults = []ddbrelay.Fault{{Kind: ddbrelay.FaultDropResponse, Op: "UpdateItem", Rate: resendDropRate}}
+		}
+		res, err := oneRun(ctx, mo, endpoint, seed, mode)
+		if err != nil {
+			return st, fmt.Errorf("mutant %s, seed %d mode %s: %w", name, seed, mode, err)
+		}
+		m := &mutantSelfTest{OverAdmits: map[string]int64{}, Seed: seed, Mode: mode, Decisions: res.Decisions}
+		for _, c := range res.Checks {
+			m.OverAdmits[c.Policy] += c.Excess
+		}
+		for _, p := range slices.Sorted(maps.Keys(m.OverAdmits)) {
+			pt := st.Policies[p]
+			if pt == nil {
+				pt = &policySelfTest{Catches: []string{}}
+				st.Policies[p] = pt
+			}
+			if name == exactmutant.AdmitEverything {
+				pt.OverAdmits = m.OverAdmits[p]
+				pt.OfferedVsBound = res.Load[p].Ratio
+			}
+			if m.OverAdmits[p] > 0 {
+				m.CaughtBy = append(m.CaughtBy, p)
+				pt.Catches = append(pt.Catches, name)
+			}
+		}
+		m.Caught = len(m.CaughtBy) > 0
+		st.Mutants[name] = m
+		o.logf("mutant %s (seed %d mode %s): %d decisions, give-backs sent %v, over-admits by policy %v: caught %t", name, seed, mode, res.Decisions, res.StoreCalls["refund"]+res.StoreCalls["release"], m.OverAdmits, m.Caught)
+		seed++
+	}
+	st.DurationS = round3(time.Since(start).Seconds())
+	if err := writeJSON(filepath.Join(o.out, "selftest.json"), st); err != nil {
+		return st, err
+	}
+	fmt.Fprint(stdout, st.table())
+	return st, nil
+}
+
+// verdict fails when a mutant went uncaught, or a policy did not over-admit under
+// admit-everything.
+func (s SelfTest) verdict() error {
+	var errs []error
+	for _, m := range slices.Sorted(maps.Keys(s.Mutants)) {
+		if !s.Mutants[m].Caught {
+			errs = append(errs, fmt.Errorf("mutant %s was not caught by any policy", m))
+		}
+	}
+	if _, ok := s.Mutants[exactmutant.AdmitEverything]; ok {
+		for _, p := range slices.Sorted(maps.Keys(s.Policies)) {
+			if s.Policies[p].OverAdmits == 0 {
+				errs = append(errs, fmt.Errorf("policy %s shows no over-admission under %s: the check cannot fail for it", p, exactmutant.AdmitEverything))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// table is the self-test as text: a row per mutant, a column per policy, the over-admits.
+func (s SelfTest) table() string {
+	ps := slices.Sorted(maps.Keys(s.Policies))
+	out := fmt.Sprintf("%-42s", "mutant \\ policy")
+	for _, p := range ps {
+		out += fmt.Sprintf(" %6s", p)
+	}
+	out += "  caught\n"
+	for _, m := range mutants {
+		r, ok := s.Mutants[m]
+		if !ok {
+			continue
+		}
+		out += fmt.Sprintf("%-42s", m)
+		for _, p := range ps {
+			out += fmt.Sprintf(" %6d", r.OverAdmits[p])
+		}
+		out += fmt.Sprintf("  %t\n", r.Caught)
+	}
+	return out
+}
