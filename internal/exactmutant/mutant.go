@@ -6,10 +6,12 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
@@ -95,47 +97,58 @@ func (r resend) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 	return r.API.UpdateItem(ctx, unmarked(in), optFns...)
 }
 
-// The marker parts of the give-backs' updates (internal/dynamo giveback.go): a count's
-// sequence number (#b, :seq), a token bucket's give-back id (#g, :gid, :gs).
-var (
-	markerParts = []string{
-		" AND (attribute_not_exists(#b) OR #b < :seq)", " SET #b = :seq",
-		" AND NOT contains(#g, :gid)", " ADD #g :gs",
-	}
-	markerValues = []string{":seq", ":gid", ":gs"}
-	markerNames  = []string{"#b", "#g"}
-)
-
-func marked(in *dynamodb.UpdateItemInput) bool {
-	for _, k := range markerValues {
-		if _, ok := in.ExpressionAttributeValues[k]; ok {
-			return true
-		}
-	}
-	return false
+// markerEdits strip each give-back form's marker (internal/dynamo giveback.go and
+// lease_giveback.go), leaving the change and the rest of its condition:
+//   - a counter's: its id in the epoch's set g (added, or starting the next epoch with it);
+//   - a token bucket's: the charge's own marker in the chain, which the give-back replaces
+//     with its id;
+//   - a lease give-back's: the marker of the lease write it undoes, in lv.
+//
+// Without them a re-sent copy is a new give-back to DynamoDB: the same change applied again.
+var markerEdits = []struct{ old, new string }{
+	{" AND (attribute_not_exists(#g) OR (size(#g) < :k AND NOT contains(#g, :gid)))", ""},
+	{" AND size(#g) >= :k AND NOT contains(#g, :gid)", ""},
+	{"ADD #count :minus, #g :gs", "ADD #count :minus"},
+	{" SET #g = :gs, #e = :next", ""},
+	{", #wp = :gid", ""},
+	{"#wp = :w AND ", ""},
+	{"#wp = :w", ""},
+	{", #lv = :gid", ""},
+	{" AND #lv = :lv", ""},
 }
 
-// unmarked is in without its marker parts.
+// marked reports whether in is a give-back: every form carries its own id as :gid.
+func marked(in *dynamodb.UpdateItemInput) bool {
+	_, ok := in.ExpressionAttributeValues[":gid"]
+	return ok
+}
+
+// unmarked is in without its marker parts, and without the names and values only they used
+// (DynamoDB refuses an unused one).
 func unmarked(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
 	c := *in
-	strip := func(s *string) *string {
+	strip := func(s *string) string {
 		if s == nil {
-			return nil
+			return ""
 		}
 		v := *s
-		for _, p := range markerParts {
-			v = strings.ReplaceAll(v, p, "")
+		for _, e := range markerEdits {
+			v = strings.ReplaceAll(v, e.old, e.new)
 		}
-		return &v
+		return v
 	}
-	c.UpdateExpression, c.ConditionExpression = strip(in.UpdateExpression), strip(in.ConditionExpression)
+	upd, cond := strip(in.UpdateExpression), strip(in.ConditionExpression)
+	c.UpdateExpression, c.ConditionExpression = &upd, nil
+	if cond != "" {
+		c.ConditionExpression = &cond
+	}
+	used := func(k string) bool {
+		re := regexp.MustCompile(regexp.QuoteMeta(k) + `\b`)
+		return re.MatchString(upd) || re.MatchString(cond)
+	}
 	c.ExpressionAttributeValues = maps.Clone(in.ExpressionAttributeValues)
-	for _, k := range markerValues {
-		delete(c.ExpressionAttributeValues, k)
-	}
+	maps.DeleteFunc(c.ExpressionAttributeValues, func(k string, _ types.AttributeValue) bool { return !used(k) })
 	c.ExpressionAttributeNames = maps.Clone(in.ExpressionAttributeNames)
-	for _, k := range markerNames {
-		delete(c.ExpressionAttributeNames, k)
-	}
+	maps.DeleteFunc(c.ExpressionAttributeNames, func(k, _ string) bool { return !used(k) })
 	return &c
 }

@@ -121,37 +121,83 @@ func (l *lossy) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 }
 
 func TestResendWithoutMarkerStripsTheMarker(t *testing.T) {
-	in := &dynamodb.UpdateItemInput{
-		UpdateExpression:         aws.String("ADD #count :minus SET #b = :seq"),
-		ConditionExpression:      aws.String("(#count >= :n) AND (attribute_not_exists(#b) OR #b < :seq)"),
-		ExpressionAttributeNames: map[string]string{"#count": "count", "#b": "b1"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":minus": &types.AttributeValueMemberN{Value: "-1"},
-			":n":     &types.AttributeValueMemberN{Value: "1"},
-			":seq":   &types.AttributeValueMemberN{Value: "41"},
+	n := func(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
+	// The give-back forms of internal/dynamo (giveback.go, lease_giveback.go), each with the
+	// change and condition its re-sent copy must keep.
+	for _, f := range []struct {
+		name, upd, cond string
+		names           map[string]string
+		values          map[string]types.AttributeValue
+		wantUpd         string
+		wantCond        string
+		wantNames       int
+		wantValues      int
+	}{
+		{
+			name: "counter", upd: "ADD #count :minus, #g :gs",
+			cond:  "(#count >= :n) AND #e = :e AND (attribute_not_exists(#g) OR (size(#g) < :k AND NOT contains(#g, :gid)))",
+			names: map[string]string{"#count": "count", "#g": "g", "#e": "e"},
+			values: map[string]types.AttributeValue{":minus": n("-1"), ":n": n("1"), ":e": n("3"), ":k": n("64"), ":gid": n("41"),
+				":gs": &types.AttributeValueMemberNS{Value: []string{"41"}}},
+			wantUpd: "ADD #count :minus", wantCond: "(#count >= :n) AND #e = :e", wantNames: 2, wantValues: 3,
 		},
-	}
-	for _, name := range []string{"", ResendWithoutMarker} {
-		l := &lossy{}
-		_, err := Client(l, name).UpdateItem(context.Background(), in)
-		if name == "" {
-			if err == nil || len(l.sent) != 1 {
-				t.Errorf("no mutant: %d sent, error %v; want 1 and the lost answer", len(l.sent), err)
+		{
+			name: "counter, new epoch", upd: "ADD #count :minus SET #g = :gs, #e = :next",
+			cond:  "(#count >= :n) AND #e = :e AND size(#g) >= :k AND NOT contains(#g, :gid)",
+			names: map[string]string{"#count": "count", "#g": "g", "#e": "e"},
+			values: map[string]types.AttributeValue{":minus": n("-1"), ":n": n("1"), ":e": n("3"), ":k": n("64"), ":gid": n("41"),
+				":gs": &types.AttributeValueMemberNS{Value: []string{"41"}}, ":next": n("4")},
+			wantUpd: "ADD #count :minus", wantCond: "(#count >= :n) AND #e = :e", wantNames: 2, wantValues: 3,
+		},
+		{
+			name: "token bucket", upd: "SET #tat = #tat - :t, #wp = :gid, #c1 = #c1 - :d",
+			cond:    "#wp = :w AND #c1 >= :t",
+			names:   map[string]string{"#tat": "tat", "#wp": "w2", "#c1": "c1"},
+			values:  map[string]types.AttributeValue{":t": n("5"), ":w": n("7"), ":gid": n("41"), ":d": n("5")},
+			wantUpd: "SET #tat = #tat - :t, #c1 = #c1 - :d", wantCond: "#c1 >= :t", wantNames: 2, wantValues: 2,
+		},
+		{
+			name: "token bucket, nothing wrote since", upd: "SET #tat = #tat - :t, #wp = :gid",
+			cond:    "#wp = :w",
+			names:   map[string]string{"#tat": "tat", "#wp": "w1"},
+			values:  map[string]types.AttributeValue{":t": n("5"), ":w": n("7"), ":gid": n("41")},
+			wantUpd: "SET #tat = #tat - :t", wantCond: "", wantNames: 1, wantValues: 1,
+		},
+		{
+			name: "lease", upd: "SET #tat = :to, #lv = :gid", cond: "#tat = :end AND #lv = :lv",
+			names:   map[string]string{"#tat": "tat", "#lv": "lv"},
+			values:  map[string]types.AttributeValue{":to": n("5"), ":end": n("9"), ":lv": n("7"), ":gid": n("41")},
+			wantUpd: "SET #tat = :to", wantCond: "#tat = :end", wantNames: 1, wantValues: 2,
+		},
+	} {
+		in := &dynamodb.UpdateItemInput{UpdateExpression: aws.String(f.upd), ConditionExpression: aws.String(f.cond),
+			ExpressionAttributeNames: f.names, ExpressionAttributeValues: f.values}
+		for _, name := range []string{"", ResendWithoutMarker} {
+			l := &lossy{}
+			_, err := Client(l, name).UpdateItem(context.Background(), in)
+			if name == "" {
+				if err == nil || len(l.sent) != 1 {
+					t.Errorf("%s, no mutant: %d sent, error %v; want 1 and the lost answer", f.name, len(l.sent), err)
+				}
+				continue
 			}
-			continue
-		}
-		if err != nil || len(l.sent) != 2 {
-			t.Fatalf("mutant: %d sent, error %v; want 2 and none", len(l.sent), err)
-		}
-		again := l.sent[1]
-		if got := *again.UpdateExpression + " IF " + *again.ConditionExpression; got != "ADD #count :minus IF (#count >= :n)" {
-			t.Errorf("re-sent %q, want the change without its marker", got)
-		}
-		if _, ok := again.ExpressionAttributeValues[":seq"]; ok || len(again.ExpressionAttributeValues) != 2 || len(again.ExpressionAttributeNames) != 1 {
-			t.Errorf("re-sent values %v, names %v; want :minus, :n and #count", again.ExpressionAttributeValues, again.ExpressionAttributeNames)
-		}
-		if _, ok := in.ExpressionAttributeValues[":seq"]; !ok || *in.UpdateExpression != "ADD #count :minus SET #b = :seq" {
-			t.Error("the caller's input was changed")
+			if err != nil || len(l.sent) != 2 {
+				t.Fatalf("%s, mutant: %d sent, error %v; want 2 and none", f.name, len(l.sent), err)
+			}
+			again := l.sent[1]
+			cond := ""
+			if again.ConditionExpression != nil {
+				cond = *again.ConditionExpression
+			}
+			if *again.UpdateExpression != f.wantUpd || cond != f.wantCond {
+				t.Errorf("%s: re-sent %q IF %q, want %q IF %q", f.name, *again.UpdateExpression, cond, f.wantUpd, f.wantCond)
+			}
+			if len(again.ExpressionAttributeValues) != f.wantValues || len(again.ExpressionAttributeNames) != f.wantNames {
+				t.Errorf("%s: re-sent values %v, names %v; want %d and %d", f.name, again.ExpressionAttributeValues, again.ExpressionAttributeNames, f.wantValues, f.wantNames)
+			}
+			if _, ok := in.ExpressionAttributeValues[":gid"]; !ok || *in.UpdateExpression != f.upd {
+				t.Errorf("%s: the caller's input was changed", f.name)
+			}
 		}
 	}
 }
