@@ -23,7 +23,8 @@ import (
 // one leased pool on DynamoDB Local from many goroutines: renewals race, rejected groups give
 // units back, a replica that falls quiet has its leases given back by its sweeper while the
 // others lease on, and Close returns the rest. Over the run the fleet never admits more than one
-// bucket would (burst + rate × duration).
+// bucket would (burst + rate × duration), a decision fails only when its deadline has passed,
+// and afterwards the pool still admits: leases do not starve it.
 func TestLeasesOnDynamoDBLocal(t *testing.T) {
 	api, table := localTable(t)
 	leakCheck(t)
@@ -44,6 +45,12 @@ func TestLeasesOnDynamoDBLocal(t *testing.T) {
 				// by default): without it every gated request waits for a write, and under a
 				// loaded test machine a replica's leases then expire before its requests come.
 				stores[i] = dynamo.New(api, dynamo.Options{Table: table, Registerer: reg, DenyCache: true})
+				// DynamoDB Local on a loaded machine stalls for over a second at times: slow,
+				// not down. With the default grace (a second) every request that needs a
+				// renewal then fails at once, rightly (on_error decides; TestLeaseOnHungStoreIsAnError
+				// covers it), but not because of anything this test checks. A grace past the
+				// requests' deadline leaves the deadline as the only way a decision fails.
+				dynamo.SetLiveness(stores[i], time.Minute, time.Now)
 			}
 			key, gate := newKey(t), newKey(t)
 			gateLimit := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}
@@ -73,8 +80,12 @@ func TestLeasesOnDynamoDBLocal(t *testing.T) {
 							}
 							ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 							ok, err := stores[r].Take(ctx, now, charges, make([]bucket.Result, len(charges)))
+							expired := ctx.Err() != nil
 							cancel()
 							switch {
+							case errors.Is(err, context.DeadlineExceeded) && !expired:
+								t.Errorf("Take failed %v after it started, before its 1s deadline: %v", time.Since(now), err)
+								return
 							case errors.Is(err, context.DeadlineExceeded):
 								errs.Add(1)
 							case err != nil:
@@ -111,18 +122,33 @@ func TestLeasesOnDynamoDBLocal(t *testing.T) {
 			if got > bound {
 				t.Errorf("admitted %v in %v, want at most %.0f (one exact bucket)", got, elapsed, bound)
 			}
-			if got == 0 {
-				t.Error("nothing admitted: leases starve the pool")
-			}
-			// How close to the bound the fleet gets is measured where the machine's load cannot
-			// stall the replicas for a good part of a window: TestLeasesNeverOverAdmit (simulated
-			// time) and scripts/bench/scale. Here only the deadline may fail a decision: the test
-			// machine may stall a goroutine for longer than a second.
-			if e := errs.Load(); e > int64(replicas*workers) {
-				t.Errorf("%d decisions failed, want at most one per worker (a stall past the 1s deadline)", e)
-			}
+			// How much the fleet admits, and how close to the bound it gets, is measured where
+			// the machine's load cannot stall the replicas for a good part of a window:
+			// TestLeasesNeverOverAdmit (simulated time) and scripts/bench/scale. Here, on a
+			// loaded machine, a run may admit next to nothing (DynamoDB Local stalled, leases
+			// expired before the workers ran). That the pool is not starved is shown after it:
+			// a new replica's requests are admitted within a deadline, once the store answers.
+			admittedAfter(t, dynamo.New(api, dynamo.Options{Table: table}), []bucket.Charge{{Key: key, Limit: tc.limit, Lease: tc.lease}})
 		})
 	}
+}
+
+// admittedAfter fails t unless one of s's requests for charges is admitted within 20 s of
+// wall-clock time (each at its own instant, with a deadline of its own), then closes s's leases.
+func admittedAfter(t *testing.T, s *dynamo.Store, charges []bucket.Charge) {
+	t.Helper()
+	defer closeLeases(t, s)
+	tries := 0
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		tries++
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ok, err := s.Take(ctx, time.Now(), charges, make([]bucket.Result, len(charges)))
+		cancel()
+		if ok && err == nil {
+			return
+		}
+	}
+	t.Errorf("after the run, none of %d requests over 20 s admitted: leases starve the pool", tries)
 }
 
 // BenchmarkLeasesSimulated: eight replicas lease from one pool of 2,000/s with a burst of 1,000,

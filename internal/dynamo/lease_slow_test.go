@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -187,13 +188,25 @@ func TestSlowStoreKeepsRenewalsInFlight(t *testing.T) {
 	if got := local() - before; got != 48 {
 		t.Errorf("%d of 48 requests answered without waiting for a renewal, want all", got)
 	}
-	if most := api.most.Load(); most < 2 {
+	// The renewals' calls reach the gate from goroutines of their own, whenever the scheduler
+	// runs them (on a loaded machine, after the requests above returned): wait until every
+	// renewal the pool has in flight holds a call there, so that most counts them all.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		held, _ := api.counts()
+		if renewals := dynamo.LeaseRenewals(s); held == int64(renewals) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d calls at the gate, %d renewals in flight, after 10 s", held, renewals)
+		}
+	}
+	_, most := api.counts()
+	if most < 2 {
 		t.Errorf("at most %d renewal(s) in flight at once, want several", most)
 	}
 	open()
 	dynamo.Settle(s)
 	leased := units(t, reg, "leased")
-	t.Logf("%d of 48 admitted from units held; at most %d calls in flight; %v units leased", admitted, api.most.Load(), leased)
+	t.Logf("%d of 48 admitted from units held; at most %d calls in flight; %v units leased", admitted, most, leased)
 	// The renewals made ahead landed before their instant. What a result says remains is what
 	// can be spent at its instant: theirs are not counted until then.
 	checked := 0
@@ -245,18 +258,32 @@ type gatedAPI struct {
 	*memAPI
 	shut atomic.Bool
 	open chan struct{}
-	// held is the calls waiting at the gate now, most the most at once.
-	held, most atomic.Int64
+	// held is the calls waiting at the gate now, most the most at once: under one lock, so
+	// that most has counted every call held is seen to count.
+	mu         sync.Mutex
+	held, most int64
+}
+
+// counts returns the calls waiting at the gate now and the most that waited at once.
+func (g *gatedAPI) counts() (held, most int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held, g.most
 }
 
 func (g *gatedAPI) wait(ctx context.Context) error {
 	if !g.shut.Load() {
 		return nil
 	}
-	h := g.held.Add(1)
-	defer g.held.Add(-1)
-	for m := g.most.Load(); h > m && !g.most.CompareAndSwap(m, h); m = g.most.Load() {
-	}
+	g.mu.Lock()
+	g.held++
+	g.most = max(g.most, g.held)
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.held--
+		g.mu.Unlock()
+	}()
 	select {
 	case <-g.open:
 		return nil
