@@ -1,0 +1,102 @@
+package policy
+
+// This file describes a compiled policy in words: its one-line summary, its IETF
+// RateLimit-Policy item, and the short duration format they (and error messages) use.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
+
+func summary(pc *PolicyConfig) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: key=%s %s", pc.Name, pc.Key, pc.Algorithm)
+	switch alg := algorithms[pc.Algorithm]; {
+	case isBucket(alg):
+		fmt.Fprintf(&b, " rate=%s burst=%d", pc.Rate, pc.Burst)
+	case alg == bucket.Concurrency:
+		fmt.Fprintf(&b, " limit=%d in flight", pc.Limit)
+	case alg == bucket.Quota:
+		zone := pc.TimeZone
+		if zone == "" {
+			zone = "UTC"
+		}
+		fmt.Fprintf(&b, " limit=%d period=%s time_zone=%s", pc.Limit, pc.Period, zone)
+		if pc.Offset != 0 {
+			fmt.Fprintf(&b, " offset=%d", pc.Offset)
+		}
+	default:
+		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, shortDuration(pc.Window))
+	}
+	if pc.Cost > 1 {
+		fmt.Fprintf(&b, " cost=%d", pc.Cost)
+	}
+	for _, c := range pc.Costs {
+		route := strings.Join(c.Methods, ",")
+		if c.PathPrefix != "" {
+			route = strings.TrimPrefix(route+" "+c.PathPrefix, " ")
+		}
+		fmt.Fprintf(&b, " cost(%s)=%d", route, c.Cost)
+	}
+	mode := pc.Mode
+	if mode == "" {
+		mode = modeEnforce
+	}
+	b.WriteString(" " + mode)
+	if len(pc.Match.Methods) > 0 {
+		b.WriteString(" methods=" + strings.Join(pc.Match.Methods, ","))
+	}
+	if pc.Match.PathPrefix != "" {
+		b.WriteString(" path_prefix=" + pc.Match.PathPrefix)
+	}
+	if len(pc.ChargeOn) > 0 {
+		b.WriteString(" charge_on=" + strings.Join(pc.ChargeOn, ","))
+	}
+	if n := len(pc.Overrides); n > 0 {
+		fmt.Fprintf(&b, " overrides=%d", n)
+	}
+	if pc.Pool != "" {
+		b.WriteString(" pool=" + pc.Pool)
+	}
+	if l := pc.Lease; l != nil && l.Enabled {
+		fmt.Fprintf(&b, " lease(shards=%d", max(l.Shards, 1))
+		if l.TTL > 0 {
+			b.WriteString(" ttl=" + shortDuration(l.TTL))
+		}
+		b.WriteString(")")
+	}
+	return b.String()
+}
+
+// shortDuration drops the zero tails of time.Duration.String: 1m rather than 1m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+// ietfPolicy is the RateLimit-Policy item: quota q over w seconds. A bucket's quota is its burst,
+// refilled in burst/rate seconds. A concurrency limit's quota is its requests in flight, in the
+// draft's quota unit concurrent-requests, with no window.
+func ietfPolicy(p *Policy) string {
+	if p.Limit.Algorithm == bucket.Concurrency {
+		return `"` + p.Name + `";q=` + strconv.FormatInt(p.Limit.Count, 10) + `;qu="concurrent-requests"`
+	}
+	q, w := p.Limit.Count, ceilSeconds(p.Limit.Window.Seconds())
+	switch {
+	case isBucket(p.Limit.Algorithm):
+		q, w = p.Limit.Burst, ceilSeconds(float64(p.Limit.Burst)/p.Limit.Rate)
+	case p.Limit.Algorithm == bucket.Quota:
+		w = int64(p.Limit.Period.Nominal() / time.Second)
+	}
+	return `"` + p.Name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
+}
