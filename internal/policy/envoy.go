@@ -1,24 +1,21 @@
 package policy
 
 // This file reads envoyproxy/ratelimit's configuration files (the folder rls.config_dir names)
-// and checks them; envoy_rules.go compiles what it read into RLSRules. The format is that
-// project's, field for field, so that its users copy their files over unchanged; the fields
-// marked "extension" below are ratelimit-proxy's own and let a rule use the rest of the engine.
+// and checks them (envoy_limits.go checks a rate_limit block); envoy_rules.go compiles what it
+// read into RLSRules. The format is that project's, field for field, so that its users copy
+// their files over unchanged; the fields marked "extension" below are ratelimit-proxy's own and
+// let a rule use the rest of the engine.
 
 import (
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // RLSUnit is a rate_limit's unit, numbered as envoy.service.ratelimit.v3's
@@ -438,186 +435,4 @@ func (p *rlsParser) lease(n *yaml.Node, at string) *LeaseConfig {
 		}
 	}
 	return l
-}
-
-// rlsAlgorithms are the algorithms a rule may name. leaky_bucket shapes by holding a request,
-// and concurrency gives its slot back when the request ends: an RLS answer can do neither.
-var rlsAlgorithms = map[string]bucket.Algorithm{
-	"fixed_window":   bucket.FixedWindow,
-	"sliding_window": bucket.SlidingWindow,
-	"token_bucket":   bucket.TokenBucket,
-	"quota":          bucket.Quota,
-}
-
-// checkRLSRateLimit checks one rate_limit block and returns the limit it means (zero for an
-// unlimited one). ok is false when a problem was reported.
-func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, unit RLSUnit, ok bool) {
-	before := len(*p.es)
-	at := rl.at
-	if rl.unlimited {
-		// As envoyproxy/ratelimit: an unlimited rule names no unit, and then nothing else
-		// of a limit either.
-		for _, f := range []struct {
-			name string
-			set  bool
-		}{
-			{"unit", rl.unit != ""}, {"requests_per_unit", rl.rpuSet}, {"unit_multiplier", rl.unitMultiplier != 0},
-			{"algorithm", rl.algorithm != ""}, {"burst", rl.burst != 0}, {"time_zone", rl.timeZone != ""},
-			{"offset", rl.offset != 0}, {"pool", rl.pool != ""}, {"lease", rl.lease != nil},
-		} {
-			if f.set {
-				p.add(at+"."+f.name, "", "must not be set when unlimited is true")
-			}
-		}
-		return bucket.Limit{}, 0, len(*p.es) == before
-	}
-	unit, known := rlsUnits[strings.ToLower(rl.unit)]
-	if rl.unit == "" {
-		p.add(at+".unit", "", "required: second, minute, hour, day, week, month or year")
-	} else if !known {
-		p.add(at+".unit", rl.unit, "must be second, minute, hour, day, week, month or year")
-	}
-	if !rl.rpuSet {
-		p.add(at+".requests_per_unit", "", "required")
-	} else if rl.requestsPerUnit < 0 || rl.requestsPerUnit > maxCount {
-		p.add(at+".requests_per_unit", strconv.FormatInt(rl.requestsPerUnit, 10), fmt.Sprintf("must be from 0 to %d", maxCount))
-	}
-	mult := rl.unitMultiplier
-	if mult == 0 {
-		mult = 1
-	} else if mult < 1 || mult > math.MaxUint32 {
-		p.add(at+".unit_multiplier", strconv.FormatInt(rl.unitMultiplier, 10), "must be at least 1")
-		mult = 1
-	}
-	algName := rl.algorithm
-	if algName == "" {
-		algName = "fixed_window"
-	}
-	alg, algOK := rlsAlgorithms[algName]
-	if !algOK {
-		why := "must be fixed_window, sliding_window, token_bucket or quota"
-		if algName == "leaky_bucket" || algName == "concurrency" {
-			why += ": an RLS answer can neither hold a request (leaky_bucket) nor learn when it ends (concurrency)"
-		}
-		p.add(at+".algorithm", rl.algorithm, why)
-	}
-	if rl.burst != 0 && alg != bucket.TokenBucket {
-		p.add(at+".burst", strconv.FormatInt(rl.burst, 10), "used by algorithm token_bucket only")
-	}
-	if alg != bucket.Quota {
-		if rl.timeZone != "" {
-			p.add(at+".time_zone", rl.timeZone, "used by algorithm quota only")
-		}
-		if rl.offset != 0 {
-			p.add(at+".offset", strconv.Itoa(rl.offset), "used by algorithm quota only")
-		}
-	}
-	if rl.pool != "" && (len(rl.pool) > maxNameLen || !validName(rl.pool)) {
-		p.add(at+".pool", rl.pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
-	}
-	if len(*p.es) != before || !algOK || !known {
-		return bucket.Limit{}, unit, false
-	}
-	period := time.Duration(mult) * unit.Duration()
-	if mult > int64(maxRLSPeriod/unit.Duration()) {
-		p.add(at+".unit_multiplier", strconv.FormatInt(mult, 10), "unit times unit_multiplier must be at most 366 days")
-		return bucket.Limit{}, unit, false
-	}
-	rpu := rl.requestsPerUnit
-	switch alg {
-	case bucket.FixedWindow, bucket.SlidingWindow:
-		lim = bucket.Limit{Algorithm: alg, Count: rpu, Window: period}
-	case bucket.TokenBucket:
-		burst := rl.burst
-		if burst == 0 {
-			burst = rpu
-		}
-		if rpu < 1 {
-			p.add(at+".requests_per_unit", strconv.FormatInt(rpu, 10), "must be at least 1 for token_bucket: it is the refill rate")
-		}
-		if burst < 1 || burst > maxCount {
-			p.add(at+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("must be from 1 to %d", maxCount))
-		}
-		if len(*p.es) != before {
-			return bucket.Limit{}, unit, false
-		}
-		rate := float64(rpu) / period.Seconds()
-		if float64(burst)/rate > maxRLSPeriod.Seconds() {
-			p.add(at+".burst", strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most 366 days")
-			return bucket.Limit{}, unit, false
-		}
-		lim = bucket.Limit{Algorithm: alg, Rate: rate, Burst: burst}
-	case bucket.Quota:
-		var per bucket.Period
-		switch unit {
-		case UnitDay:
-			per = bucket.Day
-		case UnitWeek:
-			per = bucket.Week
-		case UnitMonth:
-			per = bucket.Month
-		default:
-			p.add(at+".unit", rl.unit, "must be day, week or month for algorithm quota: its calendar period")
-		}
-		if mult != 1 {
-			p.add(at+".unit_multiplier", strconv.FormatInt(mult, 10), "must be 1 for algorithm quota: a calendar period is one day, week or month")
-		}
-		zone, err := loadZone(rl.timeZone)
-		if err != nil {
-			p.add(at+".time_zone", rl.timeZone, err.Error())
-		}
-		switch {
-		case per == bucket.Day && rl.offset != 0:
-			p.add(at+".offset", strconv.Itoa(rl.offset), "must be 0 for unit day: a day starts at midnight in time_zone")
-		case per == bucket.Week && (rl.offset < 0 || rl.offset > 6):
-			p.add(at+".offset", strconv.Itoa(rl.offset), "must be from 0 (weeks start on Sunday) to 6 (Saturday) for unit week")
-		case per == bucket.Month && (rl.offset < 0 || rl.offset > 27):
-			p.add(at+".offset", strconv.Itoa(rl.offset), "must be from 0 (months start on the 1st) to 27 for unit month")
-		}
-		if len(*p.es) != before {
-			return bucket.Limit{}, unit, false
-		}
-		lim = bucket.Limit{Algorithm: alg, Count: rpu, Period: per, Offset: uint8(rl.offset), Zone: zone}
-	}
-	p.checkRLSLease(rl, lim)
-	return lim, unit, len(*p.es) == before
-}
-
-// checkRLSLease checks a rule's lease block as a policy's lease is checked.
-func (p *rlsParser) checkRLSLease(rl *rlsRateLimitConfig, lim bucket.Limit) {
-	l := rl.lease
-	if l == nil {
-		return
-	}
-	at := rl.at + ".lease"
-	if !l.Enabled {
-		if l.Shards != 0 || l.TTL != 0 {
-			p.add(at+".enabled", "false", "lease fields are set, but enabled is false: set enabled: true, or remove the block")
-		}
-		return
-	}
-	if !bucket.LeaseSupported(lim.Algorithm) {
-		p.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+algorithmName[lim.Algorithm])
-		return
-	}
-	if l.Shards < 0 || l.Shards > bucket.MaxLeaseShards {
-		p.add(at+".shards", strconv.Itoa(l.Shards), fmt.Sprintf("must be from 1 to %d", bucket.MaxLeaseShards))
-		return
-	}
-	if l.TTL < 0 {
-		p.add(at+".ttl", shortDuration(l.TTL), "must be positive")
-		return
-	}
-	shards := max(l.Shards, 1)
-	capacity := lim.Burst
-	if lim.Algorithm == bucket.FixedWindow {
-		capacity = lim.Count
-	}
-	if int64(shards) > capacity {
-		p.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("must be at most what the limit holds (%d): every shard holds at least one request of it", capacity))
-		return
-	}
-	if ttl := bucket.LeaseTTL(lim, bucket.Lease{Shards: shards, TTL: l.TTL}); ttl <= 0 {
-		p.add(at+".ttl", shortDuration(l.TTL), "leaves no room for a lease: lower ttl or shards, or raise burst")
-	}
 }
