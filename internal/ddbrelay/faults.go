@@ -66,6 +66,10 @@ type Fault struct {
 	// GetItem its Key and BatchGetItem every key it reads; other calls name none and never
 	// match. (Optional; default every call.)
 	Item *regexp.Regexp
+	// Body limits the rule to calls whose request body matches, e.g. `":gid"` for the
+	// give-backs of internal/dynamo (every form carries its own id under that name). (Optional;
+	// default every call.)
+	Body *regexp.Regexp
 	// Rate is the probability that a matching call gets the fault, in [0, 1]. (Required.)
 	Rate float64
 	// Delay is FaultDelay's extra wait. (Required for FaultDelay, unused otherwise.)
@@ -95,8 +99,11 @@ func (f Fault) validate(i int) error {
 	return nil
 }
 
-func (f *Fault) matches(op string, items []Item) bool {
+func (f *Fault) matches(op string, body []byte, items []Item) bool {
 	if f.Op != "" && f.Op != op {
+		return false
+	}
+	if f.Body != nil && !f.Body.Match(body) {
 		return false
 	}
 	if f.Item == nil {
@@ -124,7 +131,7 @@ func (r *Relay) pickFault(op string, body []byte) *Fault {
 	defer r.rngMu.Unlock()
 	for i := range r.faults {
 		f := &r.faults[i]
-		if f.matches(op, items) && r.rng.Float64() < f.Rate {
+		if f.matches(op, body, items) && r.rng.Float64() < f.Rate {
 			return f
 		}
 	}

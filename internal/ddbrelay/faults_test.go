@@ -232,3 +232,21 @@ func TestNewRejectsBadFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultsTargetCallsByBody: a rule with Body faults only the calls whose request body matches
+// (the self-test loses the answers of give-backs alone, which carry ":gid").
+func TestFaultsTargetCallsByBody(t *testing.T) {
+	r, c, direct, table := faultyTable(t, 1, ddbrelay.Fault{Kind: ddbrelay.FaultThrottle, Op: "UpdateItem", Body: regexp.MustCompile(`"hot"`), Rate: 1})
+	_, err := c.UpdateItem(context.Background(), add(table, "hot"))
+	wantThrottled(t, "UpdateItem whose body names hot", err)
+	addAll(t, c, table, "cold")
+	if got := count(t, direct, table, "hot"); got != 0 {
+		t.Errorf("hot counter got %d, want 0 (its body matched: throttled, not forwarded)", got)
+	}
+	if got := count(t, direct, table, "cold"); got != calls {
+		t.Errorf("cold counter got %d, want %d (their bodies do not match)", got, calls)
+	}
+	if got := r.Stats().Faults; got[ddbrelay.FaultThrottle] != 1 || len(got) != 1 {
+		t.Errorf("faults got %v, want exactly one throttle", got)
+	}
+}

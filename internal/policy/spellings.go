@@ -13,11 +13,18 @@ import (
 // '\' as one (the WHATWG URL parser does, for http URLs) and skipping the tabs and line breaks
 // that parser removes: Node's `new URL(req.url, base)` and Python's urlsplit read what follows
 // as a host, while the gateway would merge the slashes.
+//
+// A path that does not start with '/' is judged as CanonicalPath roots it ("x" as "/x"), so
+// that a path and its canonical form are refused alike: "\n/" is "/\n/".
 func authorityPath(p string) bool {
-	if p == "" || p[0] != '/' {
+	if p == "" {
 		return false
 	}
-	for i := 1; i < len(p); i++ {
+	i := 1
+	if p[0] != '/' {
+		i = 0
+	}
+	for ; i < len(p); i++ {
 		switch p[i] {
 		case '\t', '\n', '\r':
 		case '/', '\\':

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
 )
 
 func TestParseLeaseUnits(t *testing.T) {
@@ -136,6 +137,35 @@ func TestPulses(t *testing.T) {
 		}
 		if got, want := pulseStart(cycle.Add(tc.at)), cycle.Add(pulseFrom); !got.Equal(want) {
 			t.Errorf("pulseStart(cycle + %v) got %v, want %v", tc.at, got, want)
+		}
+	}
+}
+
+// TestSelfTestVerdict: the self-test fails on an uncaught mutant, on a control run (the real
+// store under a mutant's faults) that over-admits, and on a policy admit-everything could not
+// push over its bound; it passes when none of these holds.
+func TestSelfTestVerdict(t *testing.T) {
+	good := func() SelfTest {
+		return SelfTest{
+			Policies: map[string]*policySelfTest{"fw": {OverAdmits: 5}},
+			Mutants: map[string]*mutantSelfTest{
+				exactmutant.AdmitEverything:     {Caught: true},
+				exactmutant.ResendWithoutMarker: {Caught: true, Control: &controlRun{}},
+			},
+		}
+	}
+	if err := good().verdict(); err != nil {
+		t.Fatalf("a self-test that caught everything: %v", err)
+	}
+	for name, spoil := range map[string]func(*SelfTest){
+		"uncaught mutant":     func(s *SelfTest) { s.Mutants[exactmutant.ResendWithoutMarker].Caught = false },
+		"control over-admits": func(s *SelfTest) { s.Mutants[exactmutant.ResendWithoutMarker].Control.OverAdmits = 1 },
+		"policy cannot fail":  func(s *SelfTest) { s.Policies["fw"].OverAdmits = 0 },
+	} {
+		s := good()
+		spoil(&s)
+		if s.verdict() == nil {
+			t.Errorf("%s: the verdict passed", name)
 		}
 	}
 }
