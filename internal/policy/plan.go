@@ -128,7 +128,9 @@ func (s *Set) route(method, reqPath string, overrides methodSet, p *Plan) (route
 		rt.exact, _ = canonInto(&p.route, reqPath, false)
 	}
 	switch {
-	case authorityPath(reqPath):
+	case authorityPath(reqPath) || authorityPath(rt.folded):
+		// The canonical form too: "/\n;/" loses its ";" parameter and becomes "/\n/", which a
+		// WHATWG parser reads as "//"; a request and its canonical form are refused alike.
 		return rt, errAuthorityPath
 	case dots:
 		return rt, errDotSegments
