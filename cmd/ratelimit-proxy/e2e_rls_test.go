@@ -164,9 +164,10 @@ func wantStatus(t *testing.T, what string, st *pb.RateLimitResponse_DescriptorSt
 	}
 }
 
+// header is the value of header name in resp, whose names Envoy (like HTTP) compares without case.
 func header(resp *pb.RateLimitResponse, name string) string {
 	for _, h := range resp.GetResponseHeadersToAdd() {
-		if h.GetKey() == name {
+		if strings.EqualFold(h.GetKey(), name) {
 			return h.GetValue()
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -173,12 +174,7 @@ func (c *Console) write(h http.HandlerFunc) http.HandlerFunc {
 const problemBase = "https://github.com/ratelimit-proxy/ratelimit-proxy/blob/main/docs/operations.md#admin-"
 
 func writeProblem(w http.ResponseWriter, status int, typ, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"type": problemBase + typ, "title": http.StatusText(status), "status": status, "detail": detail,
-	})
+	answer.WriteProblem(w, nil, answer.Problem{Type: problemBase + typ, Status: status, Detail: detail})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

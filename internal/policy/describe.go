@@ -5,10 +5,10 @@ package policy
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
@@ -84,19 +84,6 @@ func shortDuration(d time.Duration) string {
 	return s
 }
 
-// ietfPolicy is the RateLimit-Policy item: quota q over w seconds. A bucket's quota is its burst,
-// refilled in burst/rate seconds. A concurrency limit's quota is its requests in flight, in the
-// draft's quota unit concurrent-requests, with no window.
-func ietfPolicy(p *Policy) string {
-	if p.Limit.Algorithm == bucket.Concurrency {
-		return `"` + p.Name + `";q=` + strconv.FormatInt(p.Limit.Count, 10) + `;qu="concurrent-requests"`
-	}
-	q, w := p.Limit.Count, ceilSeconds(p.Limit.Window.Seconds())
-	switch {
-	case isBucket(p.Limit.Algorithm):
-		q, w = p.Limit.Burst, ceilSeconds(float64(p.Limit.Burst)/p.Limit.Rate)
-	case p.Limit.Algorithm == bucket.Quota:
-		w = int64(p.Limit.Period.Nominal() / time.Second)
-	}
-	return `"` + p.Name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
-}
+// ietfPolicy is the RateLimit-Policy item of p's default limit, precomputed once per compile
+// (answer.AppendPolicyItem says what each algorithm advertises).
+func ietfPolicy(p *Policy) string { return string(answer.AppendPolicyItem(nil, p.Name, p.Limit)) }

@@ -88,7 +88,7 @@ func TestNewMetrics_TwiceOnOneRegistryShares(t *testing.T) {
 
 func TestMetrics_NoClientLabels(t *testing.T) {
 	reg := NewRegistry()
-	NewMetrics(reg).policyCounters("per-ip").allowed.Inc()
+	NewMetrics(reg).policyCounters("per-ip").Allowed.Inc()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("gather: %v", err)

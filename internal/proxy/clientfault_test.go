@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 )
 
 func TestBodyFault(t *testing.T) {
@@ -69,8 +71,8 @@ func TestClientError_BadChunkedBody(t *testing.T) {
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
 	reply, _ := io.ReadAll(c)
-	if !strings.HasPrefix(string(reply), "HTTP/1.1 400 ") || !strings.Contains(string(reply), problemBadBody) {
-		t.Errorf("got %q, want a 400 %s problem", reply, problemBadBody)
+	if !strings.HasPrefix(string(reply), "HTTP/1.1 400 ") || !strings.Contains(string(reply), answer.ProblemBadBody) {
+		t.Errorf("got %q, want a 400 %s problem", reply, answer.ProblemBadBody)
 	}
 	hs.waitServed(1)
 	wantCounter(t, hs.reg, 1, "ratelimit_client_errors_total", "reason", "body_malformed")

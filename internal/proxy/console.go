@@ -29,14 +29,14 @@ const exemplarEvery = time.Second
 // the limited key (never the key itself), so that a dashboard can link a spike to a key.
 func (h *Handler) countLimited(state *policyState, p *policy.Plan, i int, now time.Time) {
 	if h.console == nil {
-		state.counters.limited.Inc()
+		state.counters.Limited.Inc()
 		return
 	}
 	ns := now.UnixNano()
 	last := state.exemplarAt.Load()
-	ea, ok := state.counters.limited.(prometheus.ExemplarAdder)
+	ea, ok := state.counters.Limited.(prometheus.ExemplarAdder)
 	if !ok || ns-last < int64(exemplarEvery) || !state.exemplarAt.CompareAndSwap(last, ns) {
-		state.counters.limited.Inc()
+		state.counters.Limited.Inc()
 		return
 	}
 	key := "global"

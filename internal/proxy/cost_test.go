@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -65,7 +66,7 @@ func TestWeightedRejectionSaysWhatDidNotFit(t *testing.T) {
 
 // TestUnweightedRejectionBodyUnchanged: a rejection of cost 1 carries neither cost nor remaining.
 func TestUnweightedRejectionBodyUnchanged(t *testing.T) {
-	got := string(appendProblem(nil, problem{Type: problemRateLimited, Status: http.StatusTooManyRequests, Policy: "p", RetryAfter: 3, Cost: 1}))
+	got := string(answer.AppendProblem(nil, answer.Problem{Type: answer.ProblemRateLimited, Status: http.StatusTooManyRequests, Policy: "p", RetryAfter: 3, Cost: 1}))
 	if strings.Contains(got, "cost") || strings.Contains(got, "remaining") {
 		t.Errorf("got %s, want no cost or remaining member", got)
 	}

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 )
 
 // forwardFate is what became of a request handed to the reverse proxy, as far as the upstream
@@ -102,9 +104,6 @@ func gatewayAnswers(w http.ResponseWriter, f forwardFate) {
 	}
 }
 
-// problemBadBody is the problem type of a 400 for a request body that broke its framing.
-const problemBadBody = problemBase + "malformed-body"
-
 // bodySettle bounds how long send waits for a body read that is failing to say how it failed,
 // once the request's context has ended: net/http cancels the context from inside the failing
 // Read (a read timeout, a closed connection), a moment before that Read returns.
@@ -152,7 +151,7 @@ func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp 
 	gatewayAnswers(&st.fw, fateUnanswered)
 	if err != nil {
 		w.Header().Set("Connection", "close")
-		writeAnswer(w, r, nil, problem{Type: problemBadBody, Status: http.StatusBadRequest,
+		writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemBadBody, Status: http.StatusBadRequest,
 			Detail: "The request body ended before its end."})
 	}
 }
@@ -175,11 +174,11 @@ func (h *Handler) clientError(w http.ResponseWriter, r *http.Request, reason int
 	}
 	if reason == clientBodyTimeout {
 		h.m.bodyTimeouts.Inc()
-		writeAnswer(w, r, nil, problem{Type: problemBodyTimeout, Status: http.StatusRequestTimeout,
+		writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemBodyTimeout, Status: http.StatusRequestTimeout,
 			Detail: "The request body was not received in full in time."})
 		return
 	}
-	writeAnswer(w, r, nil, problem{Type: problemBadBody, Status: http.StatusBadRequest,
+	writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemBadBody, Status: http.StatusBadRequest,
 		Detail: "The request body is malformed or incomplete."})
 }
 

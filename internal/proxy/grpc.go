@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -100,15 +101,15 @@ func writeGRPC(w http.ResponseWriter, r *http.Request, code codes.Code, msg []st
 
 // writeAnswer writes the gateway's own answer p: a gRPC status to a gRPC call, else problem+json.
 // It returns buf for reuse.
-func writeAnswer(w http.ResponseWriter, r *http.Request, buf []byte, p problem) []byte {
+func writeAnswer(w http.ResponseWriter, r *http.Request, buf []byte, p answer.Problem) []byte {
 	if r != nil && isGRPC(r) {
 		if p.RetryAfter > 0 {
-			w.Header()[hdrRetryAfter] = retryAfter(p.RetryAfter)
+			w.Header()[answer.HeaderRetryAfter] = answer.RetryAfter(p.RetryAfter)
 		}
 		writeGRPC(w, r, grpcCode(p.Status), []string{grpcMessage(p.Detail)}, nil)
 		return buf
 	}
-	return writeProblem(w, buf, p)
+	return answer.WriteProblem(w, buf, p)
 }
 
 // grpcRejection is a pre-rendered RESOURCE_EXHAUSTED of one policy, like rejection for HTTP.
@@ -125,10 +126,10 @@ type grpcRejection struct {
 // newGRPCRejection renders the answer to a call over policy name's limit that may be retried
 // after retry (RetryInfo, the message) or retrySecs whole seconds (Retry-After).
 func newGRPCRejection(typ, name string, retry time.Duration, retrySecs, limit, reset, remaining int64) *grpcRejection {
-	g := &grpcRejection{typ: typ, retry: retry, limit: limit, reset: reset, remaining: remaining, retryAfter: retryAfter(retrySecs)}
+	g := &grpcRejection{typ: typ, retry: retry, limit: limit, reset: reset, remaining: remaining, retryAfter: answer.RetryAfter(retrySecs)}
 	g.vals = [3]string{strconv.FormatInt(limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(reset, 10)}
 	var b strings.Builder
-	if typ == problemConcurrency {
+	if typ == answer.ProblemConcurrency {
 		b.WriteString("Concurrency limit of policy \"")
 	} else {
 		b.WriteString("Rate limit of policy \"")
@@ -323,20 +324,20 @@ func (h *Handler) rejectGRPC(w http.ResponseWriter, r *http.Request, st *reqStat
 	if hc.IETF || ps == nil {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
 		g := newGRPCRejection(typ, name, delay, retrySecs, res.Limit, 0, res.Remaining)
-		w.Header()[hdrRetryAfter] = g.retryAfter
+		w.Header()[answer.HeaderRetryAfter] = g.retryAfter
 		writeGRPC(w, r, codes.ResourceExhausted, g.message, g.details)
 		return
 	}
-	reset := resetValue(hc.Reset, st.now, res.Reset)
+	reset := answer.ResetValue(hc.Reset == policy.ResetDelta, st.now, res.Reset)
 	g := ps.lastGRPC.Load()
 	if g == nil || g.typ != typ || g.retry != delay || g.limit != res.Limit || g.reset != reset || g.remaining != res.Remaining {
 		g = newGRPCRejection(typ, name, delay, retrySecs, res.Limit, reset, res.Remaining)
 		ps.lastGRPC.Store(g)
 	}
 	hdr := w.Header()
-	hdr[hdrLimit] = g.vals[0:1:1]
-	hdr[hdrRemaining] = g.vals[1:2:2]
-	hdr[hdrReset] = g.vals[2:3:3]
-	hdr[hdrRetryAfter] = g.retryAfter
+	hdr[answer.HeaderLimit] = g.vals[0:1:1]
+	hdr[answer.HeaderRemaining] = g.vals[1:2:2]
+	hdr[answer.HeaderReset] = g.vals[2:3:3]
+	hdr[answer.HeaderRetryAfter] = g.retryAfter
 	writeGRPC(w, r, codes.ResourceExhausted, g.message, g.details)
 }

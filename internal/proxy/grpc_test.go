@@ -12,6 +12,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -129,7 +130,7 @@ func TestGRPC_RejectedIsResourceExhaustedWithRetryInfo(t *testing.T) {
 	}
 	// An HTTP request to the same policy still gets problem+json.
 	res, body := hs.get("/")
-	if p := decodeProblem(t, res, body); res.StatusCode != http.StatusTooManyRequests || p.Type != problemRateLimited {
+	if p := decodeProblem(t, res, body); res.StatusCode != http.StatusTooManyRequests || p.Type != answer.ProblemRateLimited {
 		t.Errorf("HTTP request: got %d %q, want 429 rate-limited", res.StatusCode, p.Type)
 	}
 	wantCounter(t, hs.reg, 2, "ratelimit_protocol_decisions_total", "protocol", "grpc", "result", "limited")

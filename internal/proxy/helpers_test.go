@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -377,8 +378,8 @@ func decodeProblem(t *testing.T, res *http.Response, body string) problemBody {
 	if want := http.StatusText(res.StatusCode); p.Title != want {
 		t.Errorf("problem title = %q, want %q", p.Title, want)
 	}
-	if !strings.HasPrefix(p.Type, problemBase) {
-		t.Errorf("problem type = %q, want a %s URI", p.Type, problemBase)
+	if !strings.HasPrefix(p.Type, answer.ProblemBase) {
+		t.Errorf("problem type = %q, want a %s URI", p.Type, answer.ProblemBase)
 	}
 	if p.Detail == "" {
 		t.Error("problem detail is empty")

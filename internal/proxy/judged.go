@@ -6,15 +6,13 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 // The upstream receives what was judged (see policy.Set.Plan): a request the policy set cannot
 // judge unambiguously is refused here with 400, and a forwarded request loses, before the
 // reverse proxy copies its headers, what was not judged (policy.Plan.StripUnjudged).
-
-// problemAmbiguous is the type of a 400 for a request that cannot be judged unambiguously.
-const problemAmbiguous = problemBase + "ambiguous-request"
 
 // badRequest answers a request that Plan refused (policy.ErrBadRequest): an identity header
 // with conflicting values, or a path with a dot segment. As for a bad bearer token (see
@@ -48,7 +46,7 @@ func (h *Handler) badRequest(w http.ResponseWriter, r *http.Request, st *reqStat
 	if errors.As(err, &re) {
 		detail = re.Detail()
 	}
-	st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemAmbiguous, Status: http.StatusBadRequest, Detail: detail})
+	st.buf = writeAnswer(w, r, st.buf[:0], answer.Problem{Type: answer.ProblemAmbiguous, Status: http.StatusBadRequest, Detail: detail})
 	if taken && h.releaser != nil && st.mustGiveBack() {
 		h.giveBack(r, st, http.StatusBadRequest)
 	}

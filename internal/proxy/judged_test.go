@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -23,8 +24,8 @@ func TestBadRequest_IPChargeUnderLimit_400(t *testing.T) {
 		t.Fatalf("status = %d, want 400", res.StatusCode)
 	}
 	p := decodeProblem(t, res, body)
-	if p.Type != problemAmbiguous || !strings.Contains(p.Detail, "X-Api-Key") {
-		t.Errorf("problem = %+v, want type %s naming X-Api-Key", p, problemAmbiguous)
+	if p.Type != answer.ProblemAmbiguous || !strings.Contains(p.Detail, "X-Api-Key") {
+		t.Errorf("problem = %+v, want type %s naming X-Api-Key", p, answer.ProblemAmbiguous)
 	}
 	wantIPChargesOnly(t, hs, lim, pol)
 	wantCounter(t, hs.reg, 1, mDecisions, "result", "bad_request")

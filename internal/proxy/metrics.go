@@ -1,13 +1,13 @@
 package proxy
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 )
 
 // Decision results, the values of ratelimit_decisions_total{result}. One per request.
@@ -92,11 +92,9 @@ var clientReasonNames = [numClientReasons]string{"body_timeout", "body_malformed
 // or policy names from the configuration; never anything that identifies a client. Safe for
 // concurrent use; one Metrics may be shared by several Handlers (for instance across reloads).
 type Metrics struct {
-	requests         *prometheus.CounterVec
+	shared           *answer.Counters // the series the RLS counts into too
 	decisions        *prometheus.CounterVec
 	protoDecisions   *prometheus.CounterVec
-	storeDuration    *prometheus.HistogramVec
-	storeErrors      *prometheus.CounterVec
 	upstreamDuration prometheus.Histogram
 	upstreamErrors   *prometheus.CounterVec
 	leakyWait        prometheus.Histogram
@@ -104,7 +102,6 @@ type Metrics struct {
 	clientErrors     *prometheus.CounterVec
 	bodyTimeouts     prometheus.Counter // deprecated: clientErrors{reason="body_timeout"}
 	refunded         *prometheus.CounterVec
-	releaseErrors    prometheus.Counter
 
 	// Resolved children, so the hot path does no label hashing.
 	decision    [numDecisions]prometheus.Counter
@@ -113,14 +110,14 @@ type Metrics struct {
 	canceled    [numStages]prometheus.Counter
 	clientErr   [numClientReasons]prometheus.Counter
 
-	mu       sync.RWMutex
-	byPolicy map[string]*policyCounters
+	byPolicy *answer.Children[*policyCounters]
 }
 
-// policyCounters are one policy's ratelimit_requests_total children.
+// policyCounters are one policy's ratelimit_requests_total children and its
+// ratelimit_charges_refunded_total.
 type policyCounters struct {
-	allowed, limited, shadowLimited prometheus.Counter
-	refunded                        prometheus.Counter // ratelimit_charges_refunded_total
+	*answer.PolicyCounters
+	refunded prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not registered, for tests
@@ -160,11 +157,12 @@ type policyCounters struct {
 //	ratelimit_release_errors_total               Releaser.Release calls that failed: concurrency
 //	    slots held until their lease expires, refunds lost (stricter)
 func NewMetrics(reg prometheus.Registerer) *Metrics {
+	shared, err := answer.NewCounters(reg)
+	if err != nil {
+		panic(fmt.Sprintf("proxy: %v", err))
+	}
 	m := &Metrics{
-		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimit_requests_total",
-			Help: "Charges evaluated per policy: allowed, limited (rejected the request) or shadow_limited (a shadow policy that would have rejected).",
-		}, []string{"policy", "result"})),
+		shared: shared,
 		decisions: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_decisions_total",
 			Help: "Requests by decision.",
@@ -173,16 +171,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_protocol_decisions_total",
 			Help: "Requests by protocol (http1, http2, grpc) and decision; the same counts as ratelimit_decisions_total.",
 		}, []string{"protocol", "result"})),
-		storeDuration: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "ratelimit_store_duration_seconds",
-			Help: "Time the rate-limit store took to decide one request.",
-			// 10µs (an in-memory shard) to 1s (a struggling remote store), ×√10 apart.
-			Buckets: prometheus.ExponentialBucketsRange(10e-6, 1, 11),
-		}, []string{"backend"})),
-		storeErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimit_store_errors_total",
-			Help: "Requests the rate-limit store could not decide, by reason (timeout, error).",
-		}, []string{"backend", "reason"})),
 		upstreamDuration: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimit_upstream_duration_seconds",
 			Help:    "Time from forwarding a request until the upstream's response headers arrived.",
@@ -213,12 +201,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_charges_refunded_total",
 			Help: "charge_on policies: admitted requests whose reserved charge was given back (the upstream answered with a status not listed, or the request never reached it).",
 		}, []string{"policy"})),
-		releaseErrors: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimit_release_errors_total",
-			Help: "Concurrency slots or charge_on reservations the store failed to give back (held until a lease expires or a window ends).",
-		})),
-		byPolicy: make(map[string]*policyCounters),
 	}
+	m.byPolicy = answer.NewChildren(func(name string) *policyCounters {
+		return &policyCounters{PolicyCounters: shared.Policy(name), refunded: m.refunded.WithLabelValues(name)}
+	})
 	for i, n := range decisionNames {
 		m.decision[i] = m.decisions.WithLabelValues(n)
 		for p, pn := range protocolNames {
@@ -243,47 +229,20 @@ func (m *Metrics) decided(proto uint8, d int) {
 	m.byProto[proto][d].Inc()
 }
 
-// register registers c on reg, or returns the equal collector reg already holds.
+// register registers c on reg, or returns the equal collector reg already holds; a different
+// collector under c's name is a programming error.
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if reg == nil {
-		return c
+	got, err := answer.Register(reg, c)
+	if err != nil {
+		panic(fmt.Sprintf("proxy: %v", err))
 	}
-	err := reg.Register(c)
-	if err == nil {
-		return c
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	panic(fmt.Sprintf("proxy: register metrics: %v", err))
+	return got
 }
 
 // policyCounters returns name's counters, creating its series on first use. Policy names come from
 // the configuration, so the set stays small; a reload that renames a policy leaves the old
 // series in place with their final values, as Prometheus counters should.
-func (m *Metrics) policyCounters(name string) *policyCounters {
-	m.mu.RLock()
-	c := m.byPolicy[name]
-	m.mu.RUnlock()
-	if c != nil {
-		return c
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c = m.byPolicy[name]; c == nil {
-		c = &policyCounters{
-			allowed:       m.requests.WithLabelValues(name, "allowed"),
-			limited:       m.requests.WithLabelValues(name, "limited"),
-			shadowLimited: m.requests.WithLabelValues(name, "shadow_limited"),
-			refunded:      m.refunded.WithLabelValues(name),
-		}
-		m.byPolicy[name] = c
-	}
-	return c
-}
+func (m *Metrics) policyCounters(name string) *policyCounters { return m.byPolicy.Get(name) }
 
 // NewRegistry returns a registry with the Go runtime and process collectors, for NewMetrics and
 // AdminHandler.

@@ -24,12 +24,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/protect"
 )
-
-// problemOverloaded is the problem type of a request shed to protect the upstream.
-const problemOverloaded = problemBase + "overloaded"
 
 // shedRetryAfter is the Retry-After of a shed request, in seconds: overload is usually over
 // within seconds, and a longer wait would idle the upstream once it recovers.
@@ -85,12 +83,12 @@ func newProtection(p *Protection) (*protection, error) {
 	if st != http.StatusServiceUnavailable && st != http.StatusTooManyRequests {
 		return nil, errors.New("proxy: protect: status " + strconv.Itoa(st) + ": want 503 or 429")
 	}
-	pr := &protection{slots: p.Slots, classify: p.Classify, status: st, retry: retryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
+	pr := &protection{slots: p.Slots, classify: p.Classify, status: st, retry: answer.RetryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
 	if pr.classify == nil {
 		pr.classify = func(*http.Request) protect.Class { return protect.Default }
 	}
 	const msg = "The upstream is overloaded; retry after 1 second."
-	pr.body = appendProblem(nil, problem{Type: problemOverloaded, Status: st, Detail: msg, RetryAfter: shedRetryAfter})
+	pr.body = answer.AppendProblem(nil, answer.Problem{Type: answer.ProblemOverloaded, Status: st, Detail: msg, RetryAfter: shedRetryAfter})
 	pr.grpcMsg = []string{grpcMessage(msg)}
 	s, err := status.New(pr.grpcCode, msg).WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(shedRetryAfter * time.Second)})
 	if err != nil {
@@ -157,10 +155,10 @@ func (h *Handler) shed(w http.ResponseWriter, r *http.Request, st *reqState, cla
 	}
 	hdr := w.Header()
 	if st.grpc {
-		hdr[hdrRetryAfter] = p.retry
+		hdr[answer.HeaderRetryAfter] = p.retry
 		writeGRPC(w, r, p.grpcCode, p.grpcMsg, p.grpcDet)
 	} else {
-		setProblemHeaders(hdr, p.retry)
+		answer.SetProblemHeaders(hdr, p.retry)
 		w.WriteHeader(p.status)
 		_, _ = w.Write(p.body) // the client may be gone; there is nobody left to tell
 	}
@@ -189,7 +187,7 @@ func (h *Handler) giveBackShed(r *http.Request, st *reqState) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.storeTimeout)
 	defer cancel()
 	if err := h.releaser.Release(ctx, h.now(), st.taken); err != nil {
-		h.m.releaseErrors.Inc()
+		h.m.shared.ReleaseErrors.Inc()
 		if ce := h.log.Check(zap.WarnLevel, "rate-limit store release failed"); ce != nil {
 			ce.Write(zap.Int("charges", len(st.taken)), zap.Error(err))
 		}

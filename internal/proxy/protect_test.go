@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/protect"
@@ -162,8 +163,8 @@ func testStreamHoldsSlot(t *testing.T, adaptive bool) {
 	if res.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("during the stream: got %d, want 429 (status: 429)", res.StatusCode)
 	}
-	if p := decodeProblem(t, res, body); p.Type != problemOverloaded {
-		t.Errorf("got type %q, want %q", p.Type, problemOverloaded)
+	if p := decodeProblem(t, res, body); p.Type != answer.ProblemOverloaded {
+		t.Errorf("got type %q, want %q", p.Type, answer.ProblemOverloaded)
 	}
 	close(finish)
 	buf := make([]byte, 64)

@@ -21,9 +21,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -183,8 +183,7 @@ type Handler struct {
 	access       *zap.Logger // unsampled, one line per request; nil without Options.AccessLog
 	pseudonyms   *policy.Pseudonyms
 	m            *Metrics
-	storeDur     prometheus.Observer
-	storeErr     [2]prometheus.Counter // reason timeout, error
+	store        *answer.StoreCounters // the backend's duration and errors
 	rp           *httputil.ReverseProxy
 	// rpGRPC forwards gRPC calls: rp, unless their response-header wait differs
 	// (GRPCUpstreamTimeout; a gRPC server may send a stream's headers only with its first
@@ -227,9 +226,9 @@ type rejection struct {
 }
 
 func newRejection(typ, name string, retry, limit, reset, cost, remaining int64) *rejection {
-	r := &rejection{typ: typ, retry: retry, limit: limit, reset: reset, cost: cost, remaining: remaining, retryAfter: retryAfter(retry)}
+	r := &rejection{typ: typ, retry: retry, limit: limit, reset: reset, cost: cost, remaining: remaining, retryAfter: answer.RetryAfter(retry)}
 	r.vals = [3]string{strconv.FormatInt(limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(reset, 10)}
-	r.body = appendProblem(nil, problem{Type: typ, Status: http.StatusTooManyRequests,
+	r.body = answer.AppendProblem(nil, answer.Problem{Type: typ, Status: http.StatusTooManyRequests,
 		Policy: name, RetryAfter: retry, Cost: cost, Remaining: remaining})
 	return r
 }
@@ -333,11 +332,7 @@ func New(o Options) (*Handler, error) {
 		log:          sampled(o.Logger),
 		pseudonyms:   o.Pseudonyms,
 		m:            o.Metrics,
-		storeDur:     o.Metrics.storeDuration.WithLabelValues(o.Backend),
-		storeErr: [2]prometheus.Counter{
-			o.Metrics.storeErrors.WithLabelValues(o.Backend, "timeout"),
-			o.Metrics.storeErrors.WithLabelValues(o.Backend, "error"),
-		},
+		store:        o.Metrics.shared.Store(o.Backend),
 	}
 	h.releaser, _ = o.Limiter.(Releaser)
 	if o.UpgradeProtocols == nil {
@@ -424,7 +419,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 		// Options.Policies broke its contract; fail closed rather than forward unlimited traffic.
 		h.decide(st, decError)
 		h.log.Error("no policy set in force")
-		writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+		writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemUnavailable, Status: http.StatusServiceUnavailable,
 			Detail: "No rate-limit policy set is loaded.", RetryAfter: 1})
 		return
 	}
@@ -439,7 +434,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 		}
 		h.decide(st, decError)
 		h.log.Error("policy plan failed", zap.Error(err))
-		st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemInternal, Status: http.StatusInternalServerError,
+		st.buf = writeAnswer(w, r, st.buf[:0], answer.Problem{Type: answer.ProblemInternal, Status: http.StatusInternalServerError,
 			Detail: "The request could not be matched against the rate-limit policies."})
 		return
 	}
@@ -519,7 +514,7 @@ func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.storeTimeout)
 	defer cancel()
 	if err := h.releaser.Release(ctx, h.now(), st.taken); err != nil {
-		h.m.releaseErrors.Inc()
+		h.m.shared.ReleaseErrors.Inc()
 		if ce := h.log.Check(zap.WarnLevel, "rate-limit store release failed"); ce != nil {
 			ce.Write(zap.Int("charges", len(st.taken)), zap.Error(err))
 		}
@@ -550,7 +545,7 @@ func (h *Handler) take(r *http.Request, st *reqState) (admitted, timedOut bool, 
 	}
 	admitted, err = h.limiter.Take(ctx, st.now, charges, results)
 	end := time.Now()
-	h.storeDur.Observe(end.Sub(start).Seconds())
+	h.store.Duration.Observe(end.Sub(start).Seconds())
 	timedOut = ctx.timedOut(end)
 	st.callExpired = timedOut && ctx.parentBound
 	ctx.release()
@@ -591,7 +586,7 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 	}
 	h.decide(st, decUnauthorized)
 	w.Header()["Www-Authenticate"] = wwwAuthenticate
-	st.buf = writeAnswer(w, r, st.buf[:0], problem{Type: problemUnauthorized, Status: http.StatusUnauthorized,
+	st.buf = writeAnswer(w, r, st.buf[:0], answer.Problem{Type: answer.ProblemUnauthorized, Status: http.StatusUnauthorized,
 		Detail: "The bearer token is not valid."})
 	if taken && h.releaser != nil && st.mustGiveBack() {
 		// The 401 is the answer: it ends concurrency slots, and charges of ip policies whose
@@ -631,23 +626,23 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, st *reqStat
 	}
 	h.m.decided(proto, decStoreErrorDenied)
 	st.decision = decStoreErrorDenied
-	writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+	writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemUnavailable, Status: http.StatusServiceUnavailable,
 		Detail: "The rate limiter is unavailable; retry shortly.", RetryAfter: 1})
 }
 
 // callDeadline answers a gRPC call whose deadline (grpc-timeout) ended, or would end, while the
 // gateway itself held it: DEADLINE_EXCEEDED. Only gRPC calls carry such a deadline.
 func callDeadline(w http.ResponseWriter, r *http.Request, detail string) {
-	writeAnswer(w, r, nil, problem{Type: problemTimeout, Status: http.StatusGatewayTimeout, Detail: detail})
+	writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemTimeout, Status: http.StatusGatewayTimeout, Detail: detail})
 }
 
 // countStoreError counts a failed Take by reason and returns the reason's label.
 func (h *Handler) countStoreError(err error, timedOut bool) string {
 	if timedOut || errors.Is(err, context.DeadlineExceeded) {
-		h.storeErr[0].Inc()
+		h.store.Timeout.Inc()
 		return "timeout"
 	}
-	h.storeErr[1].Inc()
+	h.store.Failure.Inc()
 	return "error"
 }
 
@@ -683,7 +678,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	}
 	h.decide(st, decLimited)
 	res := results[pick]
-	retry := ceilSeconds(res.RetryAfter)
+	retry := answer.CeilSeconds(res.RetryAfter)
 	if retry < 1 {
 		retry = 1
 	}
@@ -698,9 +693,9 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	// so the client sees which cost did not fit.
 	cost := charges[pick].N()
 	res.Remaining = min(max(res.Remaining, 0), cost-1)
-	typ := problemRateLimited
+	typ := answer.ProblemRateLimited
 	if charges[pick].Limit.Algorithm == bucket.Concurrency {
-		typ = problemConcurrency
+		typ = answer.ProblemConcurrency
 	}
 	hc := pols.Headers()
 	if st.grpc {
@@ -709,22 +704,22 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	}
 	if hc.IETF || pickState == nil {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
-		st.buf = writeProblem(w, st.buf[:0], problem{Type: typ, Status: http.StatusTooManyRequests,
+		st.buf = answer.WriteProblem(w, st.buf[:0], answer.Problem{Type: typ, Status: http.StatusTooManyRequests,
 			Policy: name, RetryAfter: retry, Cost: cost, Remaining: res.Remaining})
 		return
 	}
 	// The common case: reuse the policy's last rendering when the numbers are the same.
-	reset := resetValue(hc.Reset, st.now, res.Reset)
+	reset := answer.ResetValue(hc.Reset == policy.ResetDelta, st.now, res.Reset)
 	rj := pickState.last.Load()
 	if rj == nil || rj.typ != typ || rj.retry != retry || rj.limit != res.Limit || rj.reset != reset || rj.cost != cost || rj.remaining != res.Remaining {
 		rj = newRejection(typ, name, retry, res.Limit, reset, cost, res.Remaining)
 		pickState.last.Store(rj)
 	}
 	hdr := w.Header()
-	hdr[hdrLimit] = rj.vals[0:1:1]
-	hdr[hdrRemaining] = rj.vals[1:2:2]
-	hdr[hdrReset] = rj.vals[2:3:3]
-	setProblemHeaders(hdr, rj.retryAfter)
+	hdr[answer.HeaderLimit] = rj.vals[0:1:1]
+	hdr[answer.HeaderRemaining] = rj.vals[1:2:2]
+	hdr[answer.HeaderReset] = rj.vals[2:3:3]
+	answer.SetProblemHeaders(hdr, rj.retryAfter)
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(rj.body) // the client may be gone; there is nobody left to tell
 }
@@ -738,13 +733,13 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 		c := h.policy(ps[i].Name).counters
 		if !results[i].Allowed {
 			// Only a shadow charge can fail in an admitted group.
-			c.shadowLimited.Inc()
+			c.ShadowLimited.Inc()
 			if ce := h.log.Check(zap.InfoLevel, "shadow limit exceeded"); ce != nil {
 				ce.Write(zap.String("policy", ps[i].Name), h.logKey(&st.plan, i))
 			}
 			continue
 		}
-		c.allowed.Inc()
+		c.Allowed.Inc()
 		if charges[i].Shadow {
 			// A shadow policy never shapes traffic either: its wait is ignored.
 			continue
@@ -778,7 +773,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 				return
 			}
 			h.log.Error("leaky-bucket wait failed", zap.Error(err))
-			writeAnswer(w, r, nil, problem{Type: problemUnavailable, Status: http.StatusServiceUnavailable,
+			writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemUnavailable, Status: http.StatusServiceUnavailable,
 				Detail: "The request could not be scheduled; retry shortly.", RetryAfter: 1})
 			return
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -125,8 +126,8 @@ func TestRejected_429FromLargestRetryAfter(t *testing.T) {
 	wantHeader(t, res, "X-RateLimit-Remaining", "0")
 	wantHeader(t, res, "X-RateLimit-Reset", "7")
 	p := decodeProblem(t, res, body)
-	if p.Type != problemRateLimited || p.Policy != "per-key" || p.RetryAfter != 4 {
-		t.Errorf("problem = %+v, want type %s, policy per-key, retry_after_seconds 4", p, problemRateLimited)
+	if p.Type != answer.ProblemRateLimited || p.Policy != "per-key" || p.RetryAfter != 4 {
+		t.Errorf("problem = %+v, want type %s, policy per-key, retry_after_seconds 4", p, answer.ProblemRateLimited)
 	}
 	if !strings.Contains(p.Detail, `"per-key"`) || !strings.Contains(p.Detail, "4 seconds") {
 		t.Errorf("detail = %q, want it to name the policy and the wait", p.Detail)
@@ -219,8 +220,8 @@ func TestUnauthorized_IPChargeOverLimit_429(t *testing.T) {
 	wantHeader(t, res, "X-RateLimit-Reset", "6")
 	wantHeader(t, res, "WWW-Authenticate", "")
 	p := decodeProblem(t, res, body)
-	if p.Type != problemRateLimited || p.Policy != "per-ip" || p.RetryAfter != 3 {
-		t.Errorf("problem = %+v, want type %s, policy per-ip, retry_after_seconds 3", p, problemRateLimited)
+	if p.Type != answer.ProblemRateLimited || p.Policy != "per-ip" || p.RetryAfter != 3 {
+		t.Errorf("problem = %+v, want type %s, policy per-ip, retry_after_seconds 3", p, answer.ProblemRateLimited)
 	}
 	wantCounter(t, hs.reg, 1, mRequests, "policy", "per-ip", "result", "limited")
 	wantCounter(t, hs.reg, 0, mRequests, "policy", "per-ip", "result", "allowed")
@@ -311,8 +312,8 @@ func wantBearer401(t *testing.T, res *http.Response, body string) {
 	if got := res.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
 		t.Errorf("WWW-Authenticate = %q, want a Bearer challenge", got)
 	}
-	if p := decodeProblem(t, res, body); p.Type != problemUnauthorized {
-		t.Errorf("type = %q, want %q", p.Type, problemUnauthorized)
+	if p := decodeProblem(t, res, body); p.Type != answer.ProblemUnauthorized {
+		t.Errorf("type = %q, want %q", p.Type, answer.ProblemUnauthorized)
 	}
 }
 
@@ -411,8 +412,8 @@ func TestStoreError_OnErrorRule(t *testing.T) {
 			}
 			if tt.onError == Deny {
 				wantHeader(t, res, "Retry-After", "1")
-				if p := decodeProblem(t, res, body); p.Type != problemUnavailable {
-					t.Errorf("type = %q, want %q", p.Type, problemUnavailable)
+				if p := decodeProblem(t, res, body); p.Type != answer.ProblemUnavailable {
+					t.Errorf("type = %q, want %q", p.Type, answer.ProblemUnavailable)
 				}
 			}
 			for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"} {
@@ -584,8 +585,8 @@ func TestAppendIETFItem(t *testing.T) {
 		{bucket.Limit{Algorithm: bucket.Concurrency, Count: 7}, `"p";q=7;qu="concurrent-requests"`},
 	}
 	for _, tt := range tests {
-		if got := string(appendIETFItem(nil, "p", tt.l)); got != tt.want {
-			t.Errorf("appendIETFItem(%+v) = %s, want %s", tt.l, got, tt.want)
+		if got := string(answer.AppendPolicyItem(nil, "p", tt.l)); got != tt.want {
+			t.Errorf("answer.AppendPolicyItem(%+v) = %s, want %s", tt.l, got, tt.want)
 		}
 	}
 }

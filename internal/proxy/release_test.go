@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/net/websocket"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -79,8 +80,8 @@ func TestConcurrency_SlotHeldUntilAnswered(t *testing.T) {
 	wantHeader(t, res, "X-RateLimit-Limit", "1")
 	wantHeader(t, res, "X-RateLimit-Remaining", "0")
 	pb := decodeProblem(t, res, body)
-	if pb.Type != problemConcurrency || pb.Policy != "p" || pb.RetryAfter != 1 {
-		t.Errorf("problem = %+v, want type %s, policy p, retry_after_seconds 1", pb, problemConcurrency)
+	if pb.Type != answer.ProblemConcurrency || pb.Policy != "p" || pb.RetryAfter != 1 {
+		t.Errorf("problem = %+v, want type %s, policy p, retry_after_seconds 1", pb, answer.ProblemConcurrency)
 	}
 	close(finish)
 	if code := <-slow; code != http.StatusOK {

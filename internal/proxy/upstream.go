@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 )
 
 // Protocol is the HTTP version the gateway speaks to the upstream (config upstream_protocol).
@@ -254,11 +256,11 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 			zap.String("protocol", protocolNames[protocolOf(r, isGRPC(r))]), zap.Error(err))
 	}
 	if reason == upTimeout {
-		writeAnswer(w, r, nil, problem{Type: problemTimeout, Status: http.StatusGatewayTimeout,
+		writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemTimeout, Status: http.StatusGatewayTimeout,
 			Detail: "The upstream did not answer in time."})
 		return
 	}
-	writeAnswer(w, r, nil, problem{Type: problemBadGateway, Status: http.StatusBadGateway,
+	writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemBadGateway, Status: http.StatusBadGateway,
 		Detail: "The upstream could not be reached."})
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/net/websocket"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
@@ -159,8 +160,8 @@ func TestUpstreamRefused_502(t *testing.T) {
 	if res.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status = %d, want 502", res.StatusCode)
 	}
-	if p := decodeProblem(t, res, body); p.Type != problemBadGateway {
-		t.Errorf("type = %q, want %q", p.Type, problemBadGateway)
+	if p := decodeProblem(t, res, body); p.Type != answer.ProblemBadGateway {
+		t.Errorf("type = %q, want %q", p.Type, answer.ProblemBadGateway)
 	}
 	// The request was charged, so the client still learns its quota.
 	wantHeader(t, res, "X-RateLimit-Remaining", "2")
@@ -191,8 +192,8 @@ func TestUpstreamTimeout_504(t *testing.T) {
 	if res.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status = %d, want 504", res.StatusCode)
 	}
-	if p := decodeProblem(t, res, body); p.Type != problemTimeout {
-		t.Errorf("type = %q, want %q", p.Type, problemTimeout)
+	if p := decodeProblem(t, res, body); p.Type != answer.ProblemTimeout {
+		t.Errorf("type = %q, want %q", p.Type, answer.ProblemTimeout)
 	}
 	wantCounter(t, hs.reg, 1, mUpstreamErrors, "reason", "timeout")
 }
@@ -376,8 +377,8 @@ func heldUpstream(t *testing.T) (url string, arrived chan string, release func()
 	return srv.URL, arrived, release
 }
 
-// answer is what a client got from the gateway.
-type answer struct {
+// reply is what a client got from the gateway.
+type reply struct {
 	status     int
 	grpcStatus string // the Grpc-Status header of a gRPC answer of the gateway's own
 	body       string
@@ -385,28 +386,28 @@ type answer struct {
 }
 
 // send POSTs with content-type ct to the gateway of hs, on its own goroutine.
-func send(t *testing.T, hs *harness, ct string) <-chan answer {
+func send(t *testing.T, hs *harness, ct string) <-chan reply {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, hs.srv.URL+"/svc/Method", strings.NewReader("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", ct)
-	out := make(chan answer, 1)
+	out := make(chan reply, 1)
 	go func() {
 		res, err := hs.client.Do(req)
 		if err != nil {
-			out <- answer{err: err}
+			out <- reply{err: err}
 			return
 		}
 		defer res.Body.Close()
 		body, err := io.ReadAll(res.Body)
-		out <- answer{status: res.StatusCode, grpcStatus: res.Header.Get("Grpc-Status"), body: string(body), err: err}
+		out <- reply{status: res.StatusCode, grpcStatus: res.Header.Get("Grpc-Status"), body: string(body), err: err}
 	}()
 	return out
 }
 
-func wait(t *testing.T, ch <-chan answer) answer {
+func wait(t *testing.T, ch <-chan reply) reply {
 	t.Helper()
 	select {
 	case a := <-ch:
@@ -416,7 +417,7 @@ func wait(t *testing.T, ch <-chan answer) answer {
 		return a
 	case <-time.After(failAfter):
 		t.Fatal("no answer")
-		return answer{}
+		return reply{}
 	}
 }
 

@@ -3,9 +3,10 @@ package rls
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 )
 
 // Call results, the values of ratelimit_rls_calls_total{result}. One per ShouldRateLimit call.
@@ -42,55 +43,22 @@ var callResultNames = [numCallResults]string{
 //	ratelimit_rls_calls_total{domain,result}     one per call; domain "" for unknown domains
 //	ratelimit_rls_call_duration_seconds          time to answer a call, store included
 type Metrics struct {
-	requests      *prometheus.CounterVec
-	storeDuration *prometheus.HistogramVec
-	storeErrors   *prometheus.CounterVec
-	releaseErrors prometheus.Counter
-	calls         *prometheus.CounterVec
-	callDuration  prometheus.Histogram
-
-	mu      sync.RWMutex
-	byRule  map[string]*ruleCounters
-	byCall  map[string]*[numCallResults]prometheus.Counter
-	backend map[string]*storeCounters
-}
-
-type ruleCounters struct {
-	allowed, limited, shadowLimited prometheus.Counter
-}
-
-type storeCounters struct {
-	duration         prometheus.Observer
-	timeout, failure prometheus.Counter
+	shared       *answer.Counters // the series the proxy counts into too
+	calls        *prometheus.CounterVec
+	callDuration prometheus.Histogram
+	byCall       *answer.Children[*[numCallResults]prometheus.Counter]
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not registered). A
 // collector already registered under the same name and help (the proxy's) is reused. An error
 // means reg holds a different collector under one of these names.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
-		byRule:  make(map[string]*ruleCounters),
-		byCall:  make(map[string]*[numCallResults]prometheus.Counter),
-		backend: make(map[string]*storeCounters),
+	shared, err := answer.NewCounters(reg)
+	if err != nil {
+		return nil, fmt.Errorf("rls: %w", err)
 	}
+	m := &Metrics{shared: shared}
 	var errs []error
-	m.requests = register(reg, &errs, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ratelimit_requests_total",
-		Help: "Charges evaluated per policy: allowed, limited (rejected the request) or shadow_limited (a shadow policy that would have rejected).",
-	}, []string{"policy", "result"}))
-	m.storeDuration = register(reg, &errs, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "ratelimit_store_duration_seconds",
-		Help:    "Time the rate-limit store took to decide one request.",
-		Buckets: prometheus.ExponentialBucketsRange(10e-6, 1, 11),
-	}, []string{"backend"}))
-	m.storeErrors = register(reg, &errs, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ratelimit_store_errors_total",
-		Help: "Requests the rate-limit store could not decide, by reason (timeout, error).",
-	}, []string{"backend", "reason"}))
-	m.releaseErrors = register(reg, &errs, prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "ratelimit_release_errors_total",
-		Help: "Concurrency slots or charge_on reservations the store failed to give back (held until a lease expires or a window ends).",
-	}))
 	m.calls = register(reg, &errs, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ratelimit_rls_calls_total",
 		Help: "ShouldRateLimit calls by domain (\"\" when unknown) and result (ok, over_limit, unmatched, unlimited, store_error_allowed, store_error_denied, invalid).",
@@ -104,89 +72,36 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	// Only configured domains (and "") get here: a caller cannot grow the series by naming domains.
+	m.byCall = answer.NewChildren(func(domain string) *[numCallResults]prometheus.Counter {
+		c := new([numCallResults]prometheus.Counter)
+		for i, n := range callResultNames {
+			c[i] = m.calls.WithLabelValues(domain, n)
+		}
+		return c
+	})
 	m.callCounters("")
 	return m, nil
 }
 
 // register registers c on reg, or returns the equal collector reg already holds.
 func register[C prometheus.Collector](reg prometheus.Registerer, errs *[]error, c C) C {
-	if reg == nil {
-		return c
+	got, err := answer.Register(reg, c)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("rls: %w", err))
 	}
-	err := reg.Register(c)
-	if err == nil {
-		return c
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	*errs = append(*errs, fmt.Errorf("rls: register metrics: %w", err))
-	return c
+	return got
 }
 
-func (m *Metrics) rule(label string) *ruleCounters {
-	m.mu.RLock()
-	c := m.byRule[label]
-	m.mu.RUnlock()
-	if c != nil {
-		return c
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c = m.byRule[label]; c == nil {
-		c = &ruleCounters{
-			allowed:       m.requests.WithLabelValues(label, "allowed"),
-			limited:       m.requests.WithLabelValues(label, "limited"),
-			shadowLimited: m.requests.WithLabelValues(label, "shadow_limited"),
-		}
-		m.byRule[label] = c
-	}
-	return c
-}
+func (m *Metrics) rule(label string) *answer.PolicyCounters { return m.shared.Policy(label) }
 
 // callCounters returns a domain's call counters. Only configured domains (and "") get here:
 // a caller cannot grow the series by naming domains.
 func (m *Metrics) callCounters(domain string) *[numCallResults]prometheus.Counter {
-	m.mu.RLock()
-	c := m.byCall[domain]
-	m.mu.RUnlock()
-	if c != nil {
-		return c
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c = m.byCall[domain]; c == nil {
-		c = new([numCallResults]prometheus.Counter)
-		for i, n := range callResultNames {
-			c[i] = m.calls.WithLabelValues(domain, n)
-		}
-		m.byCall[domain] = c
-	}
-	return c
+	return m.byCall.Get(domain)
 }
 
-func (m *Metrics) store(backend string) *storeCounters {
-	m.mu.RLock()
-	c := m.backend[backend]
-	m.mu.RUnlock()
-	if c != nil {
-		return c
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c = m.backend[backend]; c == nil {
-		c = &storeCounters{
-			duration: m.storeDuration.WithLabelValues(backend),
-			timeout:  m.storeErrors.WithLabelValues(backend, "timeout"),
-			failure:  m.storeErrors.WithLabelValues(backend, "error"),
-		}
-		m.backend[backend] = c
-	}
-	return c
-}
+func (m *Metrics) store(backend string) *answer.StoreCounters { return m.shared.Store(backend) }
 
 // overrideLabel is the policy label of every limit override in a domain ("<domain>.override"):
 // one per configured domain, so the series stay bounded by the configuration whatever entries

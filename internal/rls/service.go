@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -75,7 +76,7 @@ type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 	o       Options
 	release bucket.Releaser // nil when the store cannot give back
-	store   *storeCounters
+	store   *answer.StoreCounters
 	scratch sync.Pool // *call
 }
 
@@ -308,15 +309,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		switch {
 		case r.Allowed:
 			if admitted {
-				rc.allowed.Inc()
+				rc.Allowed.Inc()
 			}
 		case ch.Shadow:
-			rc.shadowLimited.Inc()
+			rc.ShadowLimited.Inc()
 		default:
 			st.Code = pb.RateLimitResponse_OVER_LIMIT
 			v.over = true
 			reset = r.RetryAfter
-			rc.limited.Inc()
+			rc.Limited.Inc()
 		}
 		st.DurationUntilReset = durationpb.New(reset)
 		// The headers describe the enforced limit closest to rejecting: the first one over,
@@ -350,19 +351,19 @@ func (s *Service) take(ctx context.Context, now time.Time, charges []bucket.Char
 		}
 	}
 	if timeout <= 0 {
-		s.store.timeout.Inc()
+		s.store.Timeout.Inc()
 		return false, context.DeadlineExceeded
 	}
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	t0 := time.Now()
 	admitted, err := s.o.Store.Take(sctx, now, charges, results)
-	s.store.duration.Observe(time.Since(t0).Seconds())
+	s.store.Duration.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			s.store.timeout.Inc()
+			s.store.Timeout.Inc()
 		} else {
-			s.store.failure.Inc()
+			s.store.Failure.Inc()
 		}
 		s.o.Logger.Debug("rls: store could not decide", zap.Error(err))
 	}
@@ -383,7 +384,7 @@ func (s *Service) giveBack(ctx context.Context, now time.Time, c *call) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.o.StoreTimeout)
 	defer cancel()
 	if err := s.release.Release(rctx, now, c.taken); err != nil {
-		s.o.Metrics.releaseErrors.Inc()
+		s.o.Metrics.shared.ReleaseErrors.Inc()
 		s.o.Logger.Warn("rls: a hits_addend 0 check was not given back (stricter until its window ends)", zap.Error(err))
 	}
 }

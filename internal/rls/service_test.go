@@ -234,7 +234,7 @@ func TestStoreBudgetFitsTheCallDeadline(t *testing.T) {
 	if st.deadline <= 0 || st.deadline > 18*time.Millisecond {
 		t.Errorf("the store got %v, want at most 18ms of a 20ms call", st.deadline)
 	}
-	if got := testutil.ToFloat64(s.store.timeout); got != 1 {
+	if got := testutil.ToFloat64(s.store.Timeout); got != 1 {
 		t.Errorf("store timeouts: got %v, want 1", got)
 	}
 }
@@ -250,9 +250,10 @@ func TestHeadersAndLabels(t *testing.T) {
 		"X-RateLimit-Reset":     "50",
 	}
 	for k, v := range want {
+		// Envoy, like HTTP, compares header names without case (and sends them lower-cased).
 		got := ""
 		for _, h := range resp.GetResponseHeadersToAdd() {
-			if h.GetKey() == k {
+			if strings.EqualFold(h.GetKey(), k) {
 				got = h.GetValue()
 			}
 		}
@@ -261,7 +262,7 @@ func TestHeadersAndLabels(t *testing.T) {
 		}
 	}
 	// detailed_metric asks for the value in the metric; the headers never carry it.
-	if got := testutil.ToFloat64(s.o.Metrics.requests.WithLabelValues("d.secret_alice", "allowed")); got != 1 {
+	if got := testutil.ToFloat64(s.o.Metrics.rule("d.secret_alice").Allowed); got != 1 {
 		t.Errorf("detailed metric: got %v, want 1", got)
 	}
 	n, err := testutil.GatherAndCount(reg, "ratelimit_requests_total")
@@ -383,7 +384,7 @@ func TestOverrideLabelsBounded(t *testing.T) {
 	if n, b := series(); n != n0 || b != b0 {
 		t.Errorf("after 50 override calls of distinct keys: %d series (%d label bytes), want %d (%d), as after one", n, b, n0, b0)
 	}
-	if got := testutil.ToFloat64(s.o.Metrics.requests.WithLabelValues("d.override", "allowed")); got != 51 {
+	if got := testutil.ToFloat64(s.o.Metrics.rule("d.override").Allowed); got != 51 {
 		t.Errorf(`ratelimit_requests_total{policy="d.override",result="allowed"}: got %v, want 51`, got)
 	}
 }

@@ -1,4 +1,4 @@
-package proxy
+package answer
 
 import (
 	"net/http"
@@ -6,39 +6,45 @@ import (
 	"unicode/utf8"
 )
 
-// Problem types (RFC 9457). They are stable identifiers, not links: clients may switch on them.
-// A specific type rather than "about:blank" is used because the bodies carry extension members
-// (policy, retry_after_seconds) whose meaning the type defines.
+// Problem types (RFC 9457) of the gateway's own answers. They are stable identifiers, not
+// links: clients may switch on them. A specific type rather than "about:blank" because the
+// bodies carry extension members (policy, retry_after_seconds) whose meaning the type defines.
+// docs/configuration.md lists them with their statuses; a test keeps that list true.
 const (
-	problemBase         = "https://ratelimit-proxy.dev/problems/"
-	problemRateLimited  = problemBase + "rate-limited"         // 429
-	problemConcurrency  = problemBase + "concurrency-limited"  // 429 of a concurrency policy
-	problemUnauthorized = problemBase + "unauthorized"         // 401
-	problemUnavailable  = problemBase + "limiter-unavailable"  // 503
-	problemInternal     = problemBase + "internal"             // 500
-	problemBadGateway   = problemBase + "upstream-unavailable" // 502
-	problemTimeout      = problemBase + "upstream-timeout"     // 504
-	problemBodyTimeout  = problemBase + "request-timeout"      // 408
+	ProblemBase         = "https://ratelimit-proxy.dev/problems/"
+	ProblemRateLimited  = ProblemBase + "rate-limited"         // 429
+	ProblemConcurrency  = ProblemBase + "concurrency-limited"  // 429 of a concurrency policy
+	ProblemOverloaded   = ProblemBase + "overloaded"           // 503 or 429: shed to protect the upstream
+	ProblemUnauthorized = ProblemBase + "unauthorized"         // 401: a bearer token failed verification
+	ProblemAmbiguous    = ProblemBase + "ambiguous-request"    // 400: cannot be judged unambiguously
+	ProblemBadBody      = ProblemBase + "malformed-body"       // 400: the body broke its framing
+	ProblemBodyTimeout  = ProblemBase + "request-timeout"      // 408
+	ProblemUnavailable  = ProblemBase + "limiter-unavailable"  // 503: the store failed (on_error deny)
+	ProblemInternal     = ProblemBase + "internal"             // 500
+	ProblemBadGateway   = ProblemBase + "upstream-unavailable" // 502
+	ProblemTimeout      = ProblemBase + "upstream-timeout"     // 504
 )
 
-const contentTypeProblem = "application/problem+json"
+// ContentTypeProblem is the media type of a problem body.
+const ContentTypeProblem = "application/problem+json"
 
 var (
-	problemContentType = []string{contentTypeProblem}
+	problemContentType = []string{ContentTypeProblem}
 	noStore            = []string{"no-store"}
 	nosniff            = []string{"nosniff"}
 )
 
-// problem is one problem+json body. Policy and RetryAfter are extension members, written only
-// when set.
-type problem struct {
+// Problem is one problem+json body. Policy, RetryAfter, Cost and Remaining are extension
+// members, written only when set.
+type Problem struct {
 	Type   string
 	Status int
-	// Detail is the human explanation; for rate-limited problems it is generated from Policy.
+	// Detail is the human explanation; for rate-limited and concurrency problems it is
+	// generated from Policy, RetryAfter and Cost.
 	Detail string
 	// Policy names the policy that decided (429).
 	Policy string
-	// RetryAfter in seconds; when > 0 it is also sent as the Retry-After header, with the same value.
+	// RetryAfter in seconds; when > 0 WriteProblem also sends it as Retry-After.
 	RetryAfter int64
 	// Cost is, for a rejected request of a weighted policy (cost above 1), what it would have
 	// spent, and Remaining what is left of the budget (less than Cost): the body says which cost
@@ -46,43 +52,44 @@ type problem struct {
 	Cost, Remaining int64
 }
 
-// writeProblem writes p as the whole response, building the body in buf (which may be nil), and
-// returns buf for reuse.
-func writeProblem(w http.ResponseWriter, buf []byte, p problem) []byte {
-	buf = appendProblem(buf, p)
+// WriteProblem writes p as the whole response, building the body in buf (which may be nil),
+// and returns buf for reuse.
+func WriteProblem(w http.ResponseWriter, buf []byte, p Problem) []byte {
+	buf = AppendProblem(buf, p)
 	var retry []string
 	if p.RetryAfter > 0 {
-		retry = retryAfter(p.RetryAfter)
+		retry = RetryAfter(p.RetryAfter)
 	}
-	setProblemHeaders(w.Header(), retry)
+	SetProblemHeaders(w.Header(), retry)
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(buf) // the client may be gone; there is nobody left to tell
 	return buf
 }
 
-// setProblemHeaders sets the headers of a problem response, and Retry-After to retry unless it
-// is nil.
-func setProblemHeaders(h http.Header, retry []string) {
-	h[hdrContentType] = problemContentType
+// SetProblemHeaders sets the headers of a problem response, and Retry-After to retry unless it
+// is nil. No cache may keep a problem: it describes one moment of one client's budget.
+func SetProblemHeaders(h http.Header, retry []string) {
+	h["Content-Type"] = problemContentType
 	h["Cache-Control"] = noStore
 	h["X-Content-Type-Options"] = nosniff
 	if retry != nil {
-		h[hdrRetryAfter] = retry
+		h[HeaderRetryAfter] = retry
 	}
 }
 
-// appendProblem appends p's problem+json body to buf.
-func appendProblem(buf []byte, p problem) []byte {
+// AppendProblem appends p's problem+json body to buf, newline-terminated.
+func AppendProblem(buf []byte, p Problem) []byte {
 	buf = append(buf, `{"type":`...)
-	buf = appendJSONString(buf, p.Type)
+	buf = AppendJSONString(buf, p.Type)
 	buf = append(buf, `,"title":`...)
-	buf = appendJSONString(buf, http.StatusText(p.Status))
+	buf = AppendJSONString(buf, http.StatusText(p.Status))
 	buf = append(buf, `,"status":`...)
 	buf = strconv.AppendInt(buf, int64(p.Status), 10)
 	buf = append(buf, `,"detail":`...)
-	if p.Type == problemRateLimited || p.Type == problemConcurrency {
+	switch p.Type {
+	case ProblemRateLimited, ProblemConcurrency:
 		// Built here rather than with fmt: this is the hot path of an attack.
-		if p.Type == problemRateLimited {
+		if p.Type == ProblemRateLimited {
 			buf = append(buf, `"Rate limit of policy \"`...)
 			buf = appendJSONStringBody(buf, p.Policy)
 			buf = append(buf, `\" exceeded`...)
@@ -105,12 +112,12 @@ func appendProblem(buf []byte, p problem) []byte {
 		} else {
 			buf = append(buf, ` seconds."`...)
 		}
-	} else {
-		buf = appendJSONString(buf, p.Detail)
+	default:
+		buf = AppendJSONString(buf, p.Detail)
 	}
 	if p.Policy != "" {
 		buf = append(buf, `,"policy":`...)
-		buf = appendJSONString(buf, p.Policy)
+		buf = AppendJSONString(buf, p.Policy)
 	}
 	if p.RetryAfter > 0 {
 		buf = append(buf, `,"retry_after_seconds":`...)
@@ -125,8 +132,8 @@ func appendProblem(buf []byte, p problem) []byte {
 	return append(buf, "}\n"...)
 }
 
-// appendJSONString appends s as a JSON string.
-func appendJSONString(buf []byte, s string) []byte {
+// AppendJSONString appends s as a JSON string.
+func AppendJSONString(buf []byte, s string) []byte {
 	buf = append(buf, '"')
 	buf = appendJSONStringBody(buf, s)
 	return append(buf, '"')

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The one-way flow (docs/development.md): each internal package imports only the internal
+// packages listed here. A new edge is a design decision: add it here on purpose, never to make
+// a build pass. In particular the two front ends (proxy, rls) never import each other, and what
+// both answer with (answer) and everything below them never import a front end.
+var allowedImports = map[string][]string{
+	"internal/answer":                 {"internal/bucket"},
+	"internal/bucket":                 {},
+	"internal/bucket/buckettest":      {"internal/bucket"},
+	"internal/policy":                 {"internal/answer", "internal/bucket"},
+	"internal/protect":                {"internal/policy"},
+	"internal/replay":                 {"internal/bucket", "internal/policy"},
+	"internal/admin":                  {"internal/answer", "internal/bucket", "internal/policy"},
+	"internal/proxy":                  {"internal/answer", "internal/bucket", "internal/policy", "internal/protect"},
+	"internal/rls":                    {"internal/answer", "internal/bucket", "internal/policy"},
+	"internal/dynamo":                 {"internal/bucket"},
+	"internal/dynamolocal":            {"internal/dynamo"},
+	"internal/fallback":               {"internal/bucket"},
+	"internal/configschema":           {"internal/policy"},
+	"internal/configschema/schemagen": {"internal/configschema"},
+	"internal/clockref":               {},
+	"internal/faultnet":               {},
+	"internal/ddbrelay":               {},
+	"internal/harness":                {},
+	"internal/exactcheck":             {},
+	"internal/exactmutant":            {},
+	"internal/server": {"internal/admin", "internal/bucket", "internal/clockref", "internal/dynamo",
+		"internal/fallback", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
+}
+
+func TestLayering(t *testing.T) {
+	const module = "github.com/ratelimit-proxy/ratelimit-proxy/"
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../../internal/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], module)
+		allowed, known := allowedImports[pkg]
+		if !known {
+			t.Errorf("%s is not in allowedImports: place it in the layering on purpose", pkg)
+			continue
+		}
+		seen++
+		for _, imp := range fields[1:] {
+			if dep, ok := strings.CutPrefix(imp, module); ok && strings.HasPrefix(dep, "internal/") && !slices.Contains(allowed, dep) {
+				t.Errorf("%s imports %s, which the layering does not allow", pkg, dep)
+			}
+		}
+	}
+	if seen < 10 {
+		t.Fatalf("go list listed %d known packages: the check checks nothing", seen)
+	}
+}
