@@ -3,6 +3,7 @@ package rls
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -47,6 +48,9 @@ type Metrics struct {
 	calls        *prometheus.CounterVec
 	callDuration prometheus.Histogram
 	byCall       *answer.Children[*[numCallResults]prometheus.Counter]
+
+	mu     sync.Mutex
+	valued map[string]map[string]struct{} // rule label -> the value labels it has series for
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not registered). A
@@ -95,6 +99,35 @@ func register[C prometheus.Collector](reg prometheus.Registerer, errs *[]error, 
 
 func (m *Metrics) rule(label string) *answer.PolicyCounters { return m.shared.Policy(label) }
 
+// valueRule returns the counters of a rule whose metric label holds descriptor values (label,
+// built per call by RLSMatch.Label) rather than its static label: label's own series while the
+// rule has fewer than maxValueLabels of them and label is short enough, else the rule's
+// overflow series. A label seen once keeps its series.
+func (m *Metrics) valueRule(static, label string) *answer.PolicyCounters {
+	if label == static {
+		return m.rule(static)
+	}
+	m.mu.Lock()
+	seen := m.valued[static]
+	_, known := seen[label]
+	if !known && len(label) <= maxValueLabelBytes && len(seen) < maxValueLabels {
+		if seen == nil {
+			if m.valued == nil {
+				m.valued = make(map[string]map[string]struct{})
+			}
+			seen = make(map[string]struct{})
+			m.valued[static] = seen
+		}
+		seen[label] = struct{}{}
+		known = true
+	}
+	m.mu.Unlock()
+	if !known {
+		return m.rule(static + overflowSuffix)
+	}
+	return m.rule(label)
+}
+
 // callCounters returns a domain's call counters. Only configured domains (and "") get here:
 // a caller cannot grow the series by naming domains.
 func (m *Metrics) callCounters(domain string) *[numCallResults]prometheus.Counter {
@@ -107,3 +140,14 @@ func (m *Metrics) store(backend string) *answer.StoreCounters { return m.shared.
 // one per configured domain, so the series stay bounded by the configuration whatever entries
 // callers send.
 func overrideLabel(domain string) string { return domain + ".override" }
+
+// Bounds on the labels of rules with detailed_metric or value_to_metric, whose labels hold
+// descriptor values that callers choose: per such rule, at most maxValueLabels distinct labels of
+// at most maxValueLabelBytes each; any other value counts under the rule's label followed by
+// overflowSuffix. The series stay bounded by the configuration (rules × (maxValueLabels + 1) ×
+// 3 results) whatever callers send.
+const (
+	maxValueLabels     = 100
+	maxValueLabelBytes = 256
+	overflowSuffix     = ".other_values"
+)

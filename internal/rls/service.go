@@ -305,7 +305,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		st := &statuses[i]
 		st.LimitRemaining = uint32(min(max(remaining, 0), math.MaxUint32))
 		reset := r.Reset
-		rc := s.o.Metrics.rule(v.metric)
+		rc := s.o.Metrics.valueRule(v.name, v.metric)
 		switch {
 		case r.Allowed:
 			if admitted {

@@ -388,3 +388,45 @@ func TestOverrideLabelsBounded(t *testing.T) {
 		t.Errorf(`ratelimit_requests_total{policy="d.override",result="allowed"}: got %v, want 51`, got)
 	}
 }
+
+// TestValueLabelsBounded: detailed_metric and value_to_metric put descriptor values in the
+// label, as envoyproxy/ratelimit does, but the caller chooses those values: a flood of distinct
+// (and long) values must not grow the series past a bound set by the configuration. Each such
+// rule labels at most maxValueLabels distinct values of at most maxValueLabelBytes; the rest
+// count under the rule's overflow label.
+func TestValueLabelsBounded(t *testing.T) {
+	s, _, reg := newTestService(t, bucket.NewMemory(bucket.MemoryOptions{}), nil)
+	count := func() int {
+		t.Helper()
+		n, err := testutil.GatherAndCount(reg, "ratelimit_requests_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ask(t, s, d("secret", "alice"))
+	if got := testutil.ToFloat64(s.o.Metrics.rule("d.secret_alice").Allowed); got != 1 {
+		t.Fatalf("a few values are labelled as configured: d.secret_alice allowed %v, want 1", got)
+	}
+	for i := range 3 * maxValueLabels {
+		ask(t, s, d("secret", fmt.Sprintf("v%d", i)))
+	}
+	ask(t, s, d("secret", strings.Repeat("x", 1<<16)))
+	if n, most := count(), 3*(maxValueLabels+1); n > most {
+		t.Errorf("after %d distinct values: %d ratelimit_requests_total series, want at most %d", 3*maxValueLabels+2, n, most)
+	}
+	overflow := testutil.ToFloat64(s.o.Metrics.rule("d.secret" + overflowSuffix).Allowed)
+	if want := float64(2*maxValueLabels + 2); overflow != want {
+		t.Errorf("overflow label counted %v calls, want %v", overflow, want)
+	}
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if len(lp.GetValue()) > maxValueLabelBytes+len("d.secret"+overflowSuffix) {
+					t.Errorf("%s: a label of %d bytes", mf.GetName(), len(lp.GetValue()))
+				}
+			}
+		}
+	}
+}
