@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +149,46 @@ func TestLeakNoClientAddressInLogs(t *testing.T) {
 			if strings.Contains(line, client) {
 				t.Errorf("%s gateway log line carries the client's address %s: %s", name, client, line)
 			}
+		}
+	}
+}
+
+// TestLeakNoClientAddressInGRPCLogs (issue 26 item 10): grpc-go writes its own log (grpclog)
+// straight to stderr, and at GRPC_GO_LOG_SEVERITY_LEVEL=info a failed TLS handshake on the RLS
+// port is logged with the client's address (`ServerHandshake("A") failed`). The gateway routes
+// grpclog into its JSON log (logger "grpc"), through the pseudonymiser, at the severity
+// grpc-go's own variables ask for.
+func TestLeakNoClientAddressInGRPCLogs(t *testing.T) {
+	const client = "127.0.0.23"
+	ca := newTestCA(t, "grpclog-ca")
+	rules := t.TempDir()
+	if err := os.WriteFile(filepath.Join(rules, "e2e.yaml"), []byte(rlsRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rlsAddr := freePort(t)
+	g, _, _ := tlsGateway(t, ca, newUpstream(t, nil).URL, "", fmt.Sprintf("%s\nrls:\n  listen: %s\n  config_dir: %s\n", ipPolicy, rlsAddr, rules),
+		"GRPC_GO_LOG_SEVERITY_LEVEL=info", "GRPC_GO_LOG_VERBOSITY_LEVEL=2")
+	dialer := &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(client)}}
+	for _, junk := range []string{"garbage that is no TLS", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"} {
+		c, err := dialer.Dial("tcp", rlsAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, junk)
+		c.(*net.TCPConn).CloseWrite()
+		io.ReadAll(c)
+		c.Close()
+	}
+	eventually(t, "grpc-go's line about the failed handshake", func() bool {
+		return strings.Contains(g.logs.String(), "failed to create ServerTransport")
+	})
+	for _, line := range strings.Split(g.logs.String(), "\n") {
+		if strings.Contains(line, client) {
+			t.Errorf("log line carries the client's address %s: %s", client, line)
+		}
+		if strings.Contains(line, "ServerTransport") && !strings.Contains(line, `"logger":"grpc"`) {
+			t.Errorf("grpc-go's line is not in the JSON log (logger grpc): %s", line)
 		}
 	}
 }

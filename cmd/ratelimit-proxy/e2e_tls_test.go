@@ -106,14 +106,14 @@ func writeAtomic(t *testing.T, path string, data []byte) {
 
 // tlsGateway starts a gateway that terminates TLS with a certificate of serial 1 from ca, and
 // returns it with the paths of its files. extraTLS adds lines to the tls block; rest follows it.
-func tlsGateway(t *testing.T, ca *testCA, upstreamURL, extraTLS, rest string) (g *gateway, certFile, keyFile string) {
+func tlsGateway(t *testing.T, ca *testCA, upstreamURL, extraTLS, rest string, env ...string) (g *gateway, certFile, keyFile string) {
 	t.Helper()
 	dir := t.TempDir()
 	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	c, k := ca.issue(t, 1, false)
 	writeAtomic(t, certFile, c)
 	writeAtomic(t, keyFile, k)
-	g = startGateway(t, upstreamURL, fmt.Sprintf("tls:\n  cert_file: %s\n  key_file: %s\n%s%s", certFile, keyFile, extraTLS, rest))
+	g = startGateway(t, upstreamURL, fmt.Sprintf("tls:\n  cert_file: %s\n  key_file: %s\n%s%s", certFile, keyFile, extraTLS, rest), env...)
 	return g, certFile, keyFile
 }
 

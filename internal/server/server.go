@@ -112,6 +112,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err // validated already; only an environment changed since then gets here
 	}
+	routeGRPCLog(log, pseudonyms, o.Getenv) // grpclog.go: before any gRPC server or client
 	var handler http.Handler
 	var console *admin.Console // the operators' console, with the proxy
 	if proxyOn {
