@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"crypto/sha256"
 	"errors"
 	"os"
 	"path/filepath"
@@ -249,6 +250,78 @@ func TestRLSKeysAreScopedByDomainPoolAndNamespace(t *testing.T) {
 	}
 }
 
+// compileRLSInNamespace compiles files as a gateway whose store.dynamodb.namespace is ns.
+func compileRLSInNamespace(t *testing.T, files map[string]string, ns string) *RLSRules {
+	t.Helper()
+	cfg := rlsConfig(t, rlsDir(t, files), "store:\n  backend: dynamodb\n  dynamodb: {table: rate-limits, region: us-east-1, namespace: "+ns+"}\n")
+	set, err := Compile(cfg, CompileOptions{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatalf("compile: %v", err)
+	}
+	return set.RLS()
+}
+
+// TestRLSKeyBytes pins the bytes a descriptor's bucket key digests: keys are the state in the
+// store, and a change of one byte would start every bucket afresh on upgrade (and part a pool
+// from the gateways still on the old version). Each want is written out by hand.
+func TestRLSKeyBytes(t *testing.T) {
+	entry := func(b []byte, k, v string) []byte {
+		b = append(b, byte(len(k)))
+		b = append(b, k...)
+		b = append(b, byte(len(v)))
+		return append(b, v...)
+	}
+	want := func(prefix string, kv ...string) bucket.Key {
+		b := []byte(prefix)
+		for i := 0; i+1 < len(kv); i += 2 {
+			b = entry(b, kv[i], kv[i+1])
+		}
+		sum := sha256.Sum256(b)
+		var k bucket.Key
+		copy(k[:], sum[:])
+		return k
+	}
+	pools := map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: p\n    rate_limit: {unit: minute, requests_per_unit: 1, pool: shared}\n"}
+	msg := compileRLSFiles(t, map[string]string{"m.yaml": messagingConfig}).Domain("messaging")
+	plain := compileRLSFiles(t, pools).Domain("a")
+	spaced := compileRLSInNamespace(t, pools, "team").Domain("a")
+	tests := []struct {
+		name string
+		d    *RLSDomain
+		e    []RLSEntry
+		want bucket.Key
+	}{
+		{"fixed window", msg, entries("to_number", "1"),
+			want("\x03rls\x00messaging\x00fixed_window/86400000000000\x00rls\x00", "to_number", "1")},
+		{"nested", msg, entries("message_type", "marketing", "to_number", "555"),
+			want("\x03rls\x00messaging\x00fixed_window/86400000000000\x00rls\x00", "message_type", "marketing", "to_number", "555")},
+		{"share_threshold hashes the wildcard", msg, entries("path", "/api/x"),
+			want("\x03rls\x00messaging\x00fixed_window/60000000000\x00rls\x00", "path", "/api/*")},
+		{"token bucket", msg, entries("client", "c", "plan", "gold"),
+			want("\x03rls\x00messaging\x00token_bucket\x00rls\x00", "client", "c", "plan", "gold")},
+		{"quota", msg, entries("client", "c", "plan", "x"),
+			want("\x03rls\x00messaging\x00quota/3/Europe/Berlin/0\x00rls\x00", "client", "c", "plan", "x")},
+		{"domain", plain, entries("k", "v"), want("\x03rls\x00a\x00fixed_window/60000000000\x00rls\x00", "k", "v")},
+		{"pool", plain, entries("p", "v"), want("\x02pool\x00shared\x00fixed_window/60000000000\x00rls\x00", "p", "v")},
+		{"domain in a namespace", spaced, entries("k", "v"), want("\x01ns\x00team\x00\x03rls\x00a\x00fixed_window/60000000000\x00rls\x00", "k", "v")},
+		{"a pool ignores the namespace", spaced, entries("p", "v"), want("\x02pool\x00shared\x00fixed_window/60000000000\x00rls\x00", "p", "v")},
+	}
+	for _, tt := range tests {
+		var m RLSMatch
+		if tt.d.Match(tt.e, &m) == nil {
+			t.Fatalf("%s: no rule", tt.name)
+		}
+		if got := m.Key(tt.e); got != tt.want {
+			t.Errorf("%s: key %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	l, _ := OverrideLimit(7, UnitHour, 2)
+	e := entries("to_number", "1")
+	if got, w := msg.OverrideKey(e, l), want("\x03rls\x00messaging\x00fixed_window/7200000000000\x00rls\x00", "to_number", "1"); got != w {
+		t.Errorf("override key %s, want %s", got, w)
+	}
+}
+
 func TestRLSLabels(t *testing.T) {
 	d := compileRLSFiles(t, map[string]string{"m.yaml": `domain: d
 descriptors:
@@ -352,6 +425,32 @@ func TestRLSConfigErrors(t *testing.T) {
 		{"not a number", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: many}\n",
 			[]string{`descriptors[0].rate_limit.requests_per_unit: "many": must be an integer`}},
 		{"not YAML", "domain: [\n", []string{`invalid YAML`}},
+		// The checks a rule shares with the proxy's policies: the same bounds, names, zones and
+		// durations, written alike.
+		{"pool name", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, pool: 'a b'}\n",
+			[]string{`descriptors[0].rate_limit.pool: "a b": must be 1 to 64 of A-Z a-z 0-9 _ . -`}},
+		{"too many requests", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000000001}\n",
+			[]string{`descriptors[0].rate_limit.requests_per_unit: "1000000001": must be from 0 to 1000000000`}},
+		{"burst too large", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: token_bucket, burst: 1000000001}\n",
+			[]string{`descriptors[0].rate_limit.burst: "1000000001": must be from 1 to 1000000000`}},
+		{"local zone", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, algorithm: quota, time_zone: Local}\n",
+			[]string{`descriptors[0].rate_limit.time_zone: "Local": is this machine's zone, which may differ between replicas: name the zone, such as Europe/Berlin, or UTC`}},
+		{"unknown zone", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, algorithm: quota, time_zone: Mars/Olympus}\n",
+			[]string{`descriptors[0].rate_limit.time_zone: "Mars/Olympus": unknown time zone: use an IANA name such as Europe/Berlin or America/New_York, or UTC`}},
+		{"lease fields without enabled", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {shards: 2}}\n",
+			[]string{`descriptors[0].rate_limit.lease.enabled: "false": lease fields are set, but enabled is false: set enabled: true, or remove the block`}},
+		{"lease of a sliding window", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: sliding_window, lease: {enabled: true}}\n",
+			[]string{`descriptors[0].rate_limit.lease.enabled: "true": leases serve token_bucket and fixed_window only, not sliding_window`}},
+		{"lease of a quota", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 10, algorithm: quota, lease: {enabled: true}}\n",
+			[]string{`descriptors[0].rate_limit.lease.enabled: "true": leases serve token_bucket and fixed_window only, not quota`}},
+		{"lease negative ttl", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {enabled: true, ttl: -60s}}\n",
+			[]string{`descriptors[0].rate_limit.lease.ttl: "-1m": must be positive`}},
+		{"lease ttl bad", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {enabled: true, ttl: soon}}\n",
+			[]string{`descriptors[0].rate_limit.lease.ttl: "soon": must be a duration such as 150ms`}},
+		{"lease shards over the limit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, lease: {enabled: true, shards: 4}}\n",
+			[]string{`descriptors[0].rate_limit.lease.shards: "4": must be at most what the limit holds (3): every shard holds at least one request of it`}},
+		{"lease without room", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 2, lease: {enabled: true, ttl: 1h0m0s}}\n",
+			[]string{`descriptors[0].rate_limit.lease.ttl: "1h": leaves no room for a lease: lower ttl or shards, or raise burst`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
