@@ -112,11 +112,15 @@ func TestRLSConfigErrors(t *testing.T) {
 
 func TestRLSDuplicateDomainNamesBothFiles(t *testing.T) {
 	dir := rlsDir(t, map[string]string{
-		"a.yaml":    "domain: d\n",
-		"b.yml":     "domain: d\n",
-		".hidden":   "not: [yaml",
-		"notes.txt": "not: [yaml",
+		"a.yaml":       "domain: d\n",
+		"b.yml":        "domain: d\n",
+		".hidden":      "not: [yaml",
+		".hidden.yaml": "not: [yaml", // as Kubernetes' ..data links to a ConfigMap's files
+		"notes.txt":    "not: [yaml",
 	})
+	if err := os.Mkdir(filepath.Join(dir, "sub.yaml"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	_, problems, err := Load(dir, Options{})
 	want := filepath.Join(dir, "b.yml") + `: domain: "d": also the domain of ` + filepath.Join(dir, "a.yaml") + ": each domain is in one file"
 	if err != nil || problemText(problems) != want {
