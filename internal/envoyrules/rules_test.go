@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 // rlsDir writes files (name → content) into a fresh folder and returns it.
@@ -411,5 +412,15 @@ func BenchmarkRLSMatchAndKey(b *testing.B) {
 			b.Fatal("no rule")
 		}
 		_ = m.Key(e)
+	}
+}
+
+// TestAlgorithmNames: a rule's algorithm is spelled as limitspec names it, the name its bucket
+// keys hash and its messages print.
+func TestAlgorithmNames(t *testing.T) {
+	for name, alg := range algorithms {
+		if got := limitspec.AlgorithmName(alg); got != name {
+			t.Errorf("algorithm %q reads as %d, whose name is %q", name, alg, got)
+		}
 	}
 }
