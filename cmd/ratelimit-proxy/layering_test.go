@@ -15,12 +15,14 @@ var allowedImports = map[string][]string{
 	"internal/answer":                 {"internal/bucket"},
 	"internal/bucket":                 {},
 	"internal/bucket/buckettest":      {"internal/bucket"},
-	"internal/policy":                 {"internal/answer", "internal/bucket"},
+	"internal/limitspec":              {"internal/bucket"},
+	"internal/envoyrules":             {"internal/bucket", "internal/limitspec"},
+	"internal/policy":                 {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/limitspec"},
 	"internal/protect":                {"internal/policy"},
 	"internal/replay":                 {"internal/bucket", "internal/policy"},
-	"internal/admin":                  {"internal/answer", "internal/bucket", "internal/policy"},
+	"internal/admin":                  {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/policy"},
 	"internal/proxy":                  {"internal/answer", "internal/bucket", "internal/policy", "internal/protect"},
-	"internal/rls":                    {"internal/answer", "internal/bucket", "internal/policy"},
+	"internal/rls":                    {"internal/answer", "internal/bucket", "internal/envoyrules"},
 	"internal/dynamo":                 {"internal/bucket"},
 	"internal/dynamolocal":            {"internal/dynamo"},
 	"internal/fallback":               {"internal/bucket"},
@@ -33,7 +35,7 @@ var allowedImports = map[string][]string{
 	"internal/exactcheck":             {},
 	"internal/exactmutant":            {},
 	"internal/server": {"internal/admin", "internal/bucket", "internal/clockref", "internal/dynamo",
-		"internal/fallback", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
+		"internal/envoyrules", "internal/fallback", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
 }
 
 func TestLayering(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -232,7 +233,7 @@ func (c *Console) getPolicies(w http.ResponseWriter, _ *http.Request) {
 
 // rlsInfo describes an rls rule as GET /v1/policies lists it: scope rls:DOMAIN, its key the
 // descriptor.
-func rlsInfo(domain string, r *policy.RLSRule) PolicyInfo {
+func rlsInfo(domain string, r *envoyrules.Rule) PolicyInfo {
 	pi := infoOf(&policy.Policy{Name: r.Name, Shadow: r.Shadow, Limit: r.Limit, KeyKind: "descriptor", Summary: r.Label})
 	pi.Scope = "rls:" + domain
 	if r.Unlimited {
@@ -244,18 +245,18 @@ func rlsInfo(domain string, r *policy.RLSRule) PolicyInfo {
 // resolveRLS finds the charge of an rls descriptor (?domain=D&entry=k=v...). The key is shown
 // as the pseudonym of the descriptor: its values may be credentials.
 func (c *Console) resolveRLS(name, domain string, entries []string) (target, int, string) {
-	es := make([]policy.RLSEntry, 0, len(entries))
+	es := make([]envoyrules.Entry, 0, len(entries))
 	for _, e := range entries {
 		k, v, _ := strings.Cut(e, "=")
 		if k == "" {
 			return target{}, http.StatusBadRequest, fmt.Sprintf("entry %q: want key=value (or key=).", e)
 		}
-		es = append(es, policy.RLSEntry{Key: k, Value: v})
+		es = append(es, envoyrules.Entry{Key: k, Value: v})
 	}
 	if len(es) == 0 {
 		return target{}, http.StatusBadRequest, "An rls descriptor needs at least one entry=key=value."
 	}
-	ch, rule, unlimited, err := c.o.Policies().RLSCharge(domain, es)
+	ch, rule, unlimited, err := c.o.Policies().RLS().Charge(domain, es)
 	if err != nil {
 		return target{}, http.StatusNotFound, err.Error()
 	}

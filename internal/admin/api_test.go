@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -71,7 +72,7 @@ func TestRLSDescriptorInspectReset(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `"scope": "rls:edge"`) {
 		t.Fatalf("policies: %d %s, want the rls rule with scope rls:edge", code, body)
 	}
-	ch, _, _, err := set.RLSCharge("edge", []policy.RLSEntry{{Key: "api_key", Value: "secret-value"}})
+	ch, _, _, err := set.RLS().Charge("edge", []envoyrules.Entry{{Key: "api_key", Value: "secret-value"}})
 	if err != nil {
 		t.Fatal(err)
 	}

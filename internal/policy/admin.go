@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 // ErrNoPolicy is returned (wrapped) by Set.KeyCharge for a policy name the set does not have.
@@ -75,7 +76,7 @@ func (p *Policy) ReplacementLimit(rate string, burst, limit int64, window time.D
 	case bucket.TokenBucket, bucket.LeakyBucket:
 		r, err := ParseRate(rate)
 		if err != nil || r <= 0 {
-			return l, fmt.Errorf("limit.rate %q: must be N/s, N/m or N/h with N > 0 (policy %s is a %s)", rate, p.Name, algorithmName[l.Algorithm])
+			return l, fmt.Errorf("limit.rate %q: must be N/s, N/m or N/h with N > 0 (policy %s is a %s)", rate, p.Name, limitspec.AlgorithmName(l.Algorithm))
 		}
 		if burst < 1 {
 			return l, fmt.Errorf("limit.burst %d: must be at least 1", burst)
@@ -83,12 +84,12 @@ func (p *Policy) ReplacementLimit(rate string, burst, limit int64, window time.D
 		l.Rate, l.Burst = r, burst
 	default:
 		if limit < 1 {
-			return l, fmt.Errorf("limit.limit %d: must be at least 1 (policy %s is a %s)", limit, p.Name, algorithmName[l.Algorithm])
+			return l, fmt.Errorf("limit.limit %d: must be at least 1 (policy %s is a %s)", limit, p.Name, limitspec.AlgorithmName(l.Algorithm))
 		}
 		l.Count = limit
 		if window != 0 {
 			if l.Algorithm != bucket.FixedWindow && l.Algorithm != bucket.SlidingWindow {
-				return l, fmt.Errorf("limit.window %s: only windows have one (policy %s is a %s)", window, p.Name, algorithmName[l.Algorithm])
+				return l, fmt.Errorf("limit.window %s: only windows have one (policy %s is a %s)", window, p.Name, limitspec.AlgorithmName(l.Algorithm))
 			}
 			if window < time.Second {
 				return l, fmt.Errorf("limit.window %s: must be at least 1s", window)
@@ -99,48 +100,6 @@ func (p *Policy) ReplacementLimit(rate string, burst, limit int64, window time.D
 	return l, nil
 }
 
-// AlgorithmName is the configuration name of a (token_bucket, fixed_window, ...).
-func AlgorithmName(a bucket.Algorithm) string {
-	if int(a) < len(algorithmName) {
-		return algorithmName[a]
-	}
-	return ""
-}
-
-// Rules returns the domain's rules (those with a rate_limit block), in no particular order.
-func (d *RLSDomain) Rules() []*RLSRule {
-	var out []*RLSRule
-	var walk func(n *rlsNode)
-	walk = func(n *rlsNode) {
-		if n.rule != nil {
-			out = append(out, n.rule)
-		}
-		for _, c := range n.children {
-			walk(c)
-		}
-		for i := range n.wild {
-			walk(n.wild[i].node)
-		}
-	}
-	walk(&d.root)
-	return out
-}
-
-// RLSCharge is the charge that Envoy's rate limit service makes for a descriptor of domain, as
-// the service builds it (without a per-request limit override): what the console inspects and
-// resets. unlimited reports a rule without a limit.
-func (s *Set) RLSCharge(domain string, entries []RLSEntry) (c bucket.Charge, rule *RLSRule, unlimited bool, err error) {
-	d := s.RLS().Domain(domain)
-	if d == nil {
-		return bucket.Charge{}, nil, false, fmt.Errorf("no rls domain %q", domain)
-	}
-	var m RLSMatch
-	r := d.Match(entries, &m)
-	if r == nil {
-		return bucket.Charge{}, nil, false, fmt.Errorf("no rule of rls domain %q matches the descriptor", domain)
-	}
-	if r.Unlimited {
-		return bucket.Charge{}, r, true, nil
-	}
-	return bucket.Charge{Key: m.Key(entries), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Cost: 1}, r, false, nil
-}
+// AlgorithmName is the configuration name of a (token_bucket, fixed_window, ...): limitspec's,
+// which Envoy's rule files share.
+func AlgorithmName(a bucket.Algorithm) string { return limitspec.AlgorithmName(a) }

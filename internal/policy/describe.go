@@ -6,10 +6,10 @@ package policy
 import (
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 func summary(pc *PolicyConfig) string {
@@ -30,7 +30,7 @@ func summary(pc *PolicyConfig) string {
 			fmt.Fprintf(&b, " offset=%d", pc.Offset)
 		}
 	default:
-		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, shortDuration(pc.Window))
+		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, limitspec.ShortDuration(pc.Window))
 	}
 	if pc.Cost > 1 {
 		fmt.Fprintf(&b, " cost=%d", pc.Cost)
@@ -65,23 +65,11 @@ func summary(pc *PolicyConfig) string {
 	if l := pc.Lease; l != nil && l.Enabled {
 		fmt.Fprintf(&b, " lease(shards=%d", max(l.Shards, 1))
 		if l.TTL > 0 {
-			b.WriteString(" ttl=" + shortDuration(l.TTL))
+			b.WriteString(" ttl=" + limitspec.ShortDuration(l.TTL))
 		}
 		b.WriteString(")")
 	}
 	return b.String()
-}
-
-// shortDuration drops the zero tails of time.Duration.String: 1m rather than 1m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = s[:len(s)-2]
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = s[:len(s)-2]
-	}
-	return s
 }
 
 // ietfPolicy is the RateLimit-Policy item of p's default limit, precomputed once per compile

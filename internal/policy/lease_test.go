@@ -112,6 +112,20 @@ func TestPoolKeys(t *testing.T) {
 	if got := key(one("account", "")); got != wantKey {
 		t.Errorf("key of a plain policy: got %s, want %s (unchanged)", got, wantKey)
 	}
+	// A pool's and a namespace's keys, byte for byte: the pool's name is marked as Envoy rules'
+	// pools are (TestRLSKeyBytes), the namespace wraps the policy's name.
+	for _, tt := range []struct {
+		name, yaml, prefix string
+	}{
+		{"pool", one("account", ", pool: acme"), "\x02pool\x00acme\x00token_bucket\x00api_key\x00"},
+		{"namespace", ns("checkout", "account"), "\x01ns\x00checkout\x00account\x00token_bucket\x00api_key\x00"},
+	} {
+		want := digest([]byte(tt.prefix), "k")
+		copy(wantKey[:], want[:])
+		if got := key(tt.yaml); got != wantKey {
+			t.Errorf("key of a policy with a %s: got %s, want %s", tt.name, got, wantKey)
+		}
+	}
 }
 
 func TestLeaseReachesTheCharge(t *testing.T) {

@@ -1,14 +1,8 @@
 package policy
 
+import "github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+
 // AlgorithmNames returns the values a policy's algorithm field accepts, in the order the docs list
 // them. The JSON Schema of the configuration (internal/configschema) reads them from here, so a
 // new algorithm reaches editors without a second list to keep in step.
-func AlgorithmNames() []string {
-	names := make([]string, 0, len(algorithmName))
-	for _, n := range algorithmName {
-		if n != "" {
-			names = append(names, n)
-		}
-	}
-	return names
-}
+func AlgorithmNames() []string { return limitspec.AlgorithmNames() }

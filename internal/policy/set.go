@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 // CompileOptions are the inputs of Compile besides the Config.
@@ -30,14 +32,14 @@ type Set struct {
 	headers  Headers
 	trusted  []netip.Prefix
 
-	userHeader   string       // canonical name; "" when users come from JWT or nowhere
-	apiKeyHeader string       // canonical name of identity.api_key_header
-	jwt          *verifier    // nil without identity.jwt
-	needIP       bool         // some policy is keyed by ip
-	kinds        []kindSource // the distinct key kinds of the policies, global excepted
-	ipv6Bits     int          // identity.ipv6_prefix: leading bits of an IPv6 client that key it
-	tls          *TLSMaterial // the tls block's files as loaded; nil without one
-	rls          *RLSRules    // rls.config_dir compiled; nil without an rls block
+	userHeader   string            // canonical name; "" when users come from JWT or nowhere
+	apiKeyHeader string            // canonical name of identity.api_key_header
+	jwt          *verifier         // nil without identity.jwt
+	needIP       bool              // some policy is keyed by ip
+	kinds        []kindSource      // the distinct key kinds of the policies, global excepted
+	ipv6Bits     int               // identity.ipv6_prefix: leading bits of an IPv6 client that key it
+	tls          *TLSMaterial      // the tls block's files as loaded; nil without one
+	rls          *envoyrules.Rules // rls.config_dir compiled; nil without an rls block
 
 	// What the upstream must receive exactly as judged (see judgeHeaders).
 	idHeaders     []string     // canonical names of the api_key and header:NAME keys of the policies
@@ -249,7 +251,7 @@ func limitOf(alg bucket.Algorithm, pc *PolicyConfig, f limitFields) bucket.Limit
 		r, _ := ParseRate(f.rate)
 		return bucket.Limit{Algorithm: alg, Rate: r, Burst: f.burst}
 	case alg == bucket.Quota:
-		zone, _ := loadZone(pc.TimeZone) // validated
+		zone, _ := limitspec.LoadZone(pc.TimeZone) // validated
 		return bucket.Limit{Algorithm: alg, Count: f.limit, Period: periods[pc.Period], Offset: uint8(pc.Offset), Zone: zone}
 	}
 	return bucket.Limit{Algorithm: alg, Count: f.limit, Window: f.window}
@@ -271,28 +273,24 @@ func kindName(kind keyKind, header string) string {
 	return "header:" + strings.ToLower(header)
 }
 
-// storeName is the name a policy's bucket keys are derived from: its pool, or its name within
-// the store's namespace. The prefixes keep the three apart (a policy name never starts with a
-// control byte) and leave the keys of a policy without namespace or pool as they always were.
-func storeName(cfg *Config, pc *PolicyConfig) string {
-	if pc.Pool != "" {
-		return "\x02pool\x00" + pc.Pool
+// namespace is store.dynamodb.namespace: it scopes the bucket keys of the policies without a
+// pool, and of the Envoy rules. "" when unset.
+func namespace(cfg *Config) string {
+	if d := cfg.Store.DynamoDB; d != nil {
+		return d.Namespace
 	}
-	if d := cfg.Store.DynamoDB; d != nil && d.Namespace != "" {
-		return "\x01ns\x00" + d.Namespace + "\x00" + pc.Name
-	}
-	return pc.Name
+	return ""
 }
 
 // keyPrefix is what a policy's bucket keys hash before the key value. A quota's also holds its
 // calendar (period, zone, offset): periods of another calendar are other periods, and state
 // counted in one (its End is a period end) must not be read as the other's.
 func keyPrefix(cfg *Config, pc *PolicyConfig, alg bucket.Algorithm, kind keyKind, header string) []byte {
-	name := storeName(cfg, pc)
+	name := limitspec.StoreName(namespace(cfg), pc.Name, pc.Pool)
 	b := make([]byte, 0, len(name)+len(header)+32)
 	b = append(b, name...)
 	b = append(b, 0)
-	b = append(b, algorithmName[alg]...)
+	b = append(b, limitspec.AlgorithmName(alg)...)
 	b = append(b, 0)
 	b = append(b, kindName(kind, header)...)
 	if alg == bucket.Quota {
@@ -305,6 +303,9 @@ func keyPrefix(cfg *Config, pc *PolicyConfig, alg bucket.Algorithm, kind keyKind
 	}
 	return append(b, 0)
 }
+
+// RLS returns the compiled rls.config_dir rules, or nil without an rls block.
+func (s *Set) RLS() *envoyrules.Rules { return s.rls }
 
 // Headers returns the response-header settings.
 func (s *Set) Headers() Headers { return s.headers }

@@ -7,28 +7,25 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	// Quotas name IANA zones: the binary carries the zone database (about 450 kB), so a
-	// time_zone works in a distroless or scratch image without /usr/share/zoneinfo, and means the
-	// same on every replica.
-	_ "time/tzdata"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 // Bounds of the values a policy may hold. They keep every derived duration (burst/rate, the
-// window) far inside time.Duration's range, so the bucket arithmetic cannot overflow.
+// window) far inside time.Duration's range, so the bucket arithmetic cannot overflow. The bounds
+// of counts and names are limitspec's, shared with Envoy's rule files.
 const (
-	maxCount   = 1_000_000_000         // burst and limit
-	maxRate    = 1_000_000_000         // requests per second: one per nanosecond
-	maxRefill  = 366 * 24 * time.Hour  // burst/rate: time for an empty bucket to fill
-	minWindow  = time.Millisecond      // finer windows are noise next to the store's latency
-	maxWindow  = 7 * 24 * time.Hour    // daily and weekly quotas, not monthly ones
-	minSecret  = 32                    // RFC 7518 §3.2: an HS256 key is at least 256 bits
-	maxNameLen = 64                    // names end up in metric labels and log lines
-	hexSHA256  = len("sha256:") + 2*32 // "sha256:" and 64 hex digits
+	maxRate   = 1_000_000_000         // requests per second: one per nanosecond
+	maxRefill = 366 * 24 * time.Hour  // burst/rate: time for an empty bucket to fill
+	minWindow = time.Millisecond      // finer windows are noise next to the store's latency
+	maxWindow = 7 * 24 * time.Hour    // daily and weekly quotas, not monthly ones
+	minSecret = 32                    // RFC 7518 §3.2: an HS256 key is at least 256 bits
+	hexSHA256 = len("sha256:") + 2*32 // "sha256:" and 64 hex digits
 )
 
-// algorithms maps the file's names to bucket algorithms.
+// algorithms maps the file's names to bucket algorithms (limitspec.AlgorithmName is its inverse).
 var algorithms = map[string]bucket.Algorithm{
 	"token_bucket":   bucket.TokenBucket,
 	"leaky_bucket":   bucket.LeakyBucket,
@@ -40,16 +37,6 @@ var algorithms = map[string]bucket.Algorithm{
 
 // periods maps the file's quota periods to bucket periods.
 var periods = map[string]bucket.Period{"day": bucket.Day, "week": bucket.Week, "month": bucket.Month}
-
-// algorithmName is the inverse of algorithms, indexed by bucket.Algorithm.
-var algorithmName = [...]string{
-	bucket.TokenBucket:   "token_bucket",
-	bucket.LeakyBucket:   "leaky_bucket",
-	bucket.FixedWindow:   "fixed_window",
-	bucket.SlidingWindow: "sliding_window",
-	bucket.Concurrency:   "concurrency",
-	bucket.Quota:         "quota",
-}
 
 // algorithmList is the algorithms as error messages list them.
 const algorithmList = "token_bucket, leaky_bucket, fixed_window, sliding_window, concurrency or quota"
@@ -136,7 +123,7 @@ type jwtKeys struct {
 
 // check is Validate, also returning the JWT key material, the loaded tls block (nil without
 // one, or when it is invalid) and the compiled rls rules (nil without an rls block).
-func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMaterial, *RLSRules) {
+func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMaterial, *envoyrules.Rules) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
@@ -210,7 +197,7 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
 	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
 	if d := c.Server.ShutdownDelay; d < 0 || d > 10*time.Minute {
-		es.add("server.shutdown_delay", shortDuration(d), "must be between 0s and 10m")
+		es.add("server.shutdown_delay", limitspec.ShortDuration(d), "must be between 0s and 10m")
 	}
 	positiveInt(&es, "server.max_header_bytes", int64(c.Server.MaxHeaderBytes))
 	if n := c.Server.MaxConcurrentStreams; n < 1 || n > 10000 {
@@ -256,7 +243,7 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	if c.TLS != nil {
 		tlsm = checkTLS(&es, c.TLS)
 	}
-	var rls *RLSRules
+	var rls *envoyrules.Rules
 	if c.RLS != nil {
 		rls = checkRLS(&es, c, rlsOnly)
 	}
@@ -266,8 +253,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 
 // --- rls block (Envoy's rate limit service) ---
 
-// checkRLS checks the rls block and loads the files of rls.config_dir (envoy.go).
-func checkRLS(es *Errors, c *Config, rlsOnly bool) *RLSRules {
+// checkRLS checks the rls block and loads the files of rls.config_dir (internal/envoyrules),
+// reporting their problems as the configuration's.
+func checkRLS(es *Errors, c *Config, rlsOnly bool) *envoyrules.Rules {
 	r := c.RLS
 	if r.Listen == "" {
 		es.add("rls.listen", "", "required when rls is set: the gRPC address Envoy calls")
@@ -289,18 +277,26 @@ func checkRLS(es *Errors, c *Config, rlsOnly bool) *RLSRules {
 		es.add("rls.config_dir", "", "required when rls is set: the folder of envoyproxy/ratelimit configuration files")
 		return nil
 	}
-	return loadRLSDir(es, r.ConfigDir, c)
+	rules, problems, err := envoyrules.Load(r.ConfigDir, envoyrules.Options{Namespace: namespace(c)})
+	if err != nil {
+		es.add("rls.config_dir", r.ConfigDir, err.Error())
+		return nil
+	}
+	for _, p := range problems {
+		es.add(p.Path, p.Value, p.Msg)
+	}
+	return rules
 }
 
 func positiveDuration(es *Errors, path string, d time.Duration) {
 	if d <= 0 {
-		es.add(path, shortDuration(d), "must be positive")
+		es.add(path, limitspec.ShortDuration(d), "must be positive")
 	}
 }
 
 func nonNegativeDuration(es *Errors, path string, d time.Duration) {
 	if d < 0 {
-		es.add(path, shortDuration(d), "must not be negative")
+		es.add(path, limitspec.ShortDuration(d), "must not be negative")
 	}
 }
 

@@ -3,7 +3,6 @@ package policy
 // This file checks a policy: its key, algorithm, limit, lease, costs and calendar quota.
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 // keyKind is the source of a policy's key value.
@@ -48,8 +48,8 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	switch {
 	case p.Name == "":
 		es.add(at+".name", "", "required")
-	case len(p.Name) > maxNameLen || !validName(p.Name):
-		es.add(at+".name", p.Name, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
+	case len(p.Name) > limitspec.MaxNameLen || !limitspec.ValidName(p.Name):
+		es.add(at+".name", p.Name, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
 	}
 
 	kind, header, ok := parseKey(p.Key)
@@ -95,8 +95,8 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	}
 	if c := p.Cost; c < 0 || c == 0 && p.costSet {
 		es.add(at+".cost", strconv.FormatInt(c, 10), "must be at least 1")
-	} else if c > maxCount {
-		es.add(at+".cost", strconv.FormatInt(c, 10), fmt.Sprintf("must be at most %d", maxCount))
+	} else if c > limitspec.MaxCount {
+		es.add(at+".cost", strconv.FormatInt(c, 10), fmt.Sprintf("must be at most %d", limitspec.MaxCount))
 	}
 
 	switch p.Mode {
@@ -112,8 +112,8 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	checkPathPrefix(es, at+".match.path_prefix", p.Match.PathPrefix)
 	checkChargeOn(es, at, p.ChargeOn, alg, algOK)
 	checkOverrides(es, at, p, kind, ok, alg, algOK)
-	if p.Pool != "" && (len(p.Pool) > maxNameLen || !validName(p.Pool)) {
-		es.add(at+".pool", p.Pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
+	if p.Pool != "" && (len(p.Pool) > limitspec.MaxNameLen || !limitspec.ValidName(p.Pool)) {
+		es.add(at+".pool", p.Pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
 	}
 	if algOK {
 		checkLease(es, at, p, alg)
@@ -134,7 +134,7 @@ func checkLease(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
 		return
 	}
 	if !bucket.LeaseSupported(alg) {
-		es.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+algorithmName[alg]+" (see docs/shared-pools.md)")
+		es.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+limitspec.AlgorithmName(alg)+" (see docs/shared-pools.md)")
 		return
 	}
 	if len(p.ChargeOn) > 0 {
@@ -148,7 +148,7 @@ func checkLease(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
 		return
 	}
 	if l.TTL < 0 {
-		es.add(at+".ttl", shortDuration(l.TTL), "must be positive")
+		es.add(at+".ttl", limitspec.ShortDuration(l.TTL), "must be positive")
 		return
 	}
 	limits := []limitFields{p.fields()}
@@ -183,20 +183,10 @@ func checkLease(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
 			return
 		}
 		t, tau := bucket.ShardGCRA(lim, shards, shards-1)
-		es.add(at+".ttl", shortDuration(l.TTL), "must be at most "+shortDuration(time.Duration(tau-t))+
+		es.add(at+".ttl", limitspec.ShortDuration(l.TTL), "must be at most "+limitspec.ShortDuration(time.Duration(tau-t))+
 			" (the smallest shard's burst time less one interval): leased units come out of the burst less rate×ttl")
 		return
 	}
-}
-
-func validName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || isDigit(c) || c == '_' || c == '.' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // limitFields are the limit fields common to a policy and an override.
@@ -222,13 +212,13 @@ func (o *OverrideConfig) fields() limitFields {
 // are required; an override may set any subset, the rest being inherited. Fields of the other
 // algorithm family are errors either way.
 func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full bool) {
-	name := algorithmName[alg]
+	name := limitspec.AlgorithmName(alg)
 	if isBucket(alg) {
 		if f.limit != 0 {
 			es.add(at+".limit", strconv.FormatInt(f.limit, 10), "not used by "+name+": set rate and burst")
 		}
 		if f.window != 0 || f.windowSet {
-			es.add(at+".window", shortDuration(f.window), "not used by "+name+": set rate and burst")
+			es.add(at+".window", limitspec.ShortDuration(f.window), "not used by "+name+": set rate and burst")
 		}
 		if f.rate == "" && full {
 			es.add(at+".rate", "", "required for "+name+": N/s, N/m or N/h")
@@ -248,7 +238,7 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 			es.add(at+".burst", strconv.FormatInt(f.burst, 10), "not used by concurrency: set limit (requests in flight at once)")
 		}
 		if f.window != 0 || f.windowSet {
-			es.add(at+".window", shortDuration(f.window), "not used by concurrency: a slot is held while its request is in flight")
+			es.add(at+".window", limitspec.ShortDuration(f.window), "not used by concurrency: a slot is held while its request is in flight")
 		}
 		checkCount(es, at+".limit", f.limit, name, full)
 		return
@@ -266,21 +256,21 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 	checkCount(es, at+".limit", f.limit, name, full)
 	if alg == bucket.Quota {
 		if f.window != 0 || f.windowSet {
-			es.add(at+".window", shortDuration(f.window), "not used by quota: "+set+" (day, week or month)")
+			es.add(at+".window", limitspec.ShortDuration(f.window), "not used by quota: "+set+" (day, week or month)")
 		}
 		return
 	}
 	switch w := f.window; {
 	case w < 0 || w == 0 && f.windowSet:
 		// Quoted like every other bad value: "required" would hide what the user wrote.
-		es.add(at+".window", shortDuration(w), "must be positive")
+		es.add(at+".window", limitspec.ShortDuration(w), "must be positive")
 	case w == 0 && full:
 		es.add(at+".window", "", "required for "+name+": a duration such as 1m")
 	case w == 0:
 	case w < minWindow:
-		es.add(at+".window", shortDuration(w), "must be at least "+shortDuration(minWindow))
+		es.add(at+".window", limitspec.ShortDuration(w), "must be at least "+limitspec.ShortDuration(minWindow))
 	case w > maxWindow:
-		es.add(at+".window", shortDuration(w), "must be at most "+shortDuration(maxWindow))
+		es.add(at+".window", limitspec.ShortDuration(w), "must be at most "+limitspec.ShortDuration(maxWindow))
 	}
 }
 
@@ -318,8 +308,8 @@ func checkCosts(es *Errors, at string, costs []CostConfig) {
 			es.add(cat+".cost", "", "required: at least 1")
 		case c.Cost < 0:
 			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), "must be at least 1")
-		case c.Cost > maxCount:
-			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), fmt.Sprintf("must be at most %d", maxCount))
+		case c.Cost > limitspec.MaxCount:
+			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), fmt.Sprintf("must be at most %d", limitspec.MaxCount))
 		}
 	}
 }
@@ -359,7 +349,7 @@ func checkCost(es *Errors, path string, shown, cost int64, f limitFields, alg bu
 // algorithms.
 func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
 	if alg != bucket.Quota {
-		why := "not used by " + algorithmName[alg] + ": calendar periods are algorithm: quota"
+		why := "not used by " + limitspec.AlgorithmName(alg) + ": calendar periods are algorithm: quota"
 		if p.Period != "" {
 			es.add(at+".period", p.Period, why)
 		}
@@ -378,7 +368,7 @@ func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm)
 	case !ok:
 		es.add(at+".period", p.Period, "must be day, week or month")
 	}
-	if _, err := loadZone(p.TimeZone); err != nil {
+	if _, err := limitspec.LoadZone(p.TimeZone); err != nil {
 		es.add(at+".time_zone", p.TimeZone, err.Error())
 	}
 	if !ok {
@@ -401,22 +391,6 @@ func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm)
 	}
 }
 
-// loadZone loads a quota's time zone: "" is UTC. Local is refused: it is whatever zone each
-// replica's machine has, so replicas would disagree on when a period ends.
-func loadZone(name string) (*time.Location, error) {
-	switch name {
-	case "":
-		return time.UTC, nil
-	case "Local":
-		return nil, errors.New("is this machine's zone, which may differ between replicas: name the zone, such as Europe/Berlin, or UTC")
-	}
-	loc, err := time.LoadLocation(name)
-	if err != nil {
-		return nil, errors.New("unknown time zone: use an IANA name such as Europe/Berlin or America/New_York, or UTC")
-	}
-	return loc, nil
-}
-
 func checkCount(es *Errors, path string, n int64, alg string, full bool) {
 	switch {
 	case n == 0 && full:
@@ -424,8 +398,8 @@ func checkCount(es *Errors, path string, n int64, alg string, full bool) {
 	case n == 0:
 	case n < 1:
 		es.add(path, strconv.FormatInt(n, 10), "must be at least 1")
-	case n > maxCount:
-		es.add(path, strconv.FormatInt(n, 10), fmt.Sprintf("must be at most %d", maxCount))
+	case n > limitspec.MaxCount:
+		es.add(path, strconv.FormatInt(n, 10), fmt.Sprintf("must be at most %d", limitspec.MaxCount))
 	}
 }
 
@@ -433,7 +407,7 @@ func checkCount(es *Errors, path string, n int64, alg string, full bool) {
 // Called on the effective limit, after the fields themselves passed.
 func checkRefill(es *Errors, path string, rate float64, burst int64) {
 	if rate > 0 && burst > 0 && float64(burst)/rate > maxRefill.Seconds() {
-		es.add(path, strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most "+shortDuration(maxRefill))
+		es.add(path, strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most "+limitspec.ShortDuration(maxRefill))
 	}
 }
 
@@ -460,7 +434,7 @@ func checkChargeOn(es *Errors, at string, list []string, alg bucket.Algorithm, a
 		if alg == bucket.Concurrency {
 			why = "a concurrency slot is given back when the request ends, whatever its answer"
 		}
-		es.add(at+".charge_on", "", "not supported by "+algorithmName[alg]+": "+why+"; use token_bucket, fixed_window, sliding_window or quota")
+		es.add(at+".charge_on", "", "not supported by "+limitspec.AlgorithmName(alg)+": "+why+"; use token_bucket, fixed_window, sliding_window or quota")
 	}
 	for i, v := range list {
 		if _, err := ParseStatusSet([]string{v}); err != nil {

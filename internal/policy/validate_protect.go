@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 	"github.com/spf13/viper"
 	"golang.org/x/net/http/httpguts"
 )
@@ -92,7 +93,7 @@ func checkProtect(es *Errors, cfg *Config) {
 		}
 	}
 	if d := c.QueueTimeout; d < 0 || d > maxQueueTimeout {
-		es.add("protect.concurrency.queue_timeout", shortDuration(d), "must be from 0s (no waiting) to "+shortDuration(maxQueueTimeout))
+		es.add("protect.concurrency.queue_timeout", limitspec.ShortDuration(d), "must be from 0s (no waiting) to "+limitspec.ShortDuration(maxQueueTimeout))
 	}
 	switch p.Status {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:

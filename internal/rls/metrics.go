@@ -27,7 +27,7 @@ var callResultNames = [numCallResults]string{
 }
 
 // Metrics are the rate limit service's Prometheus collectors. Labels hold configured domains
-// and rule labels (policy.RLSRule.Label), never a descriptor's value unless a rule asks for it
+// and rule labels (envoyrules.Rule.Label), never a descriptor's value unless a rule asks for it
 // with detailed_metric or value_to_metric. A descriptor with a limit override counts under its
 // domain's override label (overrideLabel), never under its entries: the caller chooses them, so
 // a label built from them let one call add series of a megabyte each, kept forever. Safe for

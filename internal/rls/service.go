@@ -1,6 +1,6 @@
 // Package rls serves Envoy's rate limit service, envoy.service.ratelimit.v3.RateLimitService,
 // on the gateway's engine: it matches each descriptor of a ShouldRateLimit call against the
-// rules compiled from rls.config_dir (policy.RLSRules), turns the matches into one group of
+// rules compiled from rls.config_dir (envoyrules.Rules), turns the matches into one group of
 // bucket charges and asks the same bucket.Store as the proxy. It never imports the proxy.
 //
 // A call is one group: when any enforced descriptor is over its limit the answer is OVER_LIMIT
@@ -25,7 +25,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 )
 
 // OnError is what a call gets when the store cannot decide.
@@ -48,7 +48,7 @@ const (
 // Options configure a Service.
 type Options struct {
 	// Rules returns the rules in force; called once per call. (Required)
-	Rules func() *policy.RLSRules
+	Rules func() *envoyrules.Rules
 	// Store decides the charges. (Required) When it is a bucket.Releaser, checks that consume
 	// nothing (hits_addend 0) are given back; otherwise they are refused as INVALID_ARGUMENT.
 	Store bucket.Store
@@ -99,9 +99,9 @@ func New(o Options) (*Service, error) {
 
 // call is the scratch space of one call, pooled.
 type call struct {
-	entries []policy.RLSEntry // all descriptors' entries, back to back
-	bounds  []int             // descriptor i's entries are entries[bounds[i]:bounds[i+1]]
-	matches []policy.RLSMatch
+	entries []envoyrules.Entry // all descriptors' entries, back to back
+	bounds  []int              // descriptor i's entries are entries[bounds[i]:bounds[i+1]]
+	matches []envoyrules.Match
 	kinds   []uint8 // per descriptor: what applies
 	charges []bucket.Charge
 	results []bucket.Result
@@ -122,7 +122,7 @@ const (
 func (c *call) reset(n int) {
 	c.entries, c.bounds, c.charges, c.of, c.probe, c.views, c.taken = c.entries[:0], c.bounds[:0], c.charges[:0], c.of[:0], c.probe[:0], c.views[:0], c.taken[:0]
 	if cap(c.matches) < n {
-		c.matches = make([]policy.RLSMatch, n)
+		c.matches = make([]envoyrules.Match, n)
 	}
 	c.matches = c.matches[:n]
 	if cap(c.kinds) < n {
@@ -132,7 +132,7 @@ func (c *call) reset(n int) {
 	clear(c.kinds)
 }
 
-func (c *call) entriesOf(i int) []policy.RLSEntry { return c.entries[c.bounds[i]:c.bounds[i+1]] }
+func (c *call) entriesOf(i int) []envoyrules.Entry { return c.entries[c.bounds[i]:c.bounds[i+1]] }
 
 // ShouldRateLimit implements pb.RateLimitServiceServer.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
@@ -168,7 +168,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	for _, d := range req.Descriptors {
 		c.bounds = append(c.bounds, len(c.entries))
 		for _, e := range d.GetEntries() {
-			c.entries = append(c.entries, policy.RLSEntry{Key: e.GetKey(), Value: e.GetValue()})
+			c.entries = append(c.entries, envoyrules.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 	}
 	c.bounds = append(c.bounds, len(c.entries))
@@ -217,7 +217,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			continue
 		case kindOverride:
 			o := d.GetLimit()
-			l, _ := policy.OverrideLimit(o.GetRequestsPerUnit(), policy.RLSUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
+			l, _ := envoyrules.OverrideLimit(o.GetRequestsPerUnit(), envoyrules.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
 			ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l, Pool: pool}
 			// The caller chooses an override's entries: its label is the domain's alone.
 			view = limitView{name: overrideLabel(dom.Name), limit: l}
@@ -431,7 +431,7 @@ func validRequest(req *pb.RateLimitRequest, canGiveBack bool) error {
 			return status.Error(codes.InvalidArgument, "is_negative_hits is not supported")
 		}
 		if o := d.GetLimit(); o != nil {
-			if _, ok := policy.OverrideLimit(o.GetRequestsPerUnit(), policy.RLSUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()); !ok {
+			if _, ok := envoyrules.OverrideLimit(o.GetRequestsPerUnit(), envoyrules.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue()); !ok {
 				return status.Error(codes.InvalidArgument, "descriptor limit override: unknown unit, or more than 1e9 requests or 366 days")
 			}
 		}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -50,7 +51,7 @@ type clock struct{ now time.Time }
 func (c *clock) Now() time.Time          { return c.now }
 func (c *clock) advance(d time.Duration) { c.now = c.now.Add(d) }
 
-func compileRules(t *testing.T, content string) *policy.RLSRules {
+func compileRules(t *testing.T, content string) *envoyrules.Rules {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(content), 0o600); err != nil {
@@ -76,7 +77,7 @@ func newTestService(t *testing.T, st bucket.Store, mod func(*Options)) (*Service
 		t.Fatal(err)
 	}
 	clk := &clock{now: t0}
-	o := Options{Rules: func() *policy.RLSRules { return rules }, Store: st, Backend: "memory", StoreTimeout: 50 * time.Millisecond,
+	o := Options{Rules: func() *envoyrules.Rules { return rules }, Store: st, Backend: "memory", StoreTimeout: 50 * time.Millisecond,
 		Headers: ParseHeaders("all", true), Metrics: m, Now: clk.Now}
 	if mod != nil {
 		mod(&o)
@@ -282,7 +283,7 @@ func TestHeadersAndLabels(t *testing.T) {
 func TestUnlimitedAndUnmatchedNeedNoStore(t *testing.T) {
 	rules := compileRules(t, "domain: d\ndescriptors:\n  - key: vip\n    rate_limit: {unlimited: true}\n")
 	st := &errStore{err: errors.New("must not be called")}
-	s, _, _ := newTestService(t, st, func(o *Options) { o.Rules = func() *policy.RLSRules { return rules }; o.OnError = Deny })
+	s, _, _ := newTestService(t, st, func(o *Options) { o.Rules = func() *envoyrules.Rules { return rules }; o.OnError = Deny })
 	resp := ask(t, s, d("vip", "x"), d("other", "y"))
 	if resp.GetOverallCode() != pb.RateLimitResponse_OK || resp.Statuses[0].GetLimitRemaining() != math.MaxUint32 {
 		t.Errorf("got %v, want OK with vip unlimited", resp)

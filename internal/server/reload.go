@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
@@ -168,7 +169,7 @@ func referencedFiles(cfg *policy.Config) []input {
 // contents), so that adding, removing or editing one is a change and anything else is not.
 func folderInput(field, dir string) input {
 	in := input{field: field, path: dir, folder: true}
-	names, err := policy.RLSFiles(dir)
+	names, err := envoyrules.Files(dir)
 	if err != nil {
 		return in
 	}

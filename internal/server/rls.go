@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/health"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
 )
@@ -37,7 +38,7 @@ func newRLS(ctx context.Context, cfg *policy.Config, rl *Reloader, st bucket.Sto
 		onError = rls.Deny
 	}
 	svc, err := rls.New(rls.Options{
-		Rules:        func() *policy.RLSRules { return rl.Set().RLS() },
+		Rules:        func() *envoyrules.Rules { return rl.Set().RLS() },
 		Store:        st,
 		Backend:      cfg.Store.Backend,
 		OnError:      onError,

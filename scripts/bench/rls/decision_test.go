@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
@@ -47,7 +48,7 @@ func (staticUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 		Header: http.Header{}, Body: http.NoBody, Request: r}, nil
 }
 
-func compileRLS(b *testing.B) *policy.RLSRules {
+func compileRLS(b *testing.B) *envoyrules.Rules {
 	b.Helper()
 	dir := b.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "bench.yaml"), []byte(benchRules), 0o600); err != nil {
@@ -71,7 +72,7 @@ func newRLSService(b *testing.B) *rls.Service {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := rls.New(rls.Options{Rules: func() *policy.RLSRules { return rules }, Store: bucket.NewMemory(bucket.MemoryOptions{}),
+	s, err := rls.New(rls.Options{Rules: func() *envoyrules.Rules { return rules }, Store: bucket.NewMemory(bucket.MemoryOptions{}),
 		Backend: "memory", StoreTimeout: time.Second, Metrics: m, Headers: rls.ParseHeaders("ietf", false)})
 	if err != nil {
 		b.Fatal(err)

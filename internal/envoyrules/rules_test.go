@@ -1,7 +1,7 @@
-package policy
+package envoyrules
 
 import (
-	"errors"
+	"crypto/sha256"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 // rlsDir writes files (name → content) into a fresh folder and returns it.
@@ -23,29 +24,26 @@ func rlsDir(t *testing.T, files map[string]string) string {
 	return dir
 }
 
-// rlsConfig is an RLS-only configuration for dir.
-func rlsConfig(t *testing.T, dir, extra string) *Config {
+// compileRLSFiles loads files as a gateway without a namespace does, failing on any problem.
+func compileRLSFiles(t *testing.T, files map[string]string) *Rules {
 	t.Helper()
-	cfg, err := Parse([]byte("admin_listen: 127.0.0.1:9090\nrls:\n  listen: 127.0.0.1:8081\n  config_dir: "+dir+"\n"+extra), LoadOptions{Getenv: func(string) string { return "" }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg
+	return compileRLSInNamespace(t, files, "")
 }
 
-func compileRLSFiles(t *testing.T, files map[string]string) *RLSRules {
+// compileRLSInNamespace loads files as a gateway whose store.dynamodb.namespace is ns.
+func compileRLSInNamespace(t *testing.T, files map[string]string, ns string) *Rules {
 	t.Helper()
-	set, err := Compile(rlsConfig(t, rlsDir(t, files), ""), CompileOptions{Getenv: func(string) string { return "" }})
-	if err != nil {
-		t.Fatalf("compile: %v", err)
+	rules, problems, err := Load(rlsDir(t, files), Options{Namespace: ns})
+	if err != nil || len(problems) > 0 {
+		t.Fatalf("load: %v %v", err, problems)
 	}
-	return set.RLS()
+	return rules
 }
 
-func entries(kv ...string) []RLSEntry {
-	var out []RLSEntry
+func entries(kv ...string) []Entry {
+	var out []Entry
 	for i := 0; i+1 < len(kv); i += 2 {
-		out = append(out, RLSEntry{Key: kv[i], Value: kv[i+1]})
+		out = append(out, Entry{Key: kv[i], Value: kv[i+1]})
 	}
 	return out
 }
@@ -117,7 +115,7 @@ func TestRLSMatchMostSpecificWins(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		entries []RLSEntry
+		entries []Entry
 		want    string // the rule's label; "" for no rule
 	}{
 		{"nested exact then key", entries("message_type", "marketing", "to_number", "555"), "messaging.message_type_marketing.to_number"},
@@ -137,7 +135,7 @@ func TestRLSMatchMostSpecificWins(t *testing.T) {
 		{"unknown key", entries("nothing", "x"), ""},
 		{"no entries", nil, ""},
 	}
-	var m RLSMatch
+	var m Match
 	for _, tt := range tests {
 		r := d.Match(tt.entries, &m)
 		got := ""
@@ -152,10 +150,10 @@ func TestRLSMatchMostSpecificWins(t *testing.T) {
 
 func TestRLSLimits(t *testing.T) {
 	d := compileRLSFiles(t, map[string]string{"m.yaml": messagingConfig}).Domain("messaging")
-	var m RLSMatch
+	var m Match
 	berlin, _ := time.LoadLocation("Europe/Berlin")
 	tests := []struct {
-		entries []RLSEntry
+		entries []Entry
 		want    bucket.Limit
 	}{
 		{entries("to_number", "1"), bucket.Limit{Algorithm: bucket.FixedWindow, Count: 100, Window: 24 * time.Hour}},
@@ -185,9 +183,9 @@ func TestRLSLimits(t *testing.T) {
 
 func TestRLSKeys(t *testing.T) {
 	d := compileRLSFiles(t, map[string]string{"m.yaml": messagingConfig}).Domain("messaging")
-	key := func(e []RLSEntry) bucket.Key {
+	key := func(e []Entry) bucket.Key {
 		t.Helper()
-		var m RLSMatch
+		var m Match
 		if d.Match(e, &m) == nil {
 			t.Fatalf("%v: no rule", e)
 		}
@@ -234,8 +232,8 @@ func TestRLSKeysAreScopedByDomainPoolAndNamespace(t *testing.T) {
 		"b.yaml": "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: p\n    rate_limit: {unit: minute, requests_per_unit: 1, pool: shared}\n",
 	}
 	rules := compileRLSFiles(t, files)
-	key := func(domain string, e []RLSEntry) bucket.Key {
-		var m RLSMatch
+	key := func(domain string, e []Entry) bucket.Key {
+		var m Match
 		if rules.Domain(domain).Match(e, &m) == nil {
 			t.Fatalf("%s %v: no rule", domain, e)
 		}
@@ -246,6 +244,67 @@ func TestRLSKeysAreScopedByDomainPoolAndNamespace(t *testing.T) {
 	}
 	if key("a", entries("p", "v")) != key("b", entries("p", "v")) {
 		t.Error("two domains naming one pool do not share its bucket")
+	}
+}
+
+// TestRLSKeyBytes pins the bytes a descriptor's bucket key digests: keys are the state in the
+// store, and a change of one byte would start every bucket afresh on upgrade (and part a pool
+// from the gateways still on the old version). Each want is written out by hand.
+func TestRLSKeyBytes(t *testing.T) {
+	entry := func(b []byte, k, v string) []byte {
+		b = append(b, byte(len(k)))
+		b = append(b, k...)
+		b = append(b, byte(len(v)))
+		return append(b, v...)
+	}
+	want := func(prefix string, kv ...string) bucket.Key {
+		b := []byte(prefix)
+		for i := 0; i+1 < len(kv); i += 2 {
+			b = entry(b, kv[i], kv[i+1])
+		}
+		sum := sha256.Sum256(b)
+		var k bucket.Key
+		copy(k[:], sum[:])
+		return k
+	}
+	pools := map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: p\n    rate_limit: {unit: minute, requests_per_unit: 1, pool: shared}\n"}
+	msg := compileRLSFiles(t, map[string]string{"m.yaml": messagingConfig}).Domain("messaging")
+	plain := compileRLSFiles(t, pools).Domain("a")
+	spaced := compileRLSInNamespace(t, pools, "team").Domain("a")
+	tests := []struct {
+		name string
+		d    *Domain
+		e    []Entry
+		want bucket.Key
+	}{
+		{"fixed window", msg, entries("to_number", "1"),
+			want("\x03rls\x00messaging\x00fixed_window/86400000000000\x00rls\x00", "to_number", "1")},
+		{"nested", msg, entries("message_type", "marketing", "to_number", "555"),
+			want("\x03rls\x00messaging\x00fixed_window/86400000000000\x00rls\x00", "message_type", "marketing", "to_number", "555")},
+		{"share_threshold hashes the wildcard", msg, entries("path", "/api/x"),
+			want("\x03rls\x00messaging\x00fixed_window/60000000000\x00rls\x00", "path", "/api/*")},
+		{"token bucket", msg, entries("client", "c", "plan", "gold"),
+			want("\x03rls\x00messaging\x00token_bucket\x00rls\x00", "client", "c", "plan", "gold")},
+		{"quota", msg, entries("client", "c", "plan", "x"),
+			want("\x03rls\x00messaging\x00quota/3/Europe/Berlin/0\x00rls\x00", "client", "c", "plan", "x")},
+		{"domain", plain, entries("k", "v"), want("\x03rls\x00a\x00fixed_window/60000000000\x00rls\x00", "k", "v")},
+		{"pool", plain, entries("p", "v"), want("\x02pool\x00shared\x00fixed_window/60000000000\x00rls\x00", "p", "v")},
+		{"domain in a namespace", spaced, entries("k", "v"), want("\x01ns\x00team\x00\x03rls\x00a\x00fixed_window/60000000000\x00rls\x00", "k", "v")},
+		{"a pool ignores the namespace", spaced, entries("p", "v"), want("\x02pool\x00shared\x00fixed_window/60000000000\x00rls\x00", "p", "v")},
+	}
+	for _, tt := range tests {
+		var m Match
+		if tt.d.Match(tt.e, &m) == nil {
+			t.Fatalf("%s: no rule", tt.name)
+		}
+		if got := m.Key(tt.e); got != tt.want {
+			t.Errorf("%s: key %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	l, _ := OverrideLimit(7, UnitHour, 2)
+	e := entries("to_number", "1")
+	if got, w := msg.OverrideKey(e, l), want("\x03rls\x00messaging\x00fixed_window/7200000000000\x00rls\x00", "to_number", "1"); got != w {
+		t.Errorf("override key %s, want %s", got, w)
 	}
 }
 
@@ -270,7 +329,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5}
 `}).Domain("d")
 	tests := []struct {
-		e    []RLSEntry
+		e    []Entry
 		want string
 	}{
 		{entries("user", "alice"), "d.user_alice"},
@@ -278,7 +337,7 @@ descriptors:
 		{entries("file", "docs/x.pdf"), "d.file_docs/*"},
 		{entries("plain", "secret-value"), "d.plain"},
 	}
-	var m RLSMatch
+	var m Match
 	for _, tt := range tests {
 		if d.Match(tt.e, &m) == nil {
 			t.Fatalf("%v: no rule", tt.e)
@@ -311,116 +370,6 @@ func TestGlobMatch(t *testing.T) {
 	}
 }
 
-// TestRLSConfigErrors: every field envoyproxy/ratelimit accepts that ratelimit-proxy does not
-// serve, and every bad value, is refused with the file and the field's path.
-func TestRLSConfigErrors(t *testing.T) {
-	tests := []struct {
-		name, content string
-		want          []string
-	}{
-		{"unknown field", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, unitt: x}\n",
-			[]string{`descriptors[0].rate_limit.unitt: unknown field`}},
-		{"quota_mode", "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
-			[]string{`descriptors[0].quota_mode: not supported`}},
-		{"metadata", "domain: d\ndescriptors:\n  - key: k\n    metadata: {a: b}\n",
-			[]string{`descriptors[0].metadata: not supported`}},
-		{"bad unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n",
-			[]string{`descriptors[0].rate_limit.unit: "minutes": must be second, minute`}},
-		{"missing unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1}\n",
-			[]string{`descriptors[0].rate_limit.unit: required`}},
-		{"unlimited with unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
-			[]string{`descriptors[0].rate_limit.unit: must not be set when unlimited is true`}},
-		{"empty key", "domain: d\ndescriptors:\n  - value: v\n",
-			[]string{`descriptors[0].key: required`}},
-		{"empty domain", "descriptors: []\n", []string{`domain: required`}},
-		{"duplicate descriptor", "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
-			[]string{`descriptors[1]: duplicate descriptor`}},
-		{"replaces itself", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}\n",
-			[]string{`descriptors[0].rate_limit.replaces[0].name: "a": a rate_limit cannot replace itself`}},
-		{"replaces empty", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{}]}\n",
-			[]string{`descriptors[0].rate_limit.replaces[0].name: required`}},
-		{"share_threshold without wildcard", "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n",
-			[]string{`descriptors[0].share_threshold: "true": applies to a wildcard value`}},
-		{"leaky bucket", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky_bucket}\n",
-			[]string{`descriptors[0].rate_limit.algorithm: "leaky_bucket": must be fixed_window, sliding_window, token_bucket or quota: an RLS answer can neither hold`}},
-		{"quota of hours", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: quota}\n",
-			[]string{`descriptors[0].rate_limit.unit: "hour": must be day, week or month for algorithm quota`}},
-		{"burst on a window", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1, burst: 5}\n",
-			[]string{`descriptors[0].rate_limit.burst: "5": used by algorithm token_bucket only`}},
-		{"two years", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 2}\n",
-			[]string{`descriptors[0].rate_limit.unit_multiplier: "2": unit times unit_multiplier must be at most 366 days`}},
-		{"not a number", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: many}\n",
-			[]string{`descriptors[0].rate_limit.requests_per_unit: "many": must be an integer`}},
-		{"not YAML", "domain: [\n", []string{`invalid YAML`}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := rlsDir(t, map[string]string{"conf.yaml": tt.content})
-			err := rlsConfig(t, dir, "").Validate(nil)
-			if err == nil {
-				t.Fatal("validated")
-			}
-			var es Errors
-			if !errors.As(err, &es) {
-				t.Fatalf("error %T is not Errors", err)
-			}
-			file := filepath.Join(dir, "conf.yaml")
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), file+": "+w) {
-					t.Errorf("error\n%s\ndoes not name %q", err, file+": "+w)
-				}
-			}
-		})
-	}
-}
-
-func TestRLSDuplicateDomainNamesBothFiles(t *testing.T) {
-	dir := rlsDir(t, map[string]string{
-		"a.yaml":    "domain: d\n",
-		"b.yml":     "domain: d\n",
-		".hidden":   "not: [yaml",
-		"notes.txt": "not: [yaml",
-	})
-	err := rlsConfig(t, dir, "").Validate(nil)
-	want := filepath.Join(dir, "b.yml") + `: domain: "d": also the domain of ` + filepath.Join(dir, "a.yaml")
-	if err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("got %v, want an error containing %q", err, want)
-	}
-}
-
-func TestRLSOnlyConfig(t *testing.T) {
-	dir := rlsDir(t, map[string]string{"a.yaml": "domain: d\n"})
-	// admin_listen, store and rls: complete, no upstream, listen or policies.
-	if err := rlsConfig(t, dir, "store:\n  backend: memory\n").Validate(nil); err != nil {
-		t.Fatalf("RLS-only config: %v", err)
-	}
-	err := rlsConfig(t, dir, "policies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n").Validate(nil)
-	if err == nil || !strings.Contains(err.Error(), "policies: set, but upstream is empty") {
-		t.Errorf("policies without upstream: got %v", err)
-	}
-	cfg := rlsConfig(t, dir, "")
-	cfg.RLS.Listen = cfg.AdminListen
-	if err := cfg.Validate(nil); err == nil || !strings.Contains(err.Error(), "rls.listen: \"127.0.0.1:9090\": must differ from admin_listen") {
-		t.Errorf("rls.listen = admin_listen: got %v", err)
-	}
-	cfg = rlsConfig(t, dir, "")
-	cfg.RLS.ConfigDir = filepath.Join(dir, "missing")
-	if err := cfg.Validate(nil); err == nil || !strings.Contains(err.Error(), "rls.config_dir: ") {
-		t.Errorf("missing folder: got %v", err)
-	}
-	cfg = rlsConfig(t, dir, "")
-	cfg.RLS.ResponseHeaders = "draft"
-	if err := cfg.Validate(nil); err == nil || !strings.Contains(err.Error(), `rls.response_headers: "draft"`) {
-		t.Errorf("response_headers draft: got %v", err)
-	}
-	// Without rls, upstream stays required.
-	cfg = rlsConfig(t, dir, "")
-	cfg.RLS = nil
-	if err := cfg.Validate(nil); err == nil || !strings.Contains(err.Error(), "upstream: required") {
-		t.Errorf("no upstream, no rls: got %v", err)
-	}
-}
-
 func TestRLSUnlimitedAndShadow(t *testing.T) {
 	d := compileRLSFiles(t, map[string]string{"a.yaml": `domain: d
 descriptors:
@@ -433,7 +382,7 @@ descriptors:
   - key: j
     rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: base}]}
 `}).Domain("d")
-	var m RLSMatch
+	var m Match
 	if r := d.Match(entries("k", "vip"), &m); r == nil || !r.Unlimited {
 		t.Errorf("vip: got %+v, want an unlimited rule", r)
 	}
@@ -450,17 +399,13 @@ func BenchmarkRLSMatchAndKey(b *testing.B) {
 	if err := os.WriteFile(filepath.Join(dir, "m.yaml"), []byte(messagingConfig), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	cfg, err := Parse([]byte("rls:\n  listen: 127.0.0.1:8081\n  config_dir: "+dir+"\n"), LoadOptions{Getenv: func(string) string { return "" }})
-	if err != nil {
-		b.Fatal(err)
+	rules, problems, err := Load(dir, Options{})
+	if err != nil || len(problems) > 0 {
+		b.Fatal(err, problems)
 	}
-	set, err := Compile(cfg, CompileOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	d := set.RLS().Domain("messaging")
+	d := rules.Domain("messaging")
 	e := entries("message_type", "marketing", "to_number", "2061234567")
-	var m RLSMatch
+	var m Match
 	b.ReportAllocs()
 	for b.Loop() {
 		if d.Match(e, &m) == nil {
@@ -470,41 +415,12 @@ func BenchmarkRLSMatchAndKey(b *testing.B) {
 	}
 }
 
-// FuzzRLSFile: any file content either is refused with errors or compiles into rules that match
-// any descriptor without panicking, and a rule found twice for the same entries has one key.
-func FuzzRLSFile(f *testing.F) {
-	f.Add([]byte(messagingConfig), "path", "/api/x")
-	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    value: a*b*c\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), "k", "abbc")
-	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n"), "k", "")
-	f.Add([]byte("domain: [\n"), "", "")
-	f.Fuzz(func(t *testing.T, data []byte, key, value string) {
-		var es Errors
-		file := parseRLSFile(&es, "f.yaml", data)
-		if file == nil {
-			if len(es) == 0 {
-				t.Fatal("no file and no error")
-			}
-			return
+// TestAlgorithmNames: a rule's algorithm is spelled as limitspec names it, the name its bucket
+// keys hash and its messages print.
+func TestAlgorithmNames(t *testing.T) {
+	for name, alg := range algorithms {
+		if got := limitspec.AlgorithmName(alg); got != name {
+			t.Errorf("algorithm %q reads as %d, whose name is %q", name, alg, got)
 		}
-		rules := compileRLS(&es, []*rlsFile{file}, &Config{})
-		if len(es) > 0 {
-			return
-		}
-		d := rules.Domain(file.domain)
-		if d == nil {
-			t.Fatalf("domain %q not compiled", file.domain)
-		}
-		e := []RLSEntry{{Key: key, Value: value}}
-		var m1, m2 RLSMatch
-		r := d.Match(e, &m1)
-		if r != d.Match(e, &m2) {
-			t.Fatal("two matches of one descriptor differ")
-		}
-		if r != nil && !r.Unlimited {
-			if m1.Key(e) != m2.Key(e) {
-				t.Fatal("two keys of one descriptor differ")
-			}
-			_ = m1.Label(file.domain, e)
-		}
-	})
+	}
 }

@@ -1,10 +1,18 @@
-package policy
+// Package envoyrules reads envoyproxy/ratelimit's rule files (the folder rls.config_dir names)
+// and compiles them into Rules: descriptor trees that match a request's descriptors, and the
+// bucket keys, limits and metric labels of the matched rules. The format is that project's,
+// field for field, so that its users copy their files over unchanged; the fields marked
+// "extension" below are ratelimit-proxy's own and let a rule use the rest of the engine.
+//
+// It sits below internal/policy, which loads the rules while it validates a configuration
+// (Set.RLS returns them), and never imports it: what a rule shares with a proxy policy (the
+// bounds of counts, pool names and how a pool or a namespace marks a bucket key, algorithm
+// names, quota time zones) comes from internal/limitspec, and the rest of the configuration
+// comes in as Options. The RLS front end (internal/rls) serves the compiled rules.
+package envoyrules
 
-// This file reads envoyproxy/ratelimit's configuration files (the folder rls.config_dir names)
-// and checks them (envoy_limits.go checks a rate_limit block); envoy_rules.go compiles what it
-// read into RLSRules. The format is that project's, field for field, so that its users copy
-// their files over unchanged; the fields marked "extension" below are ratelimit-proxy's own and
-// let a rule use the rest of the engine.
+// This file reads the files and checks their structure; limits.go checks a rate_limit block,
+// and rules.go compiles what was read into Rules.
 
 import (
 	"fmt"
@@ -18,29 +26,52 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// RLSUnit is a rate_limit's unit, numbered as envoy.service.ratelimit.v3's
-// RateLimitResponse.RateLimit.Unit so that the RLS front end can hand it over as is.
-type RLSUnit int32
+// Options are what the rules take from the rest of the gateway's configuration.
+type Options struct {
+	// Namespace is store.dynamodb.namespace: it scopes the domains' bucket keys as it scopes
+	// the proxy policies' (a rule's pool ignores it, as a policy's does). "" leaves the keys as
+	// they always were.
+	Namespace string
+}
 
-// The units. The zero RLSUnit is UNKNOWN.
+// Problem is one problem found in a rule file: Path names the file and the field
+// (`edge.yaml: descriptors[0].rate_limit.unit`), Value is the offending value as written (empty
+// when there is none to show), and Msg says what is wrong. internal/policy reports each as one
+// of its configuration's FieldErrors.
+type Problem struct {
+	Path, Value, Msg string
+}
+
+// problemList collects Problems in the order they are found.
+type problemList []Problem
+
+func (ps *problemList) add(path, value, msg string) {
+	*ps = append(*ps, Problem{Path: path, Value: value, Msg: msg})
+}
+
+// Unit is a rate_limit's unit, numbered as envoy.service.ratelimit.v3's
+// RateLimitResponse.RateLimit.Unit so that the RLS front end can hand it over as is.
+type Unit int32
+
+// The units. The zero Unit is UNKNOWN.
 const (
-	UnitSecond RLSUnit = 1
-	UnitMinute RLSUnit = 2
-	UnitHour   RLSUnit = 3
-	UnitDay    RLSUnit = 4
-	UnitMonth  RLSUnit = 5
-	UnitYear   RLSUnit = 6
-	UnitWeek   RLSUnit = 7
+	UnitSecond Unit = 1
+	UnitMinute Unit = 2
+	UnitHour   Unit = 3
+	UnitDay    Unit = 4
+	UnitMonth  Unit = 5
+	UnitYear   Unit = 6
+	UnitWeek   Unit = 7
 )
 
-var rlsUnits = map[string]RLSUnit{
+var units = map[string]Unit{
 	"second": UnitSecond, "minute": UnitMinute, "hour": UnitHour, "day": UnitDay,
 	"week": UnitWeek, "month": UnitMonth, "year": UnitYear,
 }
 
 // Duration is the unit's length as envoyproxy/ratelimit counts it: a month is 30 days and a
 // year 365, and windows are aligned to multiples of it since the Unix epoch. 0 for UNKNOWN.
-func (u RLSUnit) Duration() time.Duration {
+func (u Unit) Duration() time.Duration {
 	switch u {
 	case UnitSecond:
 		return time.Second
@@ -60,29 +91,29 @@ func (u RLSUnit) Duration() time.Duration {
 	return 0
 }
 
-// maxRLSPeriod bounds a rule's window (unit times unit_multiplier) and a token bucket's refill
+// maxPeriod bounds a rule's window (unit times unit_multiplier) and a token bucket's refill
 // time: a year, as envoyproxy/ratelimit's largest unit, plus a leap day.
-const maxRLSPeriod = 366 * 24 * time.Hour
+const maxPeriod = 366 * 24 * time.Hour
 
-// maxRLSFiles bounds the files read from rls.config_dir, and maxRLSFileBytes each file: a
+// maxFiles bounds the files read from rls.config_dir, and maxFileBytes each file: a
 // folder mounted by mistake (a home directory) is refused rather than read in full.
 const (
-	maxRLSFiles     = 1000
-	maxRLSFileBytes = 4 << 20
+	maxFiles     = 1000
+	maxFileBytes = 4 << 20
 )
 
-// rlsFile is one configuration file as written.
-type rlsFile struct {
+// ruleFile is one configuration file as written.
+type ruleFile struct {
 	name        string // path as read, for errors
 	domain      string
-	descriptors []rlsDescriptorConfig
+	descriptors []descriptorConfig
 }
 
-// rlsDescriptorConfig is one entry of a descriptors list.
-type rlsDescriptorConfig struct {
+// descriptorConfig is one entry of a descriptors list.
+type descriptorConfig struct {
 	key, value     string
-	rateLimit      *rlsRateLimitConfig
-	descriptors    []rlsDescriptorConfig
+	rateLimit      *rateLimitConfig
+	descriptors    []descriptorConfig
 	shadowMode     bool
 	detailedMetric bool
 	valueToMetric  bool
@@ -90,8 +121,8 @@ type rlsDescriptorConfig struct {
 	at             string // field path, for errors
 }
 
-// rlsRateLimitConfig is a descriptor's rate_limit block.
-type rlsRateLimitConfig struct {
+// rateLimitConfig is a descriptor's rate_limit block.
+type rateLimitConfig struct {
 	unit            string
 	requestsPerUnit int64
 	rpuSet          bool
@@ -105,40 +136,41 @@ type rlsRateLimitConfig struct {
 	timeZone       string
 	offset         int
 	pool           string
-	lease          *LeaseConfig
+	lease          *leaseConfig
 	at             string
 }
 
-// loadRLSDir reads and checks every *.yaml and *.yml file of dir (not its subfolders, nor
-// hidden files: Kubernetes mounts a ConfigMap as such files plus hidden `..data` links) and
-// compiles them. Problems are added to es, each naming its file and field.
-func loadRLSDir(es *Errors, dir string, cfg *Config) *RLSRules {
-	names, err := rlsFileNames(dir)
+// Load reads, checks and compiles every *.yaml and *.yml file of dir (not its subfolders, nor
+// hidden files: Kubernetes mounts a ConfigMap as such files plus hidden `..data` links). err
+// reports a folder that cannot be listed. Otherwise problems are every problem of the files, in
+// the order of the files, each naming its file and field; rules is nil unless there is none.
+func Load(dir string, opts Options) (rules *Rules, problems []Problem, err error) {
+	names, err := Files(dir)
 	if err != nil {
-		es.add("rls.config_dir", dir, err.Error())
-		return nil
+		return nil, nil, err
 	}
-	var files []*rlsFile
+	var es problemList
+	var files []*ruleFile
 	for _, name := range names {
 		data, err := readBounded(name)
 		if err != nil {
 			es.add(name, "", err.Error())
 			continue
 		}
-		if f := parseRLSFile(es, name, data); f != nil {
+		if f := parseFile(&es, name, data); f != nil {
 			files = append(files, f)
 		}
 	}
-	before := len(*es)
-	rules := compileRLS(es, files, cfg)
-	if len(*es) != before {
-		return nil
+	rules = compile(&es, files, opts)
+	if len(es) != 0 {
+		return nil, es, nil
 	}
-	return rules
+	return rules, nil, nil
 }
 
-// rlsFileNames lists the configuration files of dir, sorted, following symbolic links.
-func rlsFileNames(dir string) ([]string, error) {
+// Files lists the rule files of dir as Load reads them (sorted, *.yaml and *.yml, hidden files
+// skipped, symbolic links followed), so that the reloader can tell when they change.
+func Files(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the folder: %w", err)
@@ -159,16 +191,12 @@ func rlsFileNames(dir string) ([]string, error) {
 		}
 		out = append(out, p)
 	}
-	if len(out) > maxRLSFiles {
-		return nil, fmt.Errorf("holds %d configuration files, more than %d", len(out), maxRLSFiles)
+	if len(out) > maxFiles {
+		return nil, fmt.Errorf("holds %d configuration files, more than %d", len(out), maxFiles)
 	}
 	slices.Sort(out)
 	return out, nil
 }
-
-// RLSFiles lists the configuration files of dir as the loader reads them (sorted, *.yaml and
-// *.yml, hidden files skipped), so that the reloader can tell when they change.
-func RLSFiles(dir string) ([]string, error) { return rlsFileNames(dir) }
 
 func readBounded(name string) ([]byte, error) {
 	f, err := os.Open(name)
@@ -176,30 +204,30 @@ func readBounded(name string) ([]byte, error) {
 		return nil, fmt.Errorf("cannot read: %w", err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxRLSFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("cannot read: %w", err)
 	}
-	if len(data) > maxRLSFileBytes {
-		return nil, fmt.Errorf("larger than %d bytes", maxRLSFileBytes)
+	if len(data) > maxFileBytes {
+		return nil, fmt.Errorf("larger than %d bytes", maxFileBytes)
 	}
 	return data, nil
 }
 
-// parseRLSFile decodes one file, reporting every unknown field and every value of the wrong
+// parseFile decodes one file, reporting every unknown field and every value of the wrong
 // type with its path. It returns nil when the file is not YAML at all.
-func parseRLSFile(es *Errors, name string, data []byte) *rlsFile {
+func parseFile(es *problemList, name string, data []byte) *ruleFile {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		es.add(name, "", "invalid YAML: "+err.Error())
 		return nil
 	}
-	f := &rlsFile{name: name}
+	f := &ruleFile{name: name}
 	if len(doc.Content) == 0 {
 		es.add(name+": domain", "", "required: the file is empty")
 		return f
 	}
-	p := rlsParser{es: es, file: name}
+	p := parser{es: es, file: name}
 	root := doc.Content[0]
 	if !p.mapping(root, "") {
 		return f
@@ -221,13 +249,13 @@ func parseRLSFile(es *Errors, name string, data []byte) *rlsFile {
 	return f
 }
 
-// rlsParser walks a file's YAML nodes, recording problems under the file's name.
-type rlsParser struct {
-	es   *Errors
+// parser walks a file's YAML nodes, recording problems under the file's name.
+type parser struct {
+	es   *problemList
 	file string
 }
 
-func (p *rlsParser) add(at, value, msg string) { p.es.add(p.file+": "+at, value, msg) }
+func (p *parser) add(at, value, msg string) { p.es.add(p.file+": "+at, value, msg) }
 
 func join(at, field string) string {
 	if at == "" {
@@ -236,7 +264,7 @@ func join(at, field string) string {
 	return at + "." + field
 }
 
-func (p *rlsParser) unknown(key, at string) {
+func (p *parser) unknown(key, at string) {
 	switch key {
 	case "quota_mode":
 		// envoyproxy/ratelimit's quota mode answers OVER_LIMIT only when all quota
@@ -249,7 +277,7 @@ func (p *rlsParser) unknown(key, at string) {
 	}
 }
 
-func (p *rlsParser) mapping(n *yaml.Node, at string) bool {
+func (p *parser) mapping(n *yaml.Node, at string) bool {
 	if n.Kind != yaml.MappingNode {
 		where := at
 		if where == "" {
@@ -261,7 +289,7 @@ func (p *rlsParser) mapping(n *yaml.Node, at string) bool {
 	return true
 }
 
-func (p *rlsParser) str(n *yaml.Node, at string) string {
+func (p *parser) str(n *yaml.Node, at string) string {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
 		p.add(at, "", "must be a string")
 		return ""
@@ -269,7 +297,7 @@ func (p *rlsParser) str(n *yaml.Node, at string) string {
 	return n.Value
 }
 
-func (p *rlsParser) boolean(n *yaml.Node, at string) bool {
+func (p *parser) boolean(n *yaml.Node, at string) bool {
 	var b bool
 	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
 		p.add(at, n.Value, "must be true or false")
@@ -278,7 +306,7 @@ func (p *rlsParser) boolean(n *yaml.Node, at string) bool {
 	return b
 }
 
-func (p *rlsParser) integer(n *yaml.Node, at string) int64 {
+func (p *parser) integer(n *yaml.Node, at string) int64 {
 	var v int64
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil {
 		p.add(at, n.Value, "must be an integer")
@@ -289,13 +317,13 @@ func (p *rlsParser) integer(n *yaml.Node, at string) int64 {
 
 // quotaMode accepts quota_mode: false (the default, as envoyproxy/ratelimit means it) and
 // refuses true.
-func (p *rlsParser) quotaMode(n *yaml.Node, at string) {
+func (p *parser) quotaMode(n *yaml.Node, at string) {
 	if p.boolean(n, at) {
 		p.unknown("quota_mode", strings.TrimSuffix(at, ".quota_mode"))
 	}
 }
 
-func (p *rlsParser) descriptors(n *yaml.Node, at string) []rlsDescriptorConfig {
+func (p *parser) descriptors(n *yaml.Node, at string) []descriptorConfig {
 	if n.Kind != yaml.SequenceNode {
 		if n.Tag == "!!null" {
 			return nil
@@ -303,10 +331,10 @@ func (p *rlsParser) descriptors(n *yaml.Node, at string) []rlsDescriptorConfig {
 		p.add(at, "", "must be a list")
 		return nil
 	}
-	out := make([]rlsDescriptorConfig, 0, len(n.Content))
+	out := make([]descriptorConfig, 0, len(n.Content))
 	for i, item := range n.Content {
 		dat := fmt.Sprintf("%s[%d]", at, i)
-		d := rlsDescriptorConfig{at: dat}
+		d := descriptorConfig{at: dat}
 		if !p.mapping(item, dat) {
 			continue
 		}
@@ -341,11 +369,11 @@ func (p *rlsParser) descriptors(n *yaml.Node, at string) []rlsDescriptorConfig {
 	return out
 }
 
-func (p *rlsParser) rateLimit(n *yaml.Node, at string) *rlsRateLimitConfig {
+func (p *parser) rateLimit(n *yaml.Node, at string) *rateLimitConfig {
 	if !p.mapping(n, at) {
 		return nil
 	}
-	rl := &rlsRateLimitConfig{at: at}
+	rl := &rateLimitConfig{at: at}
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		k, v := n.Content[j].Value, n.Content[j+1]
 		fat := join(at, k)
@@ -381,7 +409,7 @@ func (p *rlsParser) rateLimit(n *yaml.Node, at string) *rlsRateLimitConfig {
 	return rl
 }
 
-func (p *rlsParser) replaces(n *yaml.Node, at string) []string {
+func (p *parser) replaces(n *yaml.Node, at string) []string {
 	if n.Kind != yaml.SequenceNode {
 		p.add(at, "", "must be a list of {name: ...}")
 		return nil
@@ -410,26 +438,33 @@ func (p *rlsParser) replaces(n *yaml.Node, at string) []string {
 	return out
 }
 
-func (p *rlsParser) lease(n *yaml.Node, at string) *LeaseConfig {
+// leaseConfig is a rate_limit's lease block (an extension), read as a policy's lease block is.
+type leaseConfig struct {
+	enabled bool
+	shards  int
+	ttl     time.Duration
+}
+
+func (p *parser) lease(n *yaml.Node, at string) *leaseConfig {
 	if !p.mapping(n, at) {
 		return nil
 	}
-	l := new(LeaseConfig)
+	l := new(leaseConfig)
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		k, v := n.Content[j].Value, n.Content[j+1]
 		fat := join(at, k)
 		switch k {
 		case "enabled":
-			l.Enabled = p.boolean(v, fat)
+			l.enabled = p.boolean(v, fat)
 		case "shards":
-			l.Shards = int(p.integer(v, fat))
+			l.shards = int(p.integer(v, fat))
 		case "ttl":
 			s := p.str(v, fat)
 			d, err := time.ParseDuration(s)
 			if err != nil && s != "" {
 				p.add(fat, s, "must be a duration such as 150ms")
 			}
-			l.TTL = d
+			l.ttl = d
 		default:
 			p.unknown(k, at)
 		}

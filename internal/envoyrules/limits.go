@@ -1,6 +1,6 @@
-package policy
+package envoyrules
 
-// This file checks a rate_limit block of envoyproxy/ratelimit's files (read by envoy.go):
+// This file checks a rate_limit block of envoyproxy/ratelimit's files (read by load.go):
 // its unit, requests, algorithm and lease, and turns them into a bucket.Limit.
 
 import (
@@ -11,20 +11,21 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
-// rlsAlgorithms are the algorithms a rule may name. leaky_bucket shapes by holding a request,
+// algorithms are the algorithms a rule may name. leaky_bucket shapes by holding a request,
 // and concurrency gives its slot back when the request ends: an RLS answer can do neither.
-var rlsAlgorithms = map[string]bucket.Algorithm{
+var algorithms = map[string]bucket.Algorithm{
 	"fixed_window":   bucket.FixedWindow,
 	"sliding_window": bucket.SlidingWindow,
 	"token_bucket":   bucket.TokenBucket,
 	"quota":          bucket.Quota,
 }
 
-// checkRLSRateLimit checks one rate_limit block and returns the limit it means (zero for an
+// checkRateLimit checks one rate_limit block and returns the limit it means (zero for an
 // unlimited one). ok is false when a problem was reported.
-func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, unit RLSUnit, ok bool) {
+func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Unit, ok bool) {
 	before := len(*p.es)
 	at := rl.at
 	if rl.unlimited {
@@ -44,7 +45,7 @@ func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, un
 		}
 		return bucket.Limit{}, 0, len(*p.es) == before
 	}
-	unit, known := rlsUnits[strings.ToLower(rl.unit)]
+	unit, known := units[strings.ToLower(rl.unit)]
 	if rl.unit == "" {
 		p.add(at+".unit", "", "required: second, minute, hour, day, week, month or year")
 	} else if !known {
@@ -52,8 +53,8 @@ func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, un
 	}
 	if !rl.rpuSet {
 		p.add(at+".requests_per_unit", "", "required")
-	} else if rl.requestsPerUnit < 0 || rl.requestsPerUnit > maxCount {
-		p.add(at+".requests_per_unit", strconv.FormatInt(rl.requestsPerUnit, 10), fmt.Sprintf("must be from 0 to %d", maxCount))
+	} else if rl.requestsPerUnit < 0 || rl.requestsPerUnit > limitspec.MaxCount {
+		p.add(at+".requests_per_unit", strconv.FormatInt(rl.requestsPerUnit, 10), fmt.Sprintf("must be from 0 to %d", limitspec.MaxCount))
 	}
 	mult := rl.unitMultiplier
 	if mult == 0 {
@@ -66,7 +67,7 @@ func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, un
 	if algName == "" {
 		algName = "fixed_window"
 	}
-	alg, algOK := rlsAlgorithms[algName]
+	alg, algOK := algorithms[algName]
 	if !algOK {
 		why := "must be fixed_window, sliding_window, token_bucket or quota"
 		if algName == "leaky_bucket" || algName == "concurrency" {
@@ -85,14 +86,14 @@ func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, un
 			p.add(at+".offset", strconv.Itoa(rl.offset), "used by algorithm quota only")
 		}
 	}
-	if rl.pool != "" && (len(rl.pool) > maxNameLen || !validName(rl.pool)) {
-		p.add(at+".pool", rl.pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", maxNameLen))
+	if rl.pool != "" && (len(rl.pool) > limitspec.MaxNameLen || !limitspec.ValidName(rl.pool)) {
+		p.add(at+".pool", rl.pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
 	}
 	if len(*p.es) != before || !algOK || !known {
 		return bucket.Limit{}, unit, false
 	}
 	period := time.Duration(mult) * unit.Duration()
-	if mult > int64(maxRLSPeriod/unit.Duration()) {
+	if mult > int64(maxPeriod/unit.Duration()) {
 		p.add(at+".unit_multiplier", strconv.FormatInt(mult, 10), "unit times unit_multiplier must be at most 366 days")
 		return bucket.Limit{}, unit, false
 	}
@@ -108,14 +109,14 @@ func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, un
 		if rpu < 1 {
 			p.add(at+".requests_per_unit", strconv.FormatInt(rpu, 10), "must be at least 1 for token_bucket: it is the refill rate")
 		}
-		if burst < 1 || burst > maxCount {
-			p.add(at+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("must be from 1 to %d", maxCount))
+		if burst < 1 || burst > limitspec.MaxCount {
+			p.add(at+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("must be from 1 to %d", limitspec.MaxCount))
 		}
 		if len(*p.es) != before {
 			return bucket.Limit{}, unit, false
 		}
 		rate := float64(rpu) / period.Seconds()
-		if float64(burst)/rate > maxRLSPeriod.Seconds() {
+		if float64(burst)/rate > maxPeriod.Seconds() {
 			p.add(at+".burst", strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most 366 days")
 			return bucket.Limit{}, unit, false
 		}
@@ -135,7 +136,7 @@ func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, un
 		if mult != 1 {
 			p.add(at+".unit_multiplier", strconv.FormatInt(mult, 10), "must be 1 for algorithm quota: a calendar period is one day, week or month")
 		}
-		zone, err := loadZone(rl.timeZone)
+		zone, err := limitspec.LoadZone(rl.timeZone)
 		if err != nil {
 			p.add(at+".time_zone", rl.timeZone, err.Error())
 		}
@@ -152,36 +153,36 @@ func (p *rlsParser) checkRateLimit(rl *rlsRateLimitConfig) (lim bucket.Limit, un
 		}
 		lim = bucket.Limit{Algorithm: alg, Count: rpu, Period: per, Offset: uint8(rl.offset), Zone: zone}
 	}
-	p.checkRLSLease(rl, lim)
+	p.checkLease(rl, lim)
 	return lim, unit, len(*p.es) == before
 }
 
-// checkRLSLease checks a rule's lease block as a policy's lease is checked.
-func (p *rlsParser) checkRLSLease(rl *rlsRateLimitConfig, lim bucket.Limit) {
+// checkLease checks a rule's lease block as a policy's lease is checked.
+func (p *parser) checkLease(rl *rateLimitConfig, lim bucket.Limit) {
 	l := rl.lease
 	if l == nil {
 		return
 	}
 	at := rl.at + ".lease"
-	if !l.Enabled {
-		if l.Shards != 0 || l.TTL != 0 {
+	if !l.enabled {
+		if l.shards != 0 || l.ttl != 0 {
 			p.add(at+".enabled", "false", "lease fields are set, but enabled is false: set enabled: true, or remove the block")
 		}
 		return
 	}
 	if !bucket.LeaseSupported(lim.Algorithm) {
-		p.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+algorithmName[lim.Algorithm])
+		p.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+limitspec.AlgorithmName(lim.Algorithm))
 		return
 	}
-	if l.Shards < 0 || l.Shards > bucket.MaxLeaseShards {
-		p.add(at+".shards", strconv.Itoa(l.Shards), fmt.Sprintf("must be from 1 to %d", bucket.MaxLeaseShards))
+	if l.shards < 0 || l.shards > bucket.MaxLeaseShards {
+		p.add(at+".shards", strconv.Itoa(l.shards), fmt.Sprintf("must be from 1 to %d", bucket.MaxLeaseShards))
 		return
 	}
-	if l.TTL < 0 {
-		p.add(at+".ttl", shortDuration(l.TTL), "must be positive")
+	if l.ttl < 0 {
+		p.add(at+".ttl", limitspec.ShortDuration(l.ttl), "must be positive")
 		return
 	}
-	shards := max(l.Shards, 1)
+	shards := max(l.shards, 1)
 	capacity := lim.Burst
 	if lim.Algorithm == bucket.FixedWindow {
 		capacity = lim.Count
@@ -190,7 +191,7 @@ func (p *rlsParser) checkRLSLease(rl *rlsRateLimitConfig, lim bucket.Limit) {
 		p.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("must be at most what the limit holds (%d): every shard holds at least one request of it", capacity))
 		return
 	}
-	if ttl := bucket.LeaseTTL(lim, bucket.Lease{Shards: shards, TTL: l.TTL}); ttl <= 0 {
-		p.add(at+".ttl", shortDuration(l.TTL), "leaves no room for a lease: lower ttl or shards, or raise burst")
+	if ttl := bucket.LeaseTTL(lim, bucket.Lease{Shards: shards, TTL: l.ttl}); ttl <= 0 {
+		p.add(at+".ttl", limitspec.ShortDuration(l.ttl), "leaves no room for a lease: lower ttl or shards, or raise burst")
 	}
 }

@@ -1,4 +1,4 @@
-package policy
+package envoyrules
 
 import (
 	"crypto/sha256"
@@ -9,20 +9,21 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
-// RLSRules is the compiled content of rls.config_dir: envoyproxy/ratelimit's domains and their
+// Rules is the compiled content of rls.config_dir: envoyproxy/ratelimit's domains and their
 // descriptor trees. It is immutable and safe for concurrent use; a reload compiles a new one
-// with the rest of the Set. The nil *RLSRules knows no domain.
-type RLSRules struct {
-	domains map[string]*RLSDomain
+// with the rest of the policy.Set. The nil *Rules knows no domain.
+type Rules struct {
+	domains map[string]*Domain
 	names   []string // sorted domain names
 	files   []string // the files read, sorted
 	rules   int
 }
 
 // Domain returns the domain's rules, or nil when no file names it.
-func (r *RLSRules) Domain(name string) *RLSDomain {
+func (r *Rules) Domain(name string) *Domain {
 	if r == nil {
 		return nil
 	}
@@ -30,7 +31,7 @@ func (r *RLSRules) Domain(name string) *RLSDomain {
 }
 
 // Domains lists the configured domains, sorted.
-func (r *RLSRules) Domains() []string {
+func (r *Rules) Domains() []string {
 	if r == nil {
 		return nil
 	}
@@ -38,7 +39,7 @@ func (r *RLSRules) Domains() []string {
 }
 
 // Files lists the configuration files the rules were compiled from, sorted.
-func (r *RLSRules) Files() []string {
+func (r *Rules) Files() []string {
 	if r == nil {
 		return nil
 	}
@@ -46,44 +47,41 @@ func (r *RLSRules) Files() []string {
 }
 
 // Len is the number of rate_limit blocks (unlimited ones included).
-func (r *RLSRules) Len() int {
+func (r *Rules) Len() int {
 	if r == nil {
 		return 0
 	}
 	return r.rules
 }
 
-// RLS returns the compiled rls.config_dir rules, or nil without an rls block.
-func (s *Set) RLS() *RLSRules { return s.rls }
-
-// RLSEntry is one entry of a request's descriptor: Envoy's (key, value) pair.
-type RLSEntry struct {
+// Entry is one entry of a request's descriptor: Envoy's (key, value) pair.
+type Entry struct {
 	Key, Value string
 }
 
-// RLSDomain is one domain's descriptor tree.
-type RLSDomain struct {
+// Domain is one domain's descriptor tree.
+type Domain struct {
 	Name  string
-	root  rlsNode
-	store string // what the domain's bucket keys hash first (see rlsStoreName)
+	root  node
+	store string // what the domain's bucket keys hash first (see storeName)
 }
 
-// rlsNode is one descriptor of the tree.
-type rlsNode struct {
-	children map[RLSEntry]*rlsNode // by (key, value); value "" is the key-only descriptor
-	wild     []rlsWild             // descriptors whose value holds a '*', in file order
-	rule     *RLSRule              // nil: no rate_limit block here
-	hasValue bool                  // the descriptor names a value (exact or wildcard)
-	pattern  string                // the wildcard value; "" when the value holds no '*'
-	share    bool                  // share_threshold: all values matching pattern share a bucket
-	toMetric bool                  // value_to_metric
-	seg      string                // key, or key_value: the descriptor's part of a metric path
+// node is one descriptor of the tree.
+type node struct {
+	children map[Entry]*node // by (key, value); value "" is the key-only descriptor
+	wild     []wildcard      // descriptors whose value holds a '*', in file order
+	rule     *Rule           // nil: no rate_limit block here
+	hasValue bool            // the descriptor names a value (exact or wildcard)
+	pattern  string          // the wildcard value; "" when the value holds no '*'
+	share    bool            // share_threshold: all values matching pattern share a bucket
+	toMetric bool            // value_to_metric
+	seg      string          // key, or key_value: the descriptor's part of a metric path
 }
 
-type rlsWild struct {
+type wildcard struct {
 	key   string
 	parts []string // the value split on '*'
-	node  *rlsNode
+	node  *node
 }
 
 // How a descriptor entry was matched, as envoyproxy/ratelimit tells them apart for metrics.
@@ -93,8 +91,8 @@ const (
 	matchKey
 )
 
-// RLSRule is one compiled rate_limit block.
-type RLSRule struct {
+// Rule is one compiled rate_limit block.
+type Rule struct {
 	// Name is rate_limit.name; "" when unnamed. Replaces lists the names it drops.
 	Name     string
 	Replaces []string
@@ -108,11 +106,11 @@ type RLSRule struct {
 	// RequestsPerUnit, Unit and UnitMultiplier are the rule as written, for the answer's
 	// current_limit.
 	RequestsPerUnit uint32
-	Unit            RLSUnit
+	Unit            Unit
 	UnitMultiplier  uint32
 	// Label is the metric label of the rule: the domain, then its name or else its descriptor
 	// path (`domain.key_value.key`, wildcards as written). Rules with detailed_metric or
-	// value_to_metric label per request instead: see RLSMatch.Label.
+	// value_to_metric label per request instead: see Match.Label.
 	Label string
 
 	detailed  bool   // detailed_metric on the rule's descriptor
@@ -120,12 +118,12 @@ type RLSRule struct {
 	keyPrefix []byte // hashed before the descriptor's entries
 }
 
-// RLSMatch is the outcome of matching one descriptor. Reuse one across calls: Match refills it
-// without allocating once its slices have grown.
-type RLSMatch struct {
+// Match is the outcome of matching one descriptor. Reuse one across calls: Domain.Match
+// refills it without allocating once its slices have grown.
+type Match struct {
 	// Rule is the matched rule, nil when none applies.
-	Rule  *RLSRule
-	nodes []*rlsNode
+	Rule  *Rule
+	nodes []*node
 	how   []uint8
 }
 
@@ -133,7 +131,7 @@ type RLSMatch struct {
 // specific descriptor wins (the exact value, then the first wildcard value that matches, then
 // the key alone), and a rule applies only to a descriptor with exactly as many entries as its
 // depth in the tree. It returns m.Rule.
-func (d *RLSDomain) Match(entries []RLSEntry, m *RLSMatch) *RLSRule {
+func (d *Domain) Match(entries []Entry, m *Match) *Rule {
 	m.Rule, m.nodes, m.how = nil, m.nodes[:0], m.how[:0]
 	n := &d.root
 	for i := range entries {
@@ -148,7 +146,7 @@ func (d *RLSDomain) Match(entries []RLSEntry, m *RLSMatch) *RLSRule {
 			}
 		}
 		if next == nil {
-			next, how = n.children[RLSEntry{Key: e.Key}], matchKey
+			next, how = n.children[Entry{Key: e.Key}], matchKey
 		}
 		if next == nil {
 			return nil
@@ -195,7 +193,7 @@ func globMatch(parts []string, value string) bool {
 // descriptor has its own bucket, as in envoyproxy/ratelimit. An entry matched by a wildcard
 // with share_threshold counts under the wildcard instead of its value. No raw value reaches
 // the store.
-func (m *RLSMatch) Key(entries []RLSEntry) bucket.Key {
+func (m *Match) Key(entries []Entry) bucket.Key {
 	return hashEntries(m.Rule.keyPrefix, entries, func(i int) (string, bool) {
 		if m.how[i] == matchWildcard && m.nodes[i].share {
 			return m.nodes[i].pattern, true
@@ -209,7 +207,7 @@ func (m *RLSMatch) Key(entries []RLSEntry) bucket.Key {
 // (key_value; share_threshold entries with their wildcard); value_to_metric puts the value of
 // its own level in place of a wildcard or of a key-only match. Those allocate per call and
 // make one series per distinct value: see docs/envoy.md on cardinality.
-func (m *RLSMatch) Label(domain string, entries []RLSEntry) string {
+func (m *Match) Label(domain string, entries []Entry) string {
 	r := m.Rule
 	if !r.detailed && !r.toMetric {
 		return r.Label
@@ -246,10 +244,10 @@ func (m *RLSMatch) Label(domain string, entries []RLSEntry) string {
 // OverrideLimit is the limit of a descriptor that carries its own (Envoy's rate limit
 // override): requests per unit times multiplier, counted in a fixed window as
 // envoyproxy/ratelimit counts it. ok is false for an unknown unit or one out of range.
-func OverrideLimit(requestsPerUnit uint32, unit RLSUnit, multiplier uint32) (l bucket.Limit, ok bool) {
+func OverrideLimit(requestsPerUnit uint32, unit Unit, multiplier uint32) (l bucket.Limit, ok bool) {
 	mult := max(int64(multiplier), 1)
 	u := unit.Duration()
-	if u == 0 || int64(requestsPerUnit) > maxCount || mult > int64(maxRLSPeriod/u) {
+	if u == 0 || int64(requestsPerUnit) > limitspec.MaxCount || mult > int64(maxPeriod/u) {
 		return bucket.Limit{}, false
 	}
 	return bucket.Limit{Algorithm: bucket.FixedWindow, Count: int64(requestsPerUnit), Window: time.Duration(mult) * u}, true
@@ -257,14 +255,14 @@ func OverrideLimit(requestsPerUnit uint32, unit RLSUnit, multiplier uint32) (l b
 
 // OverrideKey is the bucket key of a descriptor with a limit override l: the key a fixed-window
 // rule of the same window (and no pool) would give the same entries, so that both count alike.
-func (d *RLSDomain) OverrideKey(entries []RLSEntry, l bucket.Limit) bucket.Key {
+func (d *Domain) OverrideKey(entries []Entry, l bucket.Limit) bucket.Key {
 	var buf [128]byte
-	return hashEntries(rlsKeyPrefix(buf[:0], d.store, l), entries, nil)
+	return hashEntries(keyPrefix(buf[:0], d.store, l), entries, nil)
 }
 
 // OverrideLabel is the metric label of an overridden descriptor: the domain and the entries'
 // keys, never their values (Envoy computes overrides from requests).
-func OverrideLabel(domain string, entries []RLSEntry) string {
+func OverrideLabel(domain string, entries []Entry) string {
 	var b strings.Builder
 	b.WriteString(domain)
 	for _, e := range entries {
@@ -277,7 +275,7 @@ func OverrideLabel(domain string, entries []RLSEntry) string {
 // hashEntries digests prefix and the entries, each key and value length-prefixed so that no
 // two descriptors share a digest by moving bytes between their strings. sub, when not nil, may
 // replace entry i's value.
-func hashEntries(prefix []byte, entries []RLSEntry, sub func(int) (string, bool)) bucket.Key {
+func hashEntries(prefix []byte, entries []Entry, sub func(int) (string, bool)) bucket.Key {
 	var buf [512]byte
 	b := append(buf[:0], prefix...)
 	for i, e := range entries {
@@ -298,26 +296,20 @@ func hashEntries(prefix []byte, entries []RLSEntry, sub func(int) (string, bool)
 	return k
 }
 
-// rlsStoreName is what an RLS rule's bucket keys start with: its pool, or its domain within the
-// store's namespace. The \x03 marks RLS domains apart from proxy policies (a policy name never
-// starts with a control byte); a pool is shared on purpose, as a proxy policy's.
-func rlsStoreName(cfg *Config, domain, pool string) string {
-	if pool != "" {
-		return "\x02pool\x00" + pool
-	}
-	name := "\x03rls\x00" + domain
-	if d := cfg.Store.DynamoDB; d != nil && d.Namespace != "" {
-		return "\x01ns\x00" + d.Namespace + "\x00" + name
-	}
-	return name
+// storeName is what a rule's bucket keys start with: its pool, or its domain within the
+// store's namespace (limitspec.StoreName, as a proxy policy's). The \x03 marks domains apart
+// from proxy policies (a policy name never starts with a control byte); a pool is shared on
+// purpose, as a proxy policy's.
+func storeName(namespace, domain, pool string) string {
+	return limitspec.StoreName(namespace, "\x03rls\x00"+domain, pool)
 }
 
-// rlsKeyPrefix appends to b the part of a key before the entries: store name, algorithm with
+// keyPrefix appends to b the part of a key before the entries: store name, algorithm with
 // its window (or calendar), and "rls", which no proxy key kind is.
-func rlsKeyPrefix(b []byte, store string, l bucket.Limit) []byte {
+func keyPrefix(b []byte, store string, l bucket.Limit) []byte {
 	b = append(b, store...)
 	b = append(b, 0)
-	b = append(b, algorithmName[l.Algorithm]...)
+	b = append(b, limitspec.AlgorithmName(l.Algorithm)...)
 	switch l.Algorithm {
 	case bucket.FixedWindow, bucket.SlidingWindow:
 		b = append(b, '/')
@@ -335,9 +327,9 @@ func rlsKeyPrefix(b []byte, store string, l bucket.Limit) []byte {
 	return append(b, "\x00rls\x00"...)
 }
 
-// compileRLS builds the rules of the parsed files; problems go to es.
-func compileRLS(es *Errors, files []*rlsFile, cfg *Config) *RLSRules {
-	r := &RLSRules{domains: make(map[string]*RLSDomain)}
+// compile builds the rules of the parsed files; problems go to es.
+func compile(es *problemList, files []*ruleFile, opts Options) *Rules {
+	r := &Rules{domains: make(map[string]*Domain)}
 	owner := make(map[string]string)
 	for _, f := range files {
 		r.files = append(r.files, f.name)
@@ -349,9 +341,9 @@ func compileRLS(es *Errors, files []*rlsFile, cfg *Config) *RLSRules {
 			continue
 		}
 		owner[f.domain] = f.name
-		d := &RLSDomain{Name: f.domain, store: rlsStoreName(cfg, f.domain, "")}
-		p := rlsParser{es: es, file: f.name}
-		r.rules += p.load(&d.root, f.descriptors, cfg, d, f.domain, false)
+		d := &Domain{Name: f.domain, store: storeName(opts.Namespace, f.domain, "")}
+		p := parser{es: es, file: f.name}
+		r.rules += p.load(&d.root, f.descriptors, opts, d, f.domain, false)
 		r.domains[f.domain] = d
 		r.names = append(r.names, f.domain)
 	}
@@ -361,7 +353,7 @@ func compileRLS(es *Errors, files []*rlsFile, cfg *Config) *RLSRules {
 
 // load compiles descriptors under parent and returns how many rules it made. path is the
 // parent's metric path; toMetric says whether some ancestor has value_to_metric.
-func (p *rlsParser) load(parent *rlsNode, ds []rlsDescriptorConfig, cfg *Config, d *RLSDomain, path string, toMetric bool) int {
+func (p *parser) load(parent *node, ds []descriptorConfig, opts Options, d *Domain, path string, toMetric bool) int {
 	rules := 0
 	for i := range ds {
 		dc := &ds[i]
@@ -369,7 +361,7 @@ func (p *rlsParser) load(parent *rlsNode, ds []rlsDescriptorConfig, cfg *Config,
 			p.add(dc.at+".key", "", "required")
 			continue
 		}
-		e := RLSEntry{Key: dc.key, Value: dc.value}
+		e := Entry{Key: dc.key, Value: dc.value}
 		if parent.children[e] != nil {
 			what := "key " + strconv.Quote(dc.key)
 			if dc.value != "" {
@@ -378,35 +370,35 @@ func (p *rlsParser) load(parent *rlsNode, ds []rlsDescriptorConfig, cfg *Config,
 			p.add(dc.at, "", "duplicate descriptor: "+what+" is already at this level")
 			continue
 		}
-		n := &rlsNode{hasValue: dc.value != "", share: dc.shareThreshold, toMetric: dc.valueToMetric, seg: dc.key}
+		n := &node{hasValue: dc.value != "", share: dc.shareThreshold, toMetric: dc.valueToMetric, seg: dc.key}
 		if dc.value != "" {
 			n.seg += "_" + dc.value
 		}
 		if strings.Contains(dc.value, "*") {
 			n.pattern = dc.value
-			parent.wild = append(parent.wild, rlsWild{key: dc.key, parts: strings.Split(dc.value, "*"), node: n})
+			parent.wild = append(parent.wild, wildcard{key: dc.key, parts: strings.Split(dc.value, "*"), node: n})
 		} else if dc.shareThreshold {
 			p.add(dc.at+".share_threshold", "true", "applies to a wildcard value (one holding '*') only")
 		}
 		nodePath := path + "." + n.seg
 		under := toMetric || dc.valueToMetric
 		if rl := dc.rateLimit; rl != nil {
-			if rule := p.rule(rl, dc, cfg, d, nodePath, under); rule != nil {
+			if rule := p.rule(rl, dc, opts, d, nodePath, under); rule != nil {
 				n.rule = rule
 				rules++
 			}
 		}
 		if parent.children == nil {
-			parent.children = make(map[RLSEntry]*rlsNode)
+			parent.children = make(map[Entry]*node)
 		}
 		parent.children[e] = n
-		rules += p.load(n, dc.descriptors, cfg, d, nodePath, under)
+		rules += p.load(n, dc.descriptors, opts, d, nodePath, under)
 	}
 	return rules
 }
 
 // rule compiles one rate_limit block; nil when it has problems (reported).
-func (p *rlsParser) rule(rl *rlsRateLimitConfig, dc *rlsDescriptorConfig, cfg *Config, d *RLSDomain, path string, toMetric bool) *RLSRule {
+func (p *parser) rule(rl *rateLimitConfig, dc *descriptorConfig, opts Options, d *Domain, path string, toMetric bool) *Rule {
 	before := len(*p.es)
 	for i, name := range rl.replaces {
 		if name == rl.name {
@@ -424,7 +416,7 @@ func (p *rlsParser) rule(rl *rlsRateLimitConfig, dc *rlsDescriptorConfig, cfg *C
 	if rl.name != "" {
 		label = d.Name + "." + rl.name
 	}
-	r := &RLSRule{
+	r := &Rule{
 		Name:      rl.name,
 		Replaces:  rl.replaces,
 		Unlimited: rl.unlimited,
@@ -440,9 +432,9 @@ func (p *rlsParser) rule(rl *rlsRateLimitConfig, dc *rlsDescriptorConfig, cfg *C
 	}
 	r.RequestsPerUnit = uint32(rl.requestsPerUnit)
 	r.UnitMultiplier = uint32(max(rl.unitMultiplier, 1))
-	if l := rl.lease; l != nil && l.Enabled {
-		r.Lease = bucket.Lease{Shards: max(l.Shards, 1), TTL: l.TTL}
+	if l := rl.lease; l != nil && l.enabled {
+		r.Lease = bucket.Lease{Shards: max(l.shards, 1), TTL: l.ttl}
 	}
-	r.keyPrefix = rlsKeyPrefix(nil, rlsStoreName(cfg, d.Name, rl.pool), lim)
+	r.keyPrefix = keyPrefix(nil, storeName(opts.Namespace, d.Name, rl.pool), lim)
 	return r
 }
