@@ -100,7 +100,7 @@ func register[C prometheus.Collector](reg prometheus.Registerer, errs *[]error, 
 func (m *Metrics) rule(label string) *answer.PolicyCounters { return m.shared.Policy(label) }
 
 // valueRule returns the counters of a rule whose metric label holds descriptor values (label,
-// built per call by RLSMatch.Label) rather than its static label: label's own series while the
+// built per call by envoyrules.Match.Label) rather than its static label: label's own series while the
 // rule has fewer than maxValueLabels of them and label is short enough, else the rule's
 // overflow series. A label seen once keeps its series.
 func (m *Metrics) valueRule(static, label string) *answer.PolicyCounters {
