@@ -20,7 +20,7 @@ const testToken = "write-token-0123456789"
 
 // newTestConsole compiles yaml (with an rls rules file in its config_dir) and serves a console
 // on a memory store.
-func newTestConsole(t *testing.T, yaml, rules string) (*Console, *bucket.Memory, *policy.Set, http.Handler) {
+func newTestConsole(t testing.TB, yaml, rules string) (*Console, *bucket.Memory, *policy.Set, http.Handler) {
 	t.Helper()
 	dir := t.TempDir()
 	if rules != "" {
@@ -71,10 +71,11 @@ func TestRLSDescriptorInspectReset(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `"scope": "rls:edge"`) {
 		t.Fatalf("policies: %d %s, want the rls rule with scope rls:edge", code, body)
 	}
-	ch, _, _, err := set.RLSCharge("edge", []policy.RLSEntry{{Key: "api_key", Value: "secret-value"}})
+	rt, err := set.RLSCharge("edge", []policy.RLSEntry{{Key: "api_key", Value: "secret-value"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ch := rt.Charge
 	res := make([]bucket.Result, 1)
 	for range 3 {
 		if _, err := m.Take(context.Background(), time.Now(), []bucket.Charge{ch}, res); err != nil {

@@ -24,7 +24,14 @@ func (c *Console) postExemption(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "bad-exemption", "policy is missing.")
 		return
 	}
-	t, status, detail := c.resolve(b.Policy, b.Key, b.Pseudonym)
+	var t target
+	var status int
+	var detail string
+	if b.Domain != "" {
+		t, status, detail = c.resolveRLS(b.Policy, b.Domain, b.Entries)
+	} else {
+		t, status, detail = c.resolve(b.Policy, b.Key, b.Pseudonym)
+	}
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return
@@ -176,11 +183,19 @@ func (c *Console) Sync(ctx context.Context) error {
 		}
 		e := se.Exemption
 		kb, err := hex.DecodeString(se.BucketKeyHex)
-		pol := set.Policy(e.Policy)
-		if err != nil || len(kb) != len(e.BucketKey) || pol == nil {
+		if err != nil || len(kb) != len(e.BucketKey) {
 			continue
 		}
 		copy(e.BucketKey[:], kb)
+		pol := set.Policy(e.Policy)
+		if pol == nil { // an rls rule's exemption, named by the rule's label
+			if _, r := set.RLSRuleByLabel(e.Policy); r != nil {
+				pol = rlsPolicy(r)
+			}
+		}
+		if pol == nil {
+			continue
+		}
 		if e.Limit != nil {
 			var win time.Duration
 			if e.Limit.Window != "" {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
@@ -115,32 +116,59 @@ func (d *RLSDomain) Rules() []*RLSRule {
 		if n.rule != nil {
 			out = append(out, n.rule)
 		}
+		// children holds every descriptor of the level, wildcards included (n.wild indexes
+		// those again for matching): walking both listed a wildcard's rule twice.
 		for _, c := range n.children {
 			walk(c)
-		}
-		for i := range n.wild {
-			walk(n.wild[i].node)
 		}
 	}
 	walk(&d.root)
 	return out
 }
 
-// RLSCharge is the charge that Envoy's rate limit service makes for a descriptor of domain, as
-// the service builds it (without a per-request limit override): what the console inspects and
-// resets. unlimited reports a rule without a limit.
-func (s *Set) RLSCharge(domain string, entries []RLSEntry) (c bucket.Charge, rule *RLSRule, unlimited bool, err error) {
+// RLSTarget is a descriptor of an rls domain as the rate limit service charges it.
+type RLSTarget struct {
+	// Charge is the charge the service makes (without a per-request limit override).
+	Charge bucket.Charge
+	// Rule is the matched rule; Unlimited reports a rule without a limit (no charge then).
+	Rule      *RLSRule
+	Unlimited bool
+	// Entries are the descriptor's entries as the bucket key hashed them (RLSMatch.KeyEntries).
+	Entries []RLSEntry
+}
+
+// RLSCharge finds what Envoy's rate limit service charges for a descriptor of domain, as the
+// service builds it: what the console inspects, resets and exempts.
+func (s *Set) RLSCharge(domain string, entries []RLSEntry) (RLSTarget, error) {
 	d := s.RLS().Domain(domain)
 	if d == nil {
-		return bucket.Charge{}, nil, false, fmt.Errorf("no rls domain %q", domain)
+		return RLSTarget{}, fmt.Errorf("no rls domain %q", domain)
 	}
 	var m RLSMatch
 	r := d.Match(entries, &m)
 	if r == nil {
-		return bucket.Charge{}, nil, false, fmt.Errorf("no rule of rls domain %q matches the descriptor", domain)
+		return RLSTarget{}, fmt.Errorf("no rule of rls domain %q matches the descriptor", domain)
 	}
 	if r.Unlimited {
-		return bucket.Charge{}, r, true, nil
+		return RLSTarget{Rule: r, Unlimited: true, Entries: entries}, nil
 	}
-	return bucket.Charge{Key: m.Key(entries), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Cost: 1}, r, false, nil
+	return RLSTarget{Charge: bucket.Charge{Key: m.Key(entries), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Cost: 1},
+		Rule: r, Entries: m.KeyEntries(entries)}, nil
+}
+
+// RLSRuleByLabel finds the rule whose Label is label, and its domain: how the console names
+// rls rules. nil when no rule has it.
+func (s *Set) RLSRuleByLabel(label string) (domain string, rule *RLSRule) {
+	rules := s.RLS()
+	for _, dn := range rules.Domains() {
+		if !strings.HasPrefix(label, dn+".") {
+			continue
+		}
+		for _, r := range rules.Domain(dn).Rules() {
+			if r.Label == label {
+				return dn, r
+			}
+		}
+	}
+	return "", nil
 }
