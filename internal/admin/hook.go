@@ -288,7 +288,12 @@ func (c *Console) ObserveRLS(now time.Time, domain string, m *policy.RLSMatch, e
 // value_to_metric): a descriptor value may be an API key or a token, and the console cannot
 // tell which (docs/operations.md).
 func rlsLabel(ps *policy.Pseudonyms, domain string, entries []policy.RLSEntry) string {
+	n := 0
+	for _, e := range entries {
+		n += len(e.Key) + len(e.Value) + 2
+	}
 	var b strings.Builder
+	b.Grow(n)
 	for _, e := range entries {
 		b.WriteString(e.Key)
 		b.WriteByte('=')
