@@ -25,15 +25,19 @@ import (
 // seriesLen is how many seconds of allowed/limited counts the page charts: 15 minutes.
 const seriesLen = 900
 
+// ringLen is how many seconds a policy keeps counts of: seriesLen rounded up to a power of two,
+// so that a second's slot is its low bits (no division, no bounds check on the request path).
+const ringLen = 1024
+
 // generation is how long a sketch counts before it becomes the previous one: "the heaviest keys
 // of the last minutes" are those of the current and the previous generation (5 to 10 minutes).
 const generation = 5 * time.Minute
 
 // polState is what the console keeps per policy name (an rls rule's: its label).
 type polState struct {
-	// series[s%seriesLen] counts the charges of second s. Atomic, so that counting a charge
+	// series[s%ringLen] counts the charges of second s. Atomic, so that counting a charge
 	// takes no lock; a slot is emptied for a new second under mu (turn).
-	series [seriesLen]second
+	series [ringLen]second
 	seed   uint64 // the sampling's random offset (hook.go)
 
 	mu        sync.Mutex // guards the sketches
@@ -146,7 +150,7 @@ func (c *Console) series(name string, now time.Time) []Point {
 	st := v.(*polState)
 	for i := range out {
 		s := out[i].At
-		if sl := &st.series[s%seriesLen]; sl.at.Load() == s {
+		if sl := &st.series[s&(ringLen-1)]; sl.at.Load() == s {
 			out[i].Allowed, out[i].Limited = counts(sl.n.Load())
 		}
 	}

@@ -39,36 +39,33 @@ const (
 // instant is a decision's time as the series and sketches use it.
 type instant struct {
 	ns, sec int64
-	slot    int // sec's slot of the series
+	slot    uint16 // sec's slot of the series: its low bits
 }
 
 func instantOf(now time.Time) instant {
 	ns := now.UnixNano()
 	sec := ns / int64(time.Second)
-	return instant{ns: ns, sec: sec, slot: int(sec % seriesLen)}
+	return instant{ns: ns, sec: sec, slot: uint16(sec) & (ringLen - 1)}
 }
 
-// count counts one charge (limited or not) in its second and returns the sketch's weight for
-// it: 1 within the second's first exactPerSecond charges, then sampleEvery for a sampled
-// charge and 0 for the others (the sketch skips them).
-func (st *polState) count(at *instant, limited bool) uint64 {
-	sl := &st.series[at.slot]
+// count counts one charge in its second (one: 1, or limitedOne for a refused charge) and
+// returns the sketch's weight for it: 1 within the second's first exactPerSecond charges, then
+// sampleEvery for a sampled charge and 0 for the others (the sketch skips them). Observe has
+// it written out in its loop (a call per charge costs as much as the count).
+func (st *polState) count(at *instant, one uint64) uint64 {
+	sl := &st.series[at.slot&(ringLen-1)]
 	if sl.at.Load() != at.sec {
 		st.turn(sl, at.sec)
 	}
-	one := uint64(1)
-	if limited {
-		one = limitedOne
-	}
-	a, l := counts(sl.n.Add(one))
-	n := uint64(a) + uint64(l) // the charge's number in its second
-	if n <= exactPerSecond {
+	return weight(sl.n.Add(one), st.seed)
+}
+
+// weight is the sketch's weight of the charge that made a second's counts n (count).
+func weight(n, seed uint64) uint64 {
+	if n = n&(limitedOne-1) + n>>32; n <= exactPerSecond { // the charge's number in its second
 		return 1
 	}
-	if (n+st.seed)*weyl>>sampleShift != 0 {
-		return 0
-	}
-	return sampleEvery
+	return sampleEvery &^ -((n + seed) * weyl >> sampleShift) // 0 unless the top bits are 0
 }
 
 // turn empties slot sl for second sec, once: writers that saw the old second wait here, and
@@ -226,7 +223,15 @@ func (c *Console) Observe(now time.Time, p *policy.Plan, results []bucket.Result
 			st = c.policies.add(c, pol)
 		}
 		limited := i < len(results) && !results[i].Allowed
-		w := st.count(&at, limited)
+		one := uint64(1)
+		if limited {
+			one = limitedOne
+		}
+		sl := &st.series[at.slot&(ringLen-1)] // st.count(&at, one), written out
+		if sl.at.Load() != at.sec {
+			st.turn(sl, at.sec)
+		}
+		w := weight(sl.n.Add(one), st.seed)
 		if w == 0 {
 			continue
 		}
@@ -271,7 +276,11 @@ func (c *Console) ExemptRLS(now time.Time, r *policy.RLSRule, key bucket.Key) (l
 func (c *Console) ObserveRLS(now time.Time, domain string, m *policy.RLSMatch, entries []policy.RLSEntry, ch *bucket.Charge, limited bool) {
 	at := instantOf(now)
 	st := c.rules.get(c, m.Rule)
-	w := st.count(&at, limited)
+	one := uint64(1)
+	if limited {
+		one = limitedOne
+	}
+	w := st.count(&at, one)
 	if w == 0 {
 		return
 	}
