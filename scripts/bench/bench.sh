@@ -186,7 +186,9 @@ go_benches() {
   $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
   note "Go benchmarks: the operators' console's cost in instructions (callgrind)"
   local console_rc=0
-  scripts/bench/console-instr.sh >"$out/console-instr.md" || console_rc=$?
+  local instr_n=30000
+  [ "${BENCH_QUICK:-0}" = 1 ] && instr_n=6000
+  CONSOLE_INSTR_N=$instr_n scripts/bench/console-instr.sh >"$out/console-instr.md" || console_rc=$?
   note "Go benchmarks: replay (one core)"
   local replay_x=5
   [ "${BENCH_QUICK:-0}" = 1 ] && replay_x=2
