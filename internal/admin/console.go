@@ -20,6 +20,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 // seriesLen is how many seconds of allowed/limited counts the page charts: 15 minutes.
@@ -65,8 +67,8 @@ type Console struct {
 	states sync.Map // policy name (an rls rule's label) -> *polState
 	// The request path finds a policy's state by the policy's index in its set rather than by
 	// hashing its name (hook.go).
-	policies policyCache
-	rules    ruleCache
+	policies indexCache[*policy.Policy]
+	rules    indexCache[*policy.RLSRule]
 	ex       exemptions
 	resets   resetLog
 	m        *metrics

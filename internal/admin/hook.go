@@ -105,77 +105,49 @@ func (st *polState) rotate(topK int, ns int64) *topSketch {
 	return st.cur
 }
 
-// policyCache holds the states of one set's proxy policies by Policy.Index, each with the
-// policy it is for: a lookup is one atomic load and a comparison (in Observe). Copied on write
-// when a policy is first seen (after a reload, the new set's policies take the indexes over).
-type policyCache struct {
-	slots atomic.Pointer[[]policySlot]
+// indexCache holds the states of one set's policies (P: *policy.Policy) or rls rules
+// (*policy.RLSRule) by their index in the set (Policy.Index, RLSRule.Index), each with the
+// policy it is for: a lookup is one atomic load and a comparison. Copied on write when a policy
+// is first seen (after a reload, the new set's policies take the indexes over).
+type indexCache[P comparable] struct {
+	slots atomic.Pointer[[]indexSlot[P]]
 	mu    sync.Mutex
 }
 
-type policySlot struct {
-	pol *policy.Policy
-	st  *polState
+type indexSlot[P comparable] struct {
+	of P
+	st *polState
 }
 
-// add finds pol's state by name and caches it.
-func (pc *policyCache) add(c *Console, pol *policy.Policy) *polState {
-	st := c.state(pol.Name)
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	if s := grow(pc.slots.Load(), pol.Index); s != nil {
-		(*s)[pol.Index] = policySlot{pol: pol, st: st}
-		pc.slots.Store(s)
-	}
-	return st
-}
-
-// ruleCache is policyCache for rls rules, by RLSRule.Index; they are named by their Label.
-type ruleCache struct {
-	slots atomic.Pointer[[]ruleSlot]
-	mu    sync.Mutex
-}
-
-type ruleSlot struct {
-	rule *policy.RLSRule
-	st   *polState
-}
-
-// get returns r's state.
-func (rc *ruleCache) get(c *Console, r *policy.RLSRule) *polState {
-	if s := rc.slots.Load(); s != nil && uint(r.Index) < uint(len(*s)) {
-		if e := &(*s)[r.Index]; e.rule == r {
+// get returns the state of of, at index i of its set and named name. (Observe has it written
+// out, for the proxy's policies.)
+func (ic *indexCache[P]) get(c *Console, of P, i int, name string) *polState {
+	if s := ic.slots.Load(); s != nil && uint(i) < uint(len(*s)) {
+		if e := &(*s)[i]; e.of == of {
 			return e.st
 		}
 	}
-	return rc.add(c, r)
+	return ic.add(c, of, i, name)
 }
 
-// add finds r's state by its label and caches it.
-func (rc *ruleCache) add(c *Console, r *policy.RLSRule) *polState {
-	st := c.state(r.Label)
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	if s := grow(rc.slots.Load(), r.Index); s != nil {
-		(*s)[r.Index] = ruleSlot{rule: r, st: st}
-		rc.slots.Store(s)
-	}
-	return st
-}
-
-// grow returns a copy of *old long enough for index i, nil when i is out of the caches' bounds
-// (the state is then looked up by name each time).
-func grow[S any](old *[]S, i int) *[]S {
+// add finds the state of name and caches it for of at index i (past maxCachedPolicies, the
+// state is looked up by name each time).
+func (ic *indexCache[P]) add(c *Console, of P, i int, name string) *polState {
+	st := c.state(name)
 	if i < 0 || i >= maxCachedPolicies {
-		return nil
+		return st
 	}
-	var o []S
-	if old != nil {
-		o = *old
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	var old []indexSlot[P]
+	if s := ic.slots.Load(); s != nil {
+		old = *s
 	}
-	s := make([]S, max(len(o), i+1))
-	copy(s, o)
-	return &s
+	s := make([]indexSlot[P], max(len(old), i+1))
+	copy(s, old)
+	s[i] = indexSlot[P]{of: of, st: st}
+	ic.slots.Store(&s)
+	return st
 }
 
 // maxCachedPolicies bounds the index caches.
@@ -213,14 +185,14 @@ func (c *Console) Adjust(p *policy.Plan) {
 // conform) in its policy's per-second series and heavy-hitter sketch. results[i] is charge i's.
 func (c *Console) Observe(now time.Time, p *policy.Plan, results []bucket.Result) {
 	at := instantOf(now)
-	slots := c.policies.slots.Load() // policyCache.get, inlined: one load per request
+	slots := c.policies.slots.Load() // indexCache.get, written out: one load per request
 	for i := range p.Charges {
 		pol := p.Policies[i]
 		var st *polState
-		if slots != nil && uint(pol.Index) < uint(len(*slots)) && (*slots)[pol.Index].pol == pol {
+		if slots != nil && uint(pol.Index) < uint(len(*slots)) && (*slots)[pol.Index].of == pol {
 			st = (*slots)[pol.Index].st
 		} else {
-			st = c.policies.add(c, pol)
+			st = c.policies.add(c, pol, pol.Index, pol.Name)
 		}
 		limited := i < len(results) && !results[i].Allowed
 		one := uint64(1)
@@ -275,7 +247,7 @@ func (c *Console) ExemptRLS(now time.Time, r *policy.RLSRule, key bucket.Key) (l
 // key is shown as rlsLabel shows it, computed only when the key enters the sketch.
 func (c *Console) ObserveRLS(now time.Time, domain string, m *policy.RLSMatch, entries []policy.RLSEntry, ch *bucket.Charge, limited bool) {
 	at := instantOf(now)
-	st := c.rules.get(c, m.Rule)
+	st := c.rules.get(c, m.Rule, m.Rule.Index, m.Rule.Label)
 	one := uint64(1)
 	if limited {
 		one = limitedOne
