@@ -276,6 +276,15 @@ func (c *Console) resolveRLS(name, domain string, entries []string) (target, int
 		label: rlsLabel(c.o.Pseudonyms, domain, rt.Entries)}, 0, ""
 }
 
+// resolveAny resolves what a request names: an rls descriptor when it gives a domain (and
+// entries), else a key or pseudonym of policy name.
+func (c *Console) resolveAny(name, key, pseudonym, domain string, entries []string) (target, int, string) {
+	if domain != "" {
+		return c.resolveRLS(name, domain, entries)
+	}
+	return c.resolve(name, key, pseudonym)
+}
+
 // target is the key a request names, resolved to its charge.
 type target struct {
 	pol       *policy.Policy
@@ -354,14 +363,7 @@ type KeyState struct {
 
 func (c *Console) getKey(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var t target
-	var status int
-	var detail string
-	if d := q.Get("domain"); d != "" {
-		t, status, detail = c.resolveRLS(r.PathValue("policy"), d, q["entry"])
-	} else {
-		t, status, detail = c.resolve(r.PathValue("policy"), q.Get("key"), q.Get("pseudonym"))
-	}
+	t, status, detail := c.resolveAny(r.PathValue("policy"), q.Get("key"), q.Get("pseudonym"), q.Get("domain"), q["entry"])
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return
@@ -439,14 +441,7 @@ func (c *Console) postReset(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &b) {
 		return
 	}
-	var t target
-	var status int
-	var detail string
-	if b.Domain != "" {
-		t, status, detail = c.resolveRLS(r.PathValue("policy"), b.Domain, b.Entries)
-	} else {
-		t, status, detail = c.resolve(r.PathValue("policy"), b.Key, b.Pseudonym)
-	}
+	t, status, detail := c.resolveAny(r.PathValue("policy"), b.Key, b.Pseudonym, b.Domain, b.Entries)
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return

@@ -24,14 +24,7 @@ func (c *Console) postExemption(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "bad-exemption", "policy is missing.")
 		return
 	}
-	var t target
-	var status int
-	var detail string
-	if b.Domain != "" {
-		t, status, detail = c.resolveRLS(b.Policy, b.Domain, b.Entries)
-	} else {
-		t, status, detail = c.resolve(b.Policy, b.Key, b.Pseudonym)
-	}
+	t, status, detail := c.resolveAny(b.Policy, b.Key, b.Pseudonym, b.Domain, b.Entries)
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return
