@@ -42,8 +42,9 @@ SOAK ?= 2m
 soak:
 	RATELIMIT_SOAK=1 RATELIMIT_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -v -timeout 0 -run 'TestSoak' ./cmd/ratelimit-proxy/
 
-## bench: decision cost, end to end vs a plain Go proxy (and nginx/HAProxy when installed), memory and
-## DynamoDB cost, in one run; writes .cache/bench/results.md. BENCH_QUICK=1 for a ~1 minute smoke run.
+## bench: decision cost, the console's cost in instructions (valgrind), end to end vs a plain Go proxy
+## (and nginx/HAProxy when installed), memory and DynamoDB cost, in one run; writes
+## .cache/bench/results.md. BENCH_QUICK=1 for a ~1 minute smoke run.
 bench:
 	./scripts/bench/bench.sh
 

@@ -65,7 +65,7 @@ func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr 
 		},
 	}
 	get.Flags().StringVar(&pseudonym, "pseudonym", "", "the key's pseudonym (as the access log shows it) instead of the key")
-	get.Flags().StringVar(&domain, "domain", "", "an rls descriptor's domain (POLICY: the rule's name, or rls)")
+	get.Flags().StringVar(&domain, "domain", "", "an rls descriptor's domain (POLICY: the rule's label or name, or rls)")
 	get.Flags().StringArrayVar(&entries, "entry", nil, "an rls descriptor's entry key=value (repeat, in order)")
 	cmd.AddCommand(get)
 	reset := &cobra.Command{
@@ -80,7 +80,7 @@ func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr 
 	}
 	reset.Flags().StringVar(&pseudonym, "pseudonym", "", "the key's pseudonym instead of the key")
 	reset.Flags().StringVar(&reason, "reason", "", "why (written to the audit log)")
-	reset.Flags().StringVar(&domain, "domain", "", "an rls descriptor's domain (POLICY: the rule's name, or rls)")
+	reset.Flags().StringVar(&domain, "domain", "", "an rls descriptor's domain (POLICY: the rule's label or name, or rls)")
 	reset.Flags().StringArrayVar(&entries, "entry", nil, "an rls descriptor's entry key=value (repeat, in order)")
 	cmd.AddCommand(reset)
 
@@ -102,7 +102,10 @@ func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr 
 	exempt := &cobra.Command{
 		Use: "exempt POLICY [KEY]", Short: "Give a key a temporary limit (or none) until it expires", Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := map[string]any{"policy": args[0], "key": argKey(args), "pseudonym": pseudonym, "reason": reason}
+			body := map[string]any{"policy": args[0], "key": argKey(args), "pseudonym": pseudonym, "reason": reason, "domain": domain}
+			if len(entries) > 0 {
+				body["entries"] = entries
+			}
 			if ex.unlimited {
 				body["unlimited"] = true
 			} else {
@@ -119,6 +122,8 @@ func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr 
 	ef := exempt.Flags()
 	ef.StringVar(&pseudonym, "pseudonym", "", "the key's pseudonym instead of the key")
 	ef.StringVar(&reason, "reason", "", "why (written to the audit log)")
+	ef.StringVar(&domain, "domain", "", "an rls descriptor's domain (POLICY: the rule's label or name, or rls)")
+	ef.StringArrayVar(&entries, "entry", nil, "an rls descriptor's entry key=value (repeat, in order)")
 	ef.StringVar(&ex.rate, "rate", "", "replacement rate of a token or leaky bucket (e.g. 20/s)")
 	ef.Int64Var(&ex.burst, "burst", 0, "replacement burst of a token or leaky bucket")
 	ef.Int64Var(&ex.limit, "limit", 0, "replacement limit of a window, quota or concurrency policy")

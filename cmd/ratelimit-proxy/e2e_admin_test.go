@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os/exec"
 	"slices"
@@ -173,9 +174,12 @@ func TestAdminConsoleMemory(t *testing.T) {
 	for _, h := range heavy {
 		want = append(want, ps.Of("api_key", h))
 	}
+	// Past 1,000 charges a second the sketch samples one charge in 8 (docs/operations.md, "Heavy
+	// hitters and their error bound"): a count of 400 is then within 4 sqrt(8 x 400) of it.
+	lo := uint64(400 - 4*math.Sqrt(8*400))
 	for _, k := range top.Keys {
-		if !slices.Contains(want, k.Key) || k.Requests < 400 || k.Limited < 395 {
-			t.Fatalf("top %+v, want the 3 heavy keys %v with >= 400 requests, >= 395 limited", top.Keys, want)
+		if !slices.Contains(want, k.Key) || k.Requests < lo || k.Limited < lo-5 {
+			t.Fatalf("top %+v, want the 3 heavy keys %v with >= %d requests, >= %d limited", top.Keys, want, lo, lo-5)
 		}
 	}
 	// The CLI merges replicas' views: the same replica twice doubles every count.

@@ -189,10 +189,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // PolicyInfo is one policy in GET /v1/policies.
 type PolicyInfo struct {
+	// Name names the policy in the API's paths and bodies; an rls rule's is its label
+	// (envoyrules.Rule.Label: the domain, then the rule's name or descriptor path).
 	Name      string  `json:"name"`
-	Scope     string  `json:"scope"` // proxy
+	Scope     string  `json:"scope"`          // proxy, or rls:DOMAIN
+	Rule      string  `json:"rule,omitempty"` // an rls rule's rate_limit.name, when it has one
 	Algorithm string  `json:"algorithm"`
-	Key       string  `json:"key"` // ip, api_key, user, global, header:name
+	Key       string  `json:"key"` // ip, api_key, user, global, header:name; descriptor for rls rules
 	Limit     int64   `json:"limit"`
 	Rate      float64 `json:"rate_per_second,omitempty"`
 	Window    float64 `json:"window_seconds,omitempty"`
@@ -231,19 +234,26 @@ func (c *Console) getPolicies(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"policies": out})
 }
 
-// rlsInfo describes an rls rule as GET /v1/policies lists it: scope rls:DOMAIN, its key the
-// descriptor.
+// rlsInfo describes an rls rule as GET /v1/policies lists it: named by its label, scope
+// rls:DOMAIN, its key the descriptor.
 func rlsInfo(domain string, r *envoyrules.Rule) PolicyInfo {
-	pi := infoOf(&policy.Policy{Name: r.Name, Shadow: r.Shadow, Limit: r.Limit, KeyKind: "descriptor", Summary: r.Label})
-	pi.Scope = "rls:" + domain
+	pi := infoOf(rlsPolicy(r))
+	pi.Scope, pi.Rule, pi.Summary = "rls:"+domain, r.Name, "descriptor "+r.Label
 	if r.Unlimited {
 		pi.Algorithm, pi.Limit, pi.Rate, pi.Window = "unlimited", 0, 0, 0
 	}
 	return pi
 }
 
-// resolveRLS finds the charge of an rls descriptor (?domain=D&entry=k=v...). The key is shown
-// as the pseudonym of the descriptor: its values may be credentials.
+// rlsPolicy is an rls rule as a policy, for what the console does alike with both: named by
+// its label, with its limit (from which an exemption's limit is built).
+func rlsPolicy(r *envoyrules.Rule) *policy.Policy {
+	return &policy.Policy{Name: r.Label, Shadow: r.Shadow, Limit: r.Limit, KeyKind: "descriptor"}
+}
+
+// resolveRLS finds the charge of an rls descriptor (domain, and entries as "k=v"). name is
+// the rule's label, its rate_limit.name, or "rls" for whichever rule matches. The key is shown
+// as rlsLabel shows it: its values may be credentials.
 func (c *Console) resolveRLS(name, domain string, entries []string) (target, int, string) {
 	es := make([]envoyrules.Entry, 0, len(entries))
 	for _, e := range entries {
@@ -256,20 +266,24 @@ func (c *Console) resolveRLS(name, domain string, entries []string) (target, int
 	if len(es) == 0 {
 		return target{}, http.StatusBadRequest, "An rls descriptor needs at least one entry=key=value."
 	}
-	ch, rule, unlimited, err := c.o.Policies().RLS().Charge(domain, es)
+	rt, err := c.o.Policies().RLS().Charge(domain, es)
 	if err != nil {
 		return target{}, http.StatusNotFound, err.Error()
 	}
-	if name != "rls" && name != rule.Name {
-		return target{}, http.StatusBadRequest, fmt.Sprintf("The descriptor matches rule %q, not %q (or use rls).", rule.Name, name)
+	if r := rt.Rule; name != "rls" && name != r.Label && (r.Name == "" || name != r.Name) {
+		return target{}, http.StatusBadRequest, fmt.Sprintf("The descriptor matches rule %q, not %q (or use rls).", r.Label, name)
 	}
-	var b strings.Builder
-	for _, e := range es {
-		b.WriteString(e.Key + "=" + e.Value + "\x00")
+	return target{pol: rlsPolicy(rt.Rule), charge: rt.Charge, unlimited: rt.Unlimited,
+		label: rlsLabel(c.o.Pseudonyms, domain, rt.Entries)}, 0, ""
+}
+
+// resolveAny resolves what a request names: an rls descriptor when it gives a domain (and
+// entries), else a key or pseudonym of policy name.
+func (c *Console) resolveAny(name, key, pseudonym, domain string, entries []string) (target, int, string) {
+	if domain != "" {
+		return c.resolveRLS(name, domain, entries)
 	}
-	label := c.o.Pseudonyms.Of("rls:"+domain, b.String())
-	pol := &policy.Policy{Name: rule.Name, Shadow: rule.Shadow, Limit: rule.Limit, KeyKind: "descriptor"}
-	return target{pol: pol, charge: ch, unlimited: unlimited, label: label}, 0, ""
+	return c.resolve(name, key, pseudonym)
 }
 
 // target is the key a request names, resolved to its charge.
@@ -286,6 +300,9 @@ func (c *Console) resolve(name, key, pseudonym string) (target, int, string) {
 	set := c.o.Policies()
 	pol := set.Policy(name)
 	if pol == nil {
+		if _, r := set.RLS().RuleByLabel(name); r != nil {
+			return c.resolveRLSPseudonym(r, key, pseudonym)
+		}
 		return target{}, http.StatusNotFound, fmt.Sprintf("No policy named %q; GET /v1/policies lists them.", name)
 	}
 	switch {
@@ -306,6 +323,19 @@ func (c *Console) resolve(name, key, pseudonym string) (target, int, string) {
 	}
 	t := target{pol: pol, charge: ch, unlimited: unlimited, label: c.labelOf(pol, key)}
 	return t, 0, ""
+}
+
+// resolveRLSPseudonym finds a key of rls rule r by its pseudonym among the rule's heaviest
+// keys; a raw key is refused, since an rls key is a descriptor (domain and entries).
+func (c *Console) resolveRLSPseudonym(r *envoyrules.Rule, key, pseudonym string) (target, int, string) {
+	if key != "" || pseudonym == "" {
+		return target{}, http.StatusBadRequest, fmt.Sprintf("%s is an rls rule: give its descriptor (domain and entries) or a pseudonym from GET /v1/top/%s.", r.Label, r.Label)
+	}
+	e, ok := c.byPseudonym(r.Label, pseudonym)
+	if !ok {
+		return target{}, http.StatusNotFound, fmt.Sprintf("Pseudonym %q is not among rule %s's heaviest keys on this replica (the console keeps no raw keys): give the descriptor itself.", pseudonym, r.Label)
+	}
+	return target{pol: rlsPolicy(r), label: e.label, charge: bucket.Charge{Key: e.key, Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Cost: 1}}, 0, ""
 }
 
 // labelOf shows a raw key value as the access log does.
@@ -334,14 +364,7 @@ type KeyState struct {
 
 func (c *Console) getKey(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var t target
-	var status int
-	var detail string
-	if d := q.Get("domain"); d != "" {
-		t, status, detail = c.resolveRLS(r.PathValue("policy"), d, q["entry"])
-	} else {
-		t, status, detail = c.resolve(r.PathValue("policy"), q.Get("key"), q.Get("pseudonym"))
-	}
+	t, status, detail := c.resolveAny(r.PathValue("policy"), q.Get("key"), q.Get("pseudonym"), q.Get("domain"), q["entry"])
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return
@@ -389,7 +412,7 @@ type writeBody struct {
 	Unlimited bool       `json:"unlimited"`
 	ExpiresIn string     `json:"expires_in"`
 	ExpiresAt *time.Time `json:"expires_at"`
-	// Domain and Entries name an rls descriptor (reset only): entries as "key=value".
+	// Domain and Entries name an rls descriptor (reset and exemptions): entries as "key=value".
 	Domain  string   `json:"domain"`
 	Entries []string `json:"entries"`
 }
@@ -419,14 +442,7 @@ func (c *Console) postReset(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &b) {
 		return
 	}
-	var t target
-	var status int
-	var detail string
-	if b.Domain != "" {
-		t, status, detail = c.resolveRLS(r.PathValue("policy"), b.Domain, b.Entries)
-	} else {
-		t, status, detail = c.resolve(r.PathValue("policy"), b.Key, b.Pseudonym)
-	}
+	t, status, detail := c.resolveAny(r.PathValue("policy"), b.Key, b.Pseudonym, b.Domain, b.Entries)
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return
@@ -449,7 +465,7 @@ func (c *Console) postReset(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) getTop(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("policy")
-	if c.o.Policies().Policy(name) == nil {
+	if !c.known(name) {
 		writeProblem(w, http.StatusNotFound, "bad-policy", fmt.Sprintf("No policy named %q; GET /v1/policies lists them.", name))
 		return
 	}
@@ -464,6 +480,16 @@ func (c *Console) getTop(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"policy": name, "top_k": c.o.TopK, "replica_view": true,
 		"keys": c.top(name, n, c.o.Now())})
+}
+
+// known reports whether name is a policy's name or an rls rule's label.
+func (c *Console) known(name string) bool {
+	set := c.o.Policies()
+	if set.Policy(name) != nil {
+		return true
+	}
+	_, r := set.RLS().RuleByLabel(name)
+	return r != nil
 }
 
 // maxTopK bounds n of GET /v1/top.

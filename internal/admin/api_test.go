@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ const testToken = "write-token-0123456789"
 
 // newTestConsole compiles yaml (with an rls rules file in its config_dir) and serves a console
 // on a memory store.
-func newTestConsole(t *testing.T, yaml, rules string) (*Console, *bucket.Memory, *policy.Set, http.Handler) {
+func newTestConsole(t testing.TB, yaml, rules string) (*Console, *bucket.Memory, *policy.Set, http.Handler) {
 	t.Helper()
 	dir := t.TempDir()
 	if rules != "" {
@@ -72,10 +73,11 @@ func TestRLSDescriptorInspectReset(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `"scope": "rls:edge"`) {
 		t.Fatalf("policies: %d %s, want the rls rule with scope rls:edge", code, body)
 	}
-	ch, _, _, err := set.RLS().Charge("edge", []envoyrules.Entry{{Key: "api_key", Value: "secret-value"}})
+	rt, err := set.RLS().Charge("edge", []envoyrules.Entry{{Key: "api_key", Value: "secret-value"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ch := rt.Charge
 	res := make([]bucket.Result, 1)
 	for range 3 {
 		if _, err := m.Take(context.Background(), time.Now(), []bucket.Charge{ch}, res); err != nil {
@@ -140,5 +142,104 @@ func TestReadToken(t *testing.T) {
 	// The read token does not write.
 	if code, _ := call(t, h, http.MethodPost, "/v1/keys/p/reset", "read-token-0123456789", map[string]string{"key": "192.0.2.1"}); code != http.StatusUnauthorized {
 		t.Errorf("reset with the read token: %d, want 401", code)
+	}
+}
+
+// memShared is a Shared in memory: the table that replicas share, in a test.
+type memShared struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (s *memShared) PutExemption(_ context.Context, id string, data []byte, _ time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string][]byte{}
+	}
+	s.m[id] = data
+	return nil
+}
+
+func (s *memShared) DeleteExemption(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, id)
+	return nil
+}
+
+func (s *memShared) Exemptions(context.Context) ([][]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out [][]byte
+	for _, d := range s.m {
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// TestRLSRuleInTheConsole: an rls rule, named by its label, has its heavy keys (as the
+// pseudonym resolveRLS shows, never the raw value) and its series; an exemption by domain and
+// entries, or by the pseudonym from top, reaches ExemptRLS on this replica and, through the
+// shared exemptions, on another.
+func TestRLSRuleInTheConsole(t *testing.T) {
+	const rules = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
+	yaml := "upstream: http://127.0.0.1:1\npolicies:\n  - {name: p, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n"
+	c, _, set, h := newTestConsole(t, yaml, rules)
+	shared := &memShared{}
+	c.o.Shared = shared
+	es := []envoyrules.Entry{{Key: "api_key", Value: "secret-value"}}
+	var m envoyrules.Match
+	r := set.RLS().Domain("edge").Match(es, &m)
+	if r == nil || r.Label != "edge.api_key" {
+		t.Fatalf("rule %+v, want edge.api_key", r)
+	}
+	ch := bucket.Charge{Key: m.Key(es), Limit: r.Limit}
+	now := time.Now()
+	for i := range 5 {
+		c.ObserveRLS(now, "edge", &m, es, &ch, i >= 3)
+	}
+	code, body := call(t, h, http.MethodGet, "/v1/top/edge.api_key", "", nil)
+	label := rlsLabel(c.o.Pseudonyms, "edge", es)
+	if code != http.StatusOK || !strings.Contains(body, `"key": "`+label+`"`) || !strings.Contains(body, `"requests": 5`) ||
+		!strings.Contains(body, `"limited": 2`) || strings.Contains(body, "secret-value") {
+		t.Fatalf("top: %d %s, want the key as %s with 5 requests, 2 limited", code, body, label)
+	}
+	if _, body := call(t, h, http.MethodGet, "/v1/keys/edge.api_key?domain=edge&entry=api_key=secret-value", "", nil); !strings.Contains(body, label) {
+		t.Fatalf("keys shows the descriptor otherwise than top: %s", body)
+	}
+	if _, _, ok := c.ExemptRLS(now, r, ch.Key); ok {
+		t.Fatal("exempt before any exemption")
+	}
+	code, body = call(t, h, http.MethodPost, "/v1/exemptions", testToken, map[string]any{"policy": "edge.api_key", "domain": "edge",
+		"entries": []string{"api_key=secret-value"}, "limit": map[string]any{"limit": 50}, "expires_in": "1h"})
+	if code != http.StatusCreated || strings.Contains(body, "secret-value") {
+		t.Fatalf("exempt by entries: %d %s", code, body)
+	}
+	if l, unlimited, ok := c.ExemptRLS(now, r, ch.Key); !ok || unlimited || l.Count != 50 || l.Window != r.Limit.Window {
+		t.Fatalf("ExemptRLS: %+v %v %v, want 50 per the rule's window", l, unlimited, ok)
+	}
+	// Another replica reads it from the shared store.
+	c2, _, _, _ := newTestConsole(t, yaml, rules)
+	c2.o.Policies = func() *policy.Set { return set }
+	c2.o.Shared = shared
+	if err := c2.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if l, _, ok := c2.ExemptRLS(now, r, ch.Key); !ok || l.Count != 50 {
+		t.Fatalf("the other replica: ExemptRLS %+v %v, want the shared exemption", l, ok)
+	}
+	// By the pseudonym from top: unlimited, and the key states say so.
+	code, body = call(t, h, http.MethodPost, "/v1/exemptions", testToken, map[string]any{"policy": "edge.api_key", "pseudonym": label,
+		"unlimited": true, "expires_in": "2h"})
+	if code != http.StatusCreated {
+		t.Fatalf("exempt by pseudonym: %d %s", code, body)
+	}
+	if _, unlimited, ok := c.ExemptRLS(now, r, ch.Key); !ok || !unlimited {
+		t.Fatal("the later-ending unlimited exemption does not apply")
+	}
+	if code, body := call(t, h, http.MethodPost, "/v1/exemptions", testToken, map[string]any{"policy": "edge.api_key", "key": "secret-value",
+		"unlimited": true, "expires_in": "2h"}); code != http.StatusBadRequest || strings.Contains(body, "secret-value") {
+		t.Fatalf("a raw key for an rls rule: %d %s, want 400 asking for the descriptor", code, body)
 	}
 }

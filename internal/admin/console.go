@@ -1,165 +1,86 @@
 // Package admin is the operators' console, a third front end on the admin listener beside
 // /metrics: a JSON API under /v1/ (policies, a key's state without charging it, resets,
 // temporary exemptions, the heaviest keys of each policy), the live page at /, and the hooks the
-// proxy calls per request (Console.Adjust applies exemptions, Console.Observe feeds the
-// heavy-hitter sketches and the per-second series).
+// front ends call per decision (hook.go): the proxy's Console.Adjust applies exemptions and
+// Console.Observe feeds the heavy-hitter sketches and the per-second series; the rate limit
+// service's Console.ExemptRLS and Console.ObserveRLS do the same for its rules, which the
+// console names by their label (envoyrules.Rule.Label).
 //
 // It reads and resets keys through the store's Peek and Reset (the Keys interface), keeps no raw
 // client key (keys are shown as the access log shows them: an IP in clear, other keys as their
-// pseudonyms) and adds no per-client metric label. Every view is this replica's: the sketches
+// pseudonyms, an rls descriptor as the pseudonym of its entries) and adds no per-client metric
+// label. Every view is this replica's: the sketches
 // and series count what this replica decided (`ratelimit-proxy admin top --replica URL ...`
 // merges replicas), while key states, resets and exemptions are the store's (shared on
 // DynamoDB).
 package admin
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 // seriesLen is how many seconds of allowed/limited counts the page charts: 15 minutes.
 const seriesLen = 900
 
+// ringLen is how many seconds a policy keeps counts of: seriesLen rounded up to a power of two,
+// so that a second's slot is its low bits (no division, no bounds check on the request path).
+const ringLen = 1024
+
 // generation is how long a sketch counts before it becomes the previous one: "the heaviest keys
 // of the last minutes" are those of the current and the previous generation (5 to 10 minutes).
 const generation = 5 * time.Minute
 
-// polState is what the console keeps per policy name.
+// polState is what the console keeps per policy name (an rls rule's: its label).
 type polState struct {
-	mu        sync.Mutex
+	// series[s%ringLen] counts the charges of second s. Atomic, so that counting a charge
+	// takes no lock; a slot is emptied for a new second under mu (turn).
+	series [ringLen]second
+	seed   uint64 // the sampling's random offset (hook.go)
+
+	mu        sync.Mutex // guards the sketches
 	cur, prev *topSketch
 	genStart  int64 // Unix ns when cur began
-	// series[s%seriesLen] counts the requests of second s (stamp[...] == s; older: stale).
-	stamp   [seriesLen]int64
-	allowed [seriesLen]uint32
-	limited [seriesLen]uint32
 }
+
+// second is one second's counts of a policy: allowed in the low 32 bits of n, limited in the
+// high ones, so that one atomic add counts a charge and tells its number in the second.
+type second struct {
+	at atomic.Int64 // the Unix second counted; another value: stale
+	n  atomic.Uint64
+}
+
+// limitedOne is one limited charge in second.n.
+const limitedOne = 1 << 32
+
+// counts returns the allowed and limited counts of n.
+func counts(n uint64) (allowed, limited uint32) { return uint32(n), uint32(n >> 32) }
 
 // Console is the operators' console of one replica. It is safe for concurrent use; create it
 // with New.
 type Console struct {
 	o      Options
-	states sync.Map // policy name -> *polState
-	// byPol caches states by compiled policy, so that the request path looks a policy up by
-	// pointer rather than hashing its name: copied on write when a policy is first seen (after
-	// a reload, the new set's policies), read with one atomic load.
-	byPol   atomic.Pointer[map[*policy.Policy]*polState]
-	byPolMu sync.Mutex
-	ex      exemptions
-	resets  resetLog
-	m       *metrics
+	states sync.Map // policy name (an rls rule's label) -> *polState
+	// The request path finds a policy's state by the policy's index in its set rather than by
+	// hashing its name (hook.go).
+	policies indexCache[*policy.Policy]
+	rules    indexCache[*envoyrules.Rule]
+	ex       exemptions
+	resets   resetLog
+	m        *metrics
 }
-
-// stateOf returns pol's state: by pointer, else by name (and remembered by pointer).
-func (c *Console) stateOf(pol *policy.Policy) *polState {
-	if m := c.byPol.Load(); m != nil {
-		if st := (*m)[pol]; st != nil {
-			return st
-		}
-	}
-	st := c.state(pol.Name)
-	c.byPolMu.Lock()
-	old := c.byPol.Load()
-	n := 0
-	if old != nil {
-		n = len(*old)
-	}
-	m := make(map[*policy.Policy]*polState, n+1)
-	if old != nil && n < maxCachedPolicies { // past it, start afresh: policies of old sets go
-		for k, v := range *old {
-			m[k] = v
-		}
-	}
-	m[pol] = st
-	c.byPol.Store(&m)
-	c.byPolMu.Unlock()
-	return st
-}
-
-// maxCachedPolicies bounds byPol, which grows by the policies of each reloaded set.
-const maxCachedPolicies = 1024
 
 func (c *Console) state(name string) *polState {
 	if v, ok := c.states.Load(name); ok {
 		return v.(*polState)
 	}
-	v, _ := c.states.LoadOrStore(name, &polState{})
+	v, _ := c.states.LoadOrStore(name, &polState{seed: rand.Uint64()})
 	return v.(*polState)
-}
-
-// Adjust applies the active exemptions to a planned request, before its charges are taken: an
-// exempt key's charge carries the exemption's limit instead, or is dropped for an unlimited one.
-// Without exemptions it costs one atomic load.
-func (c *Console) Adjust(p *policy.Plan) {
-	idx := c.ex.index.Load()
-	if idx == nil || len(*idx) == 0 {
-		return
-	}
-	ns := c.o.Now().UnixNano()
-	for i := 0; i < len(p.Charges); {
-		e := (*idx)[exKey{policy: p.Policies[i].Name, key: p.Charges[i].Key}]
-		if e == nil || ns >= e.expires {
-			i++
-			continue
-		}
-		if !e.Unlimited {
-			p.Charges[i].Limit = e.lim
-			i++
-			continue
-		}
-		p.Charges = append(p.Charges[:i], p.Charges[i+1:]...)
-		p.Policies = append(p.Policies[:i], p.Policies[i+1:]...)
-		if i < len(p.Values) {
-			p.Values = append(p.Values[:i], p.Values[i+1:]...)
-		}
-	}
-}
-
-// Observe counts a decided request: per charge, one request (refused when its result did not
-// conform) in its policy's per-second series and heavy-hitter sketch. results[i] is charge i's.
-func (c *Console) Observe(now time.Time, p *policy.Plan, results []bucket.Result) {
-	ns := now.UnixNano()
-	sec := ns / int64(time.Second)
-	slot := int(sec % seriesLen)
-	for i := range p.Charges {
-		pol := p.Policies[i]
-		ch := &p.Charges[i]
-		limited := i < len(results) && !results[i].Allowed
-		st := c.stateOf(pol)
-		st.mu.Lock()
-		if st.cur == nil || ns-st.genStart >= int64(generation) {
-			st.prev, st.cur, st.genStart = st.cur, newTopSketch(c.o.TopK), ns
-		}
-		if st.stamp[slot] != sec {
-			st.stamp[slot], st.allowed[slot], st.limited[slot] = sec, 0, 0
-		}
-		if limited {
-			st.limited[slot]++
-		} else {
-			st.allowed[slot]++
-		}
-		if e, fresh := st.cur.add(ch.Key, limited, &ch.Limit); fresh {
-			e.label = c.label(p, i)
-		}
-		st.mu.Unlock()
-	}
-}
-
-// label is how charge i's key is shown: the ip key in clear, "(global)" for a global policy,
-// the pseudonym of any other key (as the access log's key fields).
-func (c *Console) label(p *policy.Plan, i int) string {
-	switch kind := p.Policies[i].KeyKind; kind {
-	case "ip":
-		return p.KeyValue(i)
-	case "global":
-		return globalLabel
-	default:
-		return c.o.Pseudonyms.Of(kind, p.KeyValue(i))
-	}
 }
 
 // globalLabel is the key shown for a global policy's single bucket.
@@ -203,7 +124,7 @@ func (c *Console) byPseudonym(name, label string) (topEntry, bool) {
 		if s == nil {
 			continue
 		}
-		if e, ok := s.find(label); ok {
+		if e, ok := s.findLabel(label); ok {
 			return e, true
 		}
 	}
@@ -230,14 +151,11 @@ func (c *Console) series(name string, now time.Time) []Point {
 		return out
 	}
 	st := v.(*polState)
-	st.mu.Lock()
 	for i := range out {
 		s := out[i].At
-		slot := int(s % seriesLen)
-		if st.stamp[slot] == s {
-			out[i].Allowed, out[i].Limited = st.allowed[slot], st.limited[slot]
+		if sl := &st.series[s&(ringLen-1)]; sl.at.Load() == s {
+			out[i].Allowed, out[i].Limited = counts(sl.n.Load())
 		}
 	}
-	st.mu.Unlock()
 	return out
 }

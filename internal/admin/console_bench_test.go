@@ -19,7 +19,7 @@ func BenchmarkObserve(b *testing.B) {
 	p := &policy.Plan{}
 	for i, name := range []string{"per-ip", "per-key", "global"} {
 		p.Charges = append(p.Charges, bucket.Charge{Key: bucket.Key{byte(i)}, Limit: l})
-		p.Policies = append(p.Policies, &policy.Policy{Name: name, KeyKind: "global"})
+		p.Policies = append(p.Policies, &policy.Policy{Name: name, Index: i, KeyKind: "global"})
 	}
 	res := make([]bucket.Result, 3)
 	now := time.Unix(1_700_000_000, 0)

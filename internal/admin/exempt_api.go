@@ -24,7 +24,7 @@ func (c *Console) postExemption(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "bad-exemption", "policy is missing.")
 		return
 	}
-	t, status, detail := c.resolve(b.Policy, b.Key, b.Pseudonym)
+	t, status, detail := c.resolveAny(b.Policy, b.Key, b.Pseudonym, b.Domain, b.Entries)
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)
 		return
@@ -176,11 +176,19 @@ func (c *Console) Sync(ctx context.Context) error {
 		}
 		e := se.Exemption
 		kb, err := hex.DecodeString(se.BucketKeyHex)
-		pol := set.Policy(e.Policy)
-		if err != nil || len(kb) != len(e.BucketKey) || pol == nil {
+		if err != nil || len(kb) != len(e.BucketKey) {
 			continue
 		}
 		copy(e.BucketKey[:], kb)
+		pol := set.Policy(e.Policy)
+		if pol == nil { // an rls rule's exemption, named by the rule's label
+			if _, r := set.RLS().RuleByLabel(e.Policy); r != nil {
+				pol = rlsPolicy(r)
+			}
+		}
+		if pol == nil {
+			continue
+		}
 		if e.Limit != nil {
 			var win time.Duration
 			if e.Limit.Window != "" {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -83,18 +84,25 @@ func (c *Console) page(w http.ResponseWriter, _ *http.Request) {
 	now := c.o.Now()
 	d := pageData{Now: now.UTC().Format(time.RFC3339), Refresh: pageRefresh,
 		Exemptions: c.ex.list(now), Resets: c.resets.list()}
-	for _, p := range c.o.Policies().Policies() {
-		pts := c.series(p.Name, now)
-		pp := pagePolicy{Info: infoOf(p), Top: c.top(p.Name, 10, now)}
-		for _, pt := range pts {
-			pp.Max = max(pp.Max, pt.Allowed, pt.Limited)
-			pp.SumAllowed += uint64(pt.Allowed)
-			pp.SumLim += uint64(pt.Limited)
-		}
-		pp.Allowed = polyline(pts, pp.Max, func(p Point) uint32 { return p.Allowed })
-		pp.Limited = polyline(pts, pp.Max, func(p Point) uint32 { return p.Limited })
-		d.Policies = append(d.Policies, pp)
+	set := c.o.Policies()
+	for _, p := range set.Policies() {
+		d.Policies = append(d.Policies, c.pagePolicy(infoOf(p), now))
 	}
+	// The rate limit service's rules, once they have had calls in the last 15 minutes: a
+	// domain may have hundreds of rules, most of them idle at any time.
+	var rules []pagePolicy
+	for _, dn := range set.RLS().Domains() {
+		for _, r := range set.RLS().Domain(dn).Rules() {
+			if r.Unlimited {
+				continue
+			}
+			if pp := c.pagePolicy(rlsInfo(dn, r), now); pp.SumAllowed+pp.SumLim > 0 {
+				rules = append(rules, pp)
+			}
+		}
+	}
+	slices.SortFunc(rules, func(a, b pagePolicy) int { return strings.Compare(a.Info.Name, b.Info.Name) })
+	d.Policies = append(d.Policies, rules...)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	// Nothing but this page's own inline style may load: no script, no outside resource.
@@ -102,6 +110,20 @@ func (c *Console) page(w http.ResponseWriter, _ *http.Request) {
 	if err := pageTmpl.Execute(w, d); err != nil {
 		c.o.Logger.Warn("admin: rendering the page failed")
 	}
+}
+
+// pagePolicy is the page's section of one policy (or rls rule).
+func (c *Console) pagePolicy(info PolicyInfo, now time.Time) pagePolicy {
+	pts := c.series(info.Name, now)
+	pp := pagePolicy{Info: info, Top: c.top(info.Name, 10, now)}
+	for _, pt := range pts {
+		pp.Max = max(pp.Max, pt.Allowed, pt.Limited)
+		pp.SumAllowed += uint64(pt.Allowed)
+		pp.SumLim += uint64(pt.Limited)
+	}
+	pp.Allowed = polyline(pts, pp.Max, func(p Point) uint32 { return p.Allowed })
+	pp.Limited = polyline(pts, pp.Max, func(p Point) uint32 { return p.Limited })
+	return pp
 }
 
 // polyline renders a series as SVG polyline points scaled to peak (the chart's top).

@@ -72,3 +72,65 @@ func TestMergeTop(t *testing.T) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
+
+// TestTopSketchIndexModel checks the sketch's own key index (open addressing on the key's
+// bytes, entries moved by the heap and taken over when full) against a plain map of what the
+// sketch holds, over a stream that forces takeovers, and with keys that differ only in their
+// last bytes (a key is a digest in production, but the index must not depend on it).
+func TestTopSketchIndexModel(t *testing.T) {
+	for _, k := range []int{1, 2, 7, 64} {
+		s := newTopSketch(k)
+		r := rand.New(rand.NewPCG(3, uint64(k)))
+		lim := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: 1}
+		for i := range 20000 {
+			var key bucket.Key
+			v := r.IntN(3 * k)
+			if r.IntN(3) == 0 {
+				v = r.IntN(2) // two heavy keys
+			}
+			key[15], key[14] = byte(v), byte(v>>8)
+			e, fresh := s.add(key, false, &lim)
+			if e.key != key {
+				t.Fatalf("k=%d step %d: add returned the entry of %x, want %x", k, i, e.key, key)
+			}
+			if fresh {
+				e.label = key.String()
+			}
+			if i%97 == 0 || i < 50 {
+				checkSketchIndex(t, s)
+			}
+		}
+		checkSketchIndex(t, s)
+	}
+}
+
+// checkSketchIndex checks that every entry is found at its slot, that the index holds nothing
+// else, and that the entries form a min-heap by count.
+func checkSketchIndex(t *testing.T, s *topSketch) {
+	t.Helper()
+	used := 0
+	for _, v := range s.slots {
+		if v != 0 {
+			used++
+		}
+	}
+	if used != len(s.entries) || len(s.entries) > s.k {
+		t.Fatalf("index holds %d keys, sketch %d entries (k %d)", used, len(s.entries), s.k)
+	}
+	for i, e := range s.entries {
+		if got := s.find(&e.key); got != i {
+			t.Fatalf("entry %d (%x): found at %d", i, e.key, got)
+		}
+		if s.slots[e.slot] != int32(i+1) {
+			t.Fatalf("entry %d: its slot %d holds %d", i, e.slot, s.slots[e.slot])
+		}
+		if c := 2*i + 1; c < len(s.entries) && s.entries[c].requests < e.requests {
+			t.Fatalf("heap order broken at %d", i)
+		}
+	}
+	var absent bucket.Key
+	absent[0] = 0xff
+	if got := s.find(&absent); got != -1 {
+		t.Fatalf("an absent key found at %d", got)
+	}
+}

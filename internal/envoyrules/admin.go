@@ -5,6 +5,7 @@ package envoyrules
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
@@ -17,32 +18,58 @@ func (d *Domain) Rules() []*Rule {
 		if n.rule != nil {
 			out = append(out, n.rule)
 		}
+		// children holds every descriptor of the level, wildcards included (n.wild indexes
+		// those again for matching): walking both listed a wildcard's rule twice.
 		for _, c := range n.children {
 			walk(c)
-		}
-		for i := range n.wild {
-			walk(n.wild[i].node)
 		}
 	}
 	walk(&d.root)
 	return out
 }
 
-// Charge is the charge that Envoy's rate limit service makes for a descriptor of domain, as
-// the service builds it (without a per-request limit override): what the console inspects and
-// resets. unlimited reports a rule without a limit.
-func (r *Rules) Charge(domain string, entries []Entry) (c bucket.Charge, rule *Rule, unlimited bool, err error) {
+// Target is a descriptor of a domain as the rate limit service charges it.
+type Target struct {
+	// Charge is the charge the service makes (without a per-request limit override).
+	Charge bucket.Charge
+	// Rule is the matched rule; Unlimited reports a rule without a limit (no charge then).
+	Rule      *Rule
+	Unlimited bool
+	// Entries are the descriptor's entries as the bucket key hashed them (Match.KeyEntries).
+	Entries []Entry
+}
+
+// Charge finds what Envoy's rate limit service charges for a descriptor of domain, as the
+// service builds it: what the console inspects, resets and exempts.
+func (r *Rules) Charge(domain string, entries []Entry) (Target, error) {
 	d := r.Domain(domain)
 	if d == nil {
-		return bucket.Charge{}, nil, false, fmt.Errorf("no rls domain %q", domain)
+		return Target{}, fmt.Errorf("no rls domain %q", domain)
 	}
 	var m Match
-	rule = d.Match(entries, &m)
+	rule := d.Match(entries, &m)
 	if rule == nil {
-		return bucket.Charge{}, nil, false, fmt.Errorf("no rule of rls domain %q matches the descriptor", domain)
+		return Target{}, fmt.Errorf("no rule of rls domain %q matches the descriptor", domain)
 	}
 	if rule.Unlimited {
-		return bucket.Charge{}, rule, true, nil
+		return Target{Rule: rule, Unlimited: true, Entries: entries}, nil
 	}
-	return bucket.Charge{Key: m.Key(entries), Limit: rule.Limit, Shadow: rule.Shadow, Lease: rule.Lease, Cost: 1}, rule, false, nil
+	return Target{Charge: bucket.Charge{Key: m.Key(entries), Limit: rule.Limit, Shadow: rule.Shadow, Lease: rule.Lease, Cost: 1},
+		Rule: rule, Entries: m.KeyEntries(entries)}, nil
+}
+
+// RuleByLabel finds the rule whose Label is label, and its domain: how the console names rls
+// rules. nil when no rule has it.
+func (r *Rules) RuleByLabel(label string) (domain string, rule *Rule) {
+	for _, dn := range r.Domains() {
+		if !strings.HasPrefix(label, dn+".") {
+			continue
+		}
+		for _, ru := range r.Domain(dn).Rules() {
+			if ru.Label == label {
+				return dn, ru
+			}
+		}
+	}
+	return "", nil
 }

@@ -110,8 +110,12 @@ type Rule struct {
 	UnitMultiplier  uint32
 	// Label is the metric label of the rule: the domain, then its name or else its descriptor
 	// path (`domain.key_value.key`, wildcards as written). Rules with detailed_metric or
-	// value_to_metric label per request instead: see Match.Label.
+	// value_to_metric label per request instead: see Match.Label. The operators' console
+	// names the rule by it.
 	Label string
+	// Index is the rule's position among all the rules of its Rules, from 0 to Len()-1:
+	// what the operators' console finds the rule's state by on the call path.
+	Index int
 
 	detailed  bool   // detailed_metric on the rule's descriptor
 	toMetric  bool   // some descriptor of the rule's path has value_to_metric
@@ -200,6 +204,25 @@ func (m *Match) Key(entries []Entry) bucket.Key {
 		}
 		return "", false
 	})
+}
+
+// KeyEntries returns the entries as Key hashes them: an entry matched by a wildcard with
+// share_threshold carries the wildcard instead of its value, so that every value of one bucket
+// gives the same entries. It returns entries itself when no entry is replaced.
+func (m *Match) KeyEntries(entries []Entry) []Entry {
+	var out []Entry
+	for i := range entries {
+		if m.how[i] == matchWildcard && m.nodes[i].share {
+			if out == nil {
+				out = slices.Clone(entries)
+			}
+			out[i].Value = m.nodes[i].pattern
+		}
+	}
+	if out == nil {
+		return entries
+	}
+	return out
 }
 
 // Label is the metric label of the matched rule: Rule.Label, except for rules whose
@@ -348,6 +371,13 @@ func compile(es *problemList, files []*ruleFile, opts Options) *Rules {
 		r.names = append(r.names, f.domain)
 	}
 	slices.Sort(r.names)
+	i := 0
+	for _, dn := range r.names {
+		for _, rule := range r.domains[dn].Rules() {
+			rule.Index = i
+			i++
+		}
+	}
 	return r
 }
 

@@ -424,3 +424,45 @@ func TestAlgorithmNames(t *testing.T) {
 		}
 	}
 }
+
+// TestRLSKeyEntriesAndIndex checks what the operators' console names an rls key by: the
+// entries as the bucket key hashed them (a share_threshold wildcard's values all as the
+// wildcard, so that every value of one bucket has one pseudonym), and each rule's Index, unique
+// within the set so that the console can find a rule's state by it.
+func TestRLSKeyEntriesAndIndex(t *testing.T) {
+	rules := compileRLSFiles(t, map[string]string{"m.yaml": messagingConfig,
+		"o.yaml": "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"})
+	d := rules.Domain("messaging")
+	keyed := func(e []Entry) []Entry {
+		t.Helper()
+		var m Match
+		if d.Match(e, &m) == nil {
+			t.Fatalf("%v: no rule", e)
+		}
+		return m.KeyEntries(e)
+	}
+	a, b := keyed(entries("path", "/api/a")), keyed(entries("path", "/api/b"))
+	if len(a) != 1 || a[0] != b[0] || a[0].Value == "/api/a" {
+		t.Errorf("share_threshold values keyed as %v and %v, want both as the wildcard", a, b)
+	}
+	if got := keyed(entries("to_number", "1")); len(got) != 1 || got[0] != (Entry{Key: "to_number", Value: "1"}) {
+		t.Errorf("a key-only descriptor keyed as %v, want its own entry", got)
+	}
+	seen := map[int]*Rule{}
+	n := 0
+	for _, dn := range rules.Domains() {
+		for _, r := range rules.Domain(dn).Rules() {
+			n++
+			if other, dup := seen[r.Index]; dup {
+				t.Errorf("rules %q and %q share index %d", r.Label, other.Label, r.Index)
+			}
+			if r.Index < 0 || r.Index >= rules.Len() {
+				t.Errorf("rule %q: index %d outside [0, %d)", r.Label, r.Index, rules.Len())
+			}
+			seen[r.Index] = r
+		}
+	}
+	if n != rules.Len() || n < 3 {
+		t.Fatalf("walked %d rules, Len %d", n, rules.Len())
+	}
+}

@@ -91,8 +91,8 @@ type AdminConfig struct {
 	// open like /metrics.
 	ReadTokenEnv string `mapstructure:"read_token_env"`
 	// TopK is how many keys the heavy-hitter sketch of each policy tracks: its memory, and its
-	// error bound (a count is overstated by at most the requests seen / top_k). (Optional)
-	// default 100, from 1 to 10000.
+	// error bound (a count is overstated by at most the requests seen / top_k, plus a sampling
+	// error past 1,000 requests a second). (Optional) default 100, from 1 to 10000.
 	TopK int `mapstructure:"top_k"`
 }
 

@@ -101,11 +101,11 @@ func TestRLSRulesInTheStoreNamespace(t *testing.T) {
 	key := func(r *envoyrules.Rules) bucket.Key {
 		t.Helper()
 		e := []envoyrules.Entry{{Key: "k", Value: "v"}}
-		c, _, _, err := r.Charge("a", e)
+		tg, err := r.Charge("a", e)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c.Key
+		return tg.Charge.Key
 	}
 	compiled := func(extra string) *envoyrules.Rules {
 		t.Helper()

@@ -6,6 +6,10 @@
 // A call is one group: when any enforced descriptor is over its limit the answer is OVER_LIMIT
 // and nothing is consumed from the call's other descriptors (envoyproxy/ratelimit goes on
 // counting them). docs/envoy.md describes the protocol as served.
+//
+// With Options.Console the operators' console (package admin, through the Console interface
+// declared here) applies its exemptions to each rule's charge and is told every descriptor a
+// rule charged; without one the call path calls nothing more.
 package rls
 
 import (
@@ -69,6 +73,8 @@ type Options struct {
 	Logger *zap.Logger
 	// Now is the clock. nil means time.Now.
 	Now func() time.Time
+	// Console, when set, is told every charged descriptor and applies exemptions. (Optional)
+	Console Console
 }
 
 // Service implements pb.RateLimitServiceServer. Safe for concurrent use.
@@ -227,9 +233,19 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			m := &c.matches[i]
 			r := m.Rule
 			ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Pool: pool}
+			if s.o.Console != nil {
+				if l, unlimited, ok := s.o.Console.ExemptRLS(now, r, ch.Key); ok && unlimited {
+					// An unlimited exemption: answered as an unlimited rule is, charging nothing.
+					c.kinds[i] = kindUnlimited
+					statuses[i].LimitRemaining = math.MaxUint32
+					continue
+				} else if ok {
+					ch.Limit = l // the key's bucket, under the exemption's limit
+				}
+			}
 			// Headers name the rule by its static label; metrics by m.Label, which holds
 			// values where the rule asks for them (detailed_metric, value_to_metric).
-			view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: r.Limit, shadow: r.Shadow}
+			view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: ch.Limit, shadow: r.Shadow}
 			cl := &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(r.Unit)}
 			if r.UnitMultiplier > 1 {
 				cl.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
@@ -326,6 +342,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			pick, pickRemaining = j, remaining
 		}
 	}
+	if s.o.Console != nil {
+		s.observe(now, dom.Name, c)
+	}
 	if !admitted {
 		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 		domCalls[callOverLimit].Inc()
@@ -338,6 +357,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	}
 	resp.ResponseHeadersToAdd = s.o.Headers.appendHeaders(resp.ResponseHeadersToAdd, now, c.views, pick)
 	return resp, nil
+}
+
+// observe tells the console every descriptor of the decided call c that a rule charged (not
+// the limit overrides: they belong to no rule).
+func (s *Service) observe(now time.Time, domain string, c *call) {
+	for j := range c.charges {
+		if i := c.of[j]; c.kinds[i] == kindRule {
+			s.o.Console.ObserveRLS(now, domain, &c.matches[i], c.entriesOf(i), &c.charges[j], !c.results[j].Allowed)
+		}
+	}
 }
 
 // take asks the store within the call's budget: store.timeout, or nine tenths of what is left

@@ -322,7 +322,10 @@ func TestInvalidCalls(t *testing.T) {
 	}
 }
 
-func BenchmarkShouldRateLimit(b *testing.B) {
+func BenchmarkShouldRateLimit(b *testing.B) { benchShouldRateLimit(b, nil) }
+
+// benchShouldRateLimit runs calls of three descriptors, with console c (nil: none).
+func benchShouldRateLimit(b *testing.B, c Console) {
 	dir := b.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(testRules), 0o600); err != nil {
 		b.Fatal(err)
@@ -333,7 +336,8 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		b.Fatal(err)
 	}
 	m, _ := NewMetrics(nil)
-	s, _ := New(Options{Rules: set.RLS, Store: bucket.NewMemory(bucket.MemoryOptions{}), StoreTimeout: time.Second, Metrics: m, Headers: ParseHeaders("ietf", false)})
+	s, _ := New(Options{Rules: set.RLS, Store: bucket.NewMemory(bucket.MemoryOptions{}), StoreTimeout: time.Second, Metrics: m, Headers: ParseHeaders("ietf", false),
+		Console: c})
 	req := &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlext.RateLimitDescriptor{d("fw", "a"), d("tb", "b"), d("sw", "c")}}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -11,11 +11,11 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
 
 // newConsole builds the operators' console (package admin) on the store's primary: the admin
-// block's tokens, the log's pseudonyms, and on DynamoDB exemptions shared through the table.
+// block's tokens, the log's pseudonyms, and on DynamoDB exemptions shared through the table. One
+// console serves both front ends (proxy and rate limit service), in every mode.
 func newConsole(cfg *policy.Config, rl *Reloader, st *fallback.Store, ps *policy.Pseudonyms, log *zap.Logger,
 	reg prometheus.Registerer, now func() time.Time, getenv func(string) string) (*admin.Console, error) {
 	write, read, err := policy.AdminTokens(cfg, getenv)
@@ -42,15 +42,6 @@ func newConsole(cfg *policy.Config, rl *Reloader, st *fallback.Store, ps *policy
 		o.Shared = sh
 	}
 	return admin.New(o)
-}
-
-// consoleHook is the console as the proxy handler's hook: nil without a console (a nil
-// *admin.Console in the interface would not be nil).
-func consoleHook(c *admin.Console) proxy.Console {
-	if c == nil {
-		return nil
-	}
-	return c
 }
 
 // adminHandler serves the console's API (/v1/) and page (/) beside /metrics and the probes.

@@ -27,8 +27,10 @@ type rlsServer struct {
 }
 
 // newRLS builds the rate limit service on the gateway's store, metrics and rules (the reloader's
-// set in force) and opens its listener. tlsCfg nil serves HTTP/2 cleartext.
-func newRLS(ctx context.Context, cfg *policy.Config, rl *Reloader, st bucket.Store, reg prometheus.Registerer, log *zap.Logger, now func() time.Time, tlsCfg *tls.Config) (*rlsServer, error) {
+// set in force) and opens its listener. tlsCfg nil serves HTTP/2 cleartext; console (nil: none)
+// is the operators' console it feeds.
+func newRLS(ctx context.Context, cfg *policy.Config, rl *Reloader, st bucket.Store, reg prometheus.Registerer, log *zap.Logger,
+	now func() time.Time, tlsCfg *tls.Config, console rls.Console) (*rlsServer, error) {
 	m, err := rls.NewMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -48,6 +50,7 @@ func newRLS(ctx context.Context, cfg *policy.Config, rl *Reloader, st bucket.Sto
 		Metrics:      m,
 		Logger:       log.Named("rls"),
 		Now:          now,
+		Console:      console,
 	})
 	if err != nil {
 		return nil, err

@@ -24,7 +24,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
@@ -112,16 +111,17 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err // validated already; only an environment changed since then gets here
 	}
-	routeGRPCLog(log, pseudonyms, o.Getenv) // grpclog.go: before any gRPC server or client
+	// The operators' console, fed by whichever front ends serve: the proxy, the rate limit
+	// service, or both.
+	console, err := newConsole(cfg, rl, st, pseudonyms, log, reg, now, o.Getenv)
+	if err != nil {
+		return err
+	}
 	var handler http.Handler
-	var console *admin.Console // the operators' console, with the proxy
 	if proxyOn {
 		prot, err := newProtection(cfg.Protect, reg) // protect.go
 		if err != nil {
 			return fmt.Errorf("protect: %w", err)
-		}
-		if console, err = newConsole(cfg, rl, st, pseudonyms, log, reg, now, o.Getenv); err != nil {
-			return err
 		}
 		h, err := proxy.New(proxy.Options{
 			Protect:             prot,
@@ -142,7 +142,7 @@ func Run(ctx context.Context, o Options) error {
 			Pseudonyms:          pseudonyms,
 			Metrics:             proxy.NewMetrics(reg),
 			Now:                 now, // nil: time.Now, and the store timer's start doubles as the instant
-			Console:             consoleHook(console),
+			Console:             console,
 		})
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
@@ -188,7 +188,7 @@ func Run(ctx context.Context, o Options) error {
 		if tc != nil {
 			rlsTLS = tc.serverTLS() // the tls block's certificate, rotated on reload like the proxy's
 		}
-		rlsSrv, err = newRLS(ctx, cfg, rl, st, reg, log, now, rlsTLS)
+		rlsSrv, err = newRLS(ctx, cfg, rl, st, reg, log, now, rlsTLS, console)
 		if err != nil {
 			closeListeners(pl, al)
 			return err

@@ -184,6 +184,11 @@ go_benches() {
     ./internal/proxy/ >"$out/handler.txt"
   note "Go benchmarks: bytes per key at 1M keys"
   $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
+  note "Go benchmarks: the operators' console's cost in instructions (callgrind)"
+  local console_rc=0
+  local instr_n=30000
+  [ "${BENCH_QUICK:-0}" = 1 ] && instr_n=6000
+  CONSOLE_INSTR_N=$instr_n scripts/bench/console-instr.sh >"$out/console-instr.md" || console_rc=$?
   note "Go benchmarks: replay (one core)"
   local replay_x=5
   [ "${BENCH_QUICK:-0}" = 1 ] && replay_x=2
@@ -302,6 +307,12 @@ go_benches() {
       echo '```'
       echo "</details>"
     fi
+    echo
+    echo "The operators' console on the request path (BenchmarkHandlerConsole, instructions counted by"
+    echo "callgrind: scripts/bench/console-instr.sh; target on / off <= 1.05):"
+    echo
+    if [ -s "$out/console-instr.md" ]; then cat "$out/console-instr.md"; else echo "(skipped: valgrind is not installed)"; fi
+    [ "$console_rc" = 0 ] || echo "**over the target** (exit $console_rc)"
   } >&3
 }
 

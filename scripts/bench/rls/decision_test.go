@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
@@ -65,7 +66,8 @@ func compileRLS(b *testing.B) *envoyrules.Rules {
 	return set.RLS()
 }
 
-func newRLSService(b *testing.B) *rls.Service {
+// newRLSService builds the service on a memory store, with console c (nil: none).
+func newRLSService(b *testing.B, c rls.Console) *rls.Service {
 	b.Helper()
 	rules := compileRLS(b)
 	m, err := rls.NewMetrics(nil)
@@ -73,7 +75,7 @@ func newRLSService(b *testing.B) *rls.Service {
 		b.Fatal(err)
 	}
 	s, err := rls.New(rls.Options{Rules: func() *envoyrules.Rules { return rules }, Store: bucket.NewMemory(bucket.MemoryOptions{}),
-		Backend: "memory", StoreTimeout: time.Second, Metrics: m, Headers: rls.ParseHeaders("ietf", false)})
+		Backend: "memory", StoreTimeout: time.Second, Metrics: m, Headers: rls.ParseHeaders("ietf", false), Console: c})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -87,6 +89,23 @@ func requests() []*pb.RateLimitRequest {
 		out[i] = benchRequest(i)
 	}
 	return out
+}
+
+// benchRLSInProcess calls the service in process, with console c (nil: none).
+func benchRLSInProcess(b *testing.B, c rls.Console) {
+	s := newRLSService(b, c)
+	reqs := requests()
+	var next atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(p *testing.PB) {
+		for p.Next() {
+			resp, err := s.ShouldRateLimit(context.Background(), reqs[next.Add(1)%valuesN])
+			if err != nil || resp.GetOverallCode() != pb.RateLimitResponse_OK {
+				b.Fatalf("got %v, %v", resp, err)
+			}
+		}
+	})
 }
 
 func BenchmarkDecision(b *testing.B) {
@@ -133,23 +152,18 @@ func BenchmarkDecision(b *testing.B) {
 			}
 		})
 	})
-	b.Run("rls-in-process", func(b *testing.B) {
-		s := newRLSService(b)
-		reqs := requests()
-		var next atomic.Uint64
-		b.ReportAllocs()
-		b.ResetTimer()
-		b.RunParallel(func(p *testing.PB) {
-			for p.Next() {
-				resp, err := s.ShouldRateLimit(context.Background(), reqs[next.Add(1)%valuesN])
-				if err != nil || resp.GetOverallCode() != pb.RateLimitResponse_OK {
-					b.Fatalf("got %v, %v", resp, err)
-				}
-			}
-		})
+	b.Run("rls-in-process", func(b *testing.B) { benchRLSInProcess(b, nil) })
+	// The same with the operators' console (package admin) fed by every descriptor: its
+	// exemption check and its series and sketch of each rule, over the 10,000 values.
+	b.Run("rls-in-process-console", func(b *testing.B) {
+		c, err := admin.New(admin.Options{Policies: func() *policy.Set { return nil }, Pseudonyms: policy.NewPseudonyms(nil)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchRLSInProcess(b, c)
 	})
 	b.Run("rls-grpc-loopback", func(b *testing.B) {
-		s := newRLSService(b)
+		s := newRLSService(b, nil)
 		srv, _ := rls.NewGRPCServer(s, rls.ServerOptions{})
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
