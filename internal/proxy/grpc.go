@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -281,21 +282,39 @@ func grpcDeadline(w http.ResponseWriter, r *http.Request, idle time.Duration) (*
 		return r, cancel
 	}
 	b := &idleBody{ReadCloser: r.Body, rc: rc, idle: idle, call: deadline}
-	if rc.SetReadDeadline(b.next()) == nil {
-		r.Body = b
+	if rc.SetReadDeadline(b.next()) != nil {
+		return r, cancel
 	}
-	return r, cancel
+	r.Body = b
+	return r, func() { b.stop(); cancel() }
 }
 
 // idleBody is the body of a gRPC call over HTTP/2 under server.grpc_idle_timeout: every read
 // that brings data moves the stream's read deadline to idle from now (never past the call's
 // own deadline), so a stream that keeps sending messages lasts as long as it likes, and one
 // that stalls fails with a read timeout, answered DEADLINE_EXCEEDED (see clientError).
+//
+// The body outlives the handler: an upstream that answers before reading the whole body
+// (Unimplemented does) ends the reverse proxy and the handler while the HTTP/2 transport's own
+// goroutine still reads the body to send it. From then on the ResponseWriter is not the
+// handler's to touch (Go's HTTP/2 server clears the stream's state: a data race), so stop,
+// called as the handler returns, ends the deadline moves; the reads go on, bounded by the
+// deadline last set.
 type idleBody struct {
 	io.ReadCloser
 	rc   *http.ResponseController
 	idle time.Duration
 	call time.Time // the call's deadline; zero: none
+
+	mu      sync.Mutex
+	stopped bool
+}
+
+// stop ends the deadline moves: the handler is returning.
+func (b *idleBody) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	b.mu.Unlock()
 }
 
 func (b *idleBody) next() time.Time {
@@ -309,7 +328,11 @@ func (b *idleBody) next() time.Time {
 func (b *idleBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 && err == nil {
-		_ = b.rc.SetReadDeadline(b.next())
+		b.mu.Lock()
+		if !b.stopped {
+			_ = b.rc.SetReadDeadline(b.next())
+		}
+		b.mu.Unlock()
 	}
 	return n, err
 }

@@ -4,7 +4,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,4 +209,51 @@ func FuzzParseGRPCTimeout(f *testing.F) {
 			t.Fatalf("parseGRPCTimeout(%q) accepted a value outside the grammar", s)
 		}
 	})
+}
+
+// deadlineWriter is a ResponseWriter whose stream read deadline can be set, and that records
+// every SetReadDeadline made after the handler returned (net/http forbids touching a
+// ResponseWriter then: Go's HTTP/2 server clears the stream's state, a data race).
+type deadlineWriter struct {
+	http.ResponseWriter
+	mu       sync.Mutex
+	returned bool
+	late     int
+}
+
+func (w *deadlineWriter) SetReadDeadline(time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.returned {
+		w.late++
+	}
+	return nil
+}
+
+// An upstream may answer a gRPC call before it has read the call's body (Unimplemented does):
+// the reverse proxy returns, and so does the handler, while the HTTP/2 transport's goroutine
+// still reads the body to send it. Those reads must not move the stream's read deadline any
+// more (the race TestKubernetesGRPCExampleServes met in a race-enabled binary).
+func TestIdleBodyLeavesTheWriterWhenTheHandlerReturns(t *testing.T) {
+	w := &deadlineWriter{ResponseWriter: httptest.NewRecorder()}
+	r := httptest.NewRequest(http.MethodPost, "/svc/Method", strings.NewReader("a gRPC message or two"))
+	r.ProtoMajor, r.ProtoMinor = 2, 0
+	r.Header.Set("Content-Type", "application/grpc")
+	r, cancel := grpcDeadline(w, r, time.Second)
+	buf := make([]byte, 4)
+	if _, err := r.Body.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // ServeHTTP returns
+	w.mu.Lock()
+	w.returned = true
+	w.mu.Unlock()
+	for {
+		if _, err := r.Body.Read(buf); err != nil {
+			break
+		}
+	}
+	if w.late != 0 {
+		t.Errorf("%d SetReadDeadline calls after the handler returned, want 0", w.late)
+	}
 }
