@@ -26,7 +26,7 @@ var allowedImports = map[string][]string{
 	"internal/dynamo":                 {"internal/bucket"},
 	"internal/dynamolocal":            {"internal/dynamo"},
 	"internal/fallback":               {"internal/bucket"},
-	"internal/configschema":           {"internal/policy"},
+	"internal/configschema":           {"internal/limitspec", "internal/policy"},
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
 	"internal/faultnet":               {},

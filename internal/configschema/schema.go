@@ -28,6 +28,7 @@ import (
 
 	"github.com/invopop/jsonschema"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -131,7 +132,7 @@ const (
 	sha256Pattern       = `^sha256:[0-9a-f]{64}$`
 	tablePattern        = `^[A-Za-z0-9_.-]{3,255}$`
 	regionPattern       = `^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
-	maxCount            = 1_000_000_000
+	maxCount            = limitspec.MaxCount // the bound validation applies
 )
 
 var (
@@ -428,7 +429,7 @@ func (g *gen) walkDefaults(v reflect.Value, path string, skip []string) {
 		switch {
 		case f.Type == reflect.TypeFor[time.Duration]():
 			if d := time.Duration(fv.Int()); d != 0 {
-				g.set(p, "default", shortDuration(d))
+				g.set(p, "default", limitspec.ShortDuration(d))
 			}
 		case f.Type.Kind() == reflect.Struct:
 			g.walkDefaults(fv, p, nil)
@@ -447,16 +448,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// shortDuration writes 1m rather than time.Duration's 1m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = s[:len(s)-2]
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = s[:len(s)-2]
-	}
-	return s
 }

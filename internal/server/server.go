@@ -111,6 +111,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err // validated already; only an environment changed since then gets here
 	}
+	routeGRPCLog(log, pseudonyms, o.Getenv) // grpclog.go: before any gRPC server or client
 	// The operators' console, fed by whichever front ends serve: the proxy, the rate limit
 	// service, or both.
 	console, err := newConsole(cfg, rl, st, pseudonyms, log, reg, now, o.Getenv)
