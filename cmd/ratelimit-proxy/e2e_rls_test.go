@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -106,15 +107,25 @@ func startRLSGateway(t *testing.T, files map[string]string, storeBlock, rulesDir
 			}
 		}
 	}
-	ports := freePorts(t, 2)
-	g := &rlsGateway{admin: "http://" + ports[0], addr: ports[1], configPath: filepath.Join(dir, "config.yaml"),
-		rulesDir: rulesDir}
-	cfg := fmt.Sprintf("admin_listen: %s\nrls:\n  listen: %s\n  config_dir: %s\n  response_headers: all\n%s", ports[0], ports[1], rulesDir, storeBlock)
-	if err := os.WriteFile(g.configPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
+	var g *rlsGateway
+	for attempt := 1; ; attempt++ { // new ports when one was taken before the gateway bound it
+		ports := gatewayPorts(t, 2)
+		g = &rlsGateway{admin: "http://" + ports[0], addr: ports[1], configPath: filepath.Join(dir, "config.yaml"),
+			rulesDir: rulesDir}
+		cfg := fmt.Sprintf("admin_listen: %s\nrls:\n  listen: %s\n  config_dir: %s\n  response_headers: all\n%s", ports[0], ports[1], rulesDir, storeBlock)
+		if err := os.WriteFile(g.configPath, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		g.serveProc = startServe(t, []string{"serve", "--config", g.configPath}, env, nil)
+		err := g.ready(g.admin, 30*time.Second)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("attempt %d: %v; starting again on new ports", attempt, errPortTaken)
 	}
-	g.serveProc = startServe(t, []string{"serve", "--config", g.configPath}, env, nil)
-	g.waitReady(t, g.admin, 30*time.Second)
 	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

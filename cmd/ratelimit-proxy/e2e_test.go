@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -67,6 +68,9 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// gatewayPorts chooses the ports of launchGateway's gateways: freePorts, or a test's stand-in.
+var gatewayPorts = freePorts
 
 func freePort(t *testing.T) string {
 	t.Helper()
@@ -134,21 +138,42 @@ func startServe(t *testing.T, args, env []string, out io.Writer) *serveProc {
 // first or timeout passes.
 func (p *serveProc) waitReady(t *testing.T, admin string, timeout time.Duration) {
 	t.Helper()
+	if err := p.ready(admin, timeout); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// errPortTaken is ready's error for a process that exited because a port chosen for it was taken
+// in between (freePorts closes its listeners before the gateway binds: another process, a
+// parallel test or another test binary, may take one first). The caller may choose new ports.
+var errPortTaken = errors.New("a port chosen for the gateway was taken before it bound it")
+
+// ready polls admin's /readyz until it answers 200 and, where the process's output is captured,
+// the process has logged that it serves on admin: a /readyz answered by some other process that
+// holds the port (see errPortTaken) does not count. It fails if the process exits first (with
+// errPortTaken when that is why) or timeout passes.
+func (p *serveProc) ready(admin string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	ours := `"admin_listen":"` + strings.TrimPrefix(admin, "http://") + `"`
 	for {
 		if resp, err := http.Get(admin + "/readyz"); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
+			captured := p.cmd.Stdout == io.Writer(p.logs)
+			if resp.StatusCode == http.StatusOK && (!captured || strings.Contains(p.logs.String(), ours)) {
+				return nil
 			}
 		}
 		select {
 		case <-p.exited:
-			t.Fatalf("gateway exited before it was ready: %v\n%s", p.exitErr, p.logs.String())
+			logs := p.logs.String()
+			if strings.Contains(logs, "address already in use") {
+				return fmt.Errorf("%w:\n%s", errPortTaken, logs)
+			}
+			return fmt.Errorf("gateway exited before it was ready: %v\n%s", p.exitErr, logs)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("gateway not ready after %s:\n%s", timeout, p.logs.String())
+			return fmt.Errorf("gateway not ready after %s:\n%s", timeout, p.logs.String())
 		}
 		time.Sleep(20 * time.Millisecond) // polling a process with a deadline
 	}
@@ -188,9 +213,17 @@ func startGateway(t *testing.T, upstreamURL, rest string, env ...string) *gatewa
 // startGatewayArgs is startGateway with more arguments for serve (such as --test-clock-offset).
 func startGatewayArgs(t *testing.T, args []string, upstreamURL, rest string, env ...string) *gateway {
 	t.Helper()
-	g := launchGateway(t, args, upstreamURL, rest, env...)
-	g.waitReady(t, g.admin, 20*time.Second)
-	return g
+	for attempt := 1; ; attempt++ {
+		g := launchGateway(t, args, upstreamURL, rest, env...)
+		err := g.ready(g.admin, 20*time.Second)
+		if err == nil {
+			return g
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("attempt %d: %v; starting again on new ports", attempt, errPortTaken)
+	}
 }
 
 // launchGateway starts the gateway process (serve with args) and stops it at the test's end,
@@ -202,7 +235,7 @@ func launchGateway(t *testing.T, args []string, upstreamURL, rest string, env ..
 	}
 	dir := t.TempDir()
 	g := &gateway{configPath: filepath.Join(dir, "config.yaml")}
-	ports := freePorts(t, 2)
+	ports := gatewayPorts(t, 2)
 	pa, aa := ports[0], ports[1]
 	g.proxy, g.admin = "http://"+pa, "http://"+aa
 	if err := os.WriteFile(g.configPath, []byte(config(pa, aa, upstreamURL, rest)), 0o600); err != nil {
