@@ -192,3 +192,29 @@ func TestLeakNoClientAddressInGRPCLogs(t *testing.T) {
 		}
 	}
 }
+
+// TestRLSSilentConnectionClosed: a connection to the RLS port that never completes its
+// handshake (no TLS, no HTTP/2 preface) is closed after server.read_header_timeout, as the
+// proxy's is, instead of grpc-go's default of 120 s: an idle flood cannot hold sockets.
+func TestRLSSilentConnectionClosed(t *testing.T) {
+	rules := t.TempDir()
+	if err := os.WriteFile(filepath.Join(rules, "e2e.yaml"), []byte(rlsRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rlsAddr := freePort(t)
+	startGateway(t, newUpstream(t, nil).URL, fmt.Sprintf("server: {read_header_timeout: 300ms}\n%s\nrls:\n  listen: %s\n  config_dir: %s\n", ipPolicy, rlsAddr, rules))
+	c, err := net.Dial("tcp", rlsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_ = c.SetReadDeadline(start.Add(10 * time.Second)) // the bound of a failing run, not a wait
+	_, err = io.ReadAll(c)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a silent connection was still open after %v, want it closed after read_header_timeout (300ms)", time.Since(start).Round(time.Millisecond))
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("closed after %v, want about read_header_timeout", took)
+	}
+}

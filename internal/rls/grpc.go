@@ -22,6 +22,10 @@ type ServerOptions struct {
 	// MaxConcurrentStreams bounds the calls one connection may have open at once (Envoy sends
 	// every call of a worker thread over one connection). 0 means gRPC's default.
 	MaxConcurrentStreams uint32
+	// HandshakeTimeout bounds a new connection's TLS and HTTP/2 handshake (the proxy's
+	// server.read_header_timeout): a connection that stays silent is closed then, not after
+	// grpc-go's default of 120 s. 0 keeps that default.
+	HandshakeTimeout time.Duration
 }
 
 // NewGRPCServer returns a gRPC server serving svc and the standard gRPC health service, which
@@ -35,6 +39,9 @@ func NewGRPCServer(svc *Service, o ServerOptions) (*grpc.Server, *health.Server)
 	}
 	if o.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS)))
+	}
+	if o.HandshakeTimeout > 0 {
+		opts = append(opts, grpc.ConnectionTimeout(o.HandshakeTimeout))
 	}
 	if o.MaxConcurrentStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(o.MaxConcurrentStreams))

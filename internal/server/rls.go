@@ -60,7 +60,8 @@ func newRLS(ctx context.Context, cfg *policy.Config, rl *Reloader, st bucket.Sto
 	if err != nil {
 		return nil, fmt.Errorf("rls.listen: %w", err)
 	}
-	srv, h := rls.NewGRPCServer(svc, rls.ServerOptions{TLS: tlsCfg, MaxConcurrentStreams: uint32(cfg.Server.MaxConcurrentStreams)})
+	srv, h := rls.NewGRPCServer(svc, rls.ServerOptions{TLS: tlsCfg, MaxConcurrentStreams: uint32(cfg.Server.MaxConcurrentStreams),
+		HandshakeTimeout: cfg.Server.ReadHeaderTimeout})
 	return &rlsServer{srv: srv, health: h, l: l}, nil
 }
 
