@@ -189,6 +189,9 @@ go_benches() {
   local instr_n=30000
   [ "${BENCH_QUICK:-0}" = 1 ] && instr_n=6000
   CONSOLE_INSTR_N=$instr_n scripts/bench/console-instr.sh >"$out/console-instr.md" || console_rc=$?
+  note "Go benchmarks: the upstream protection's cost in instructions (callgrind)"
+  local protect_rc=0
+  PROTECT_INSTR_N=$instr_n scripts/bench/protect-instr.sh >"$out/protect-instr.md" || protect_rc=$?
   note "Go benchmarks: replay (one core)"
   local replay_x=5
   [ "${BENCH_QUICK:-0}" = 1 ] && replay_x=2
@@ -313,6 +316,12 @@ go_benches() {
     echo
     if [ -s "$out/console-instr.md" ]; then cat "$out/console-instr.md"; else echo "(skipped: valgrind is not installed)"; fi
     [ "$console_rc" = 0 ] || echo "**over the target** (exit $console_rc)"
+    echo
+    echo "The upstream protection on the request path (BenchmarkHandler_Protect, instructions counted by"
+    echo "callgrind: scripts/bench/protect-instr.sh; target <= 1.05 of off):"
+    echo
+    if [ -s "$out/protect-instr.md" ]; then cat "$out/protect-instr.md"; else echo "(skipped: valgrind is not installed)"; fi
+    [ "$protect_rc" = 0 ] || echo "**over the target** (exit $protect_rc)"
   } >&3
 }
 

@@ -46,14 +46,7 @@ if ! command -v valgrind >/dev/null; then
   exit 0
 fi
 $GO test -c -o "$out/bin/proxy.test" ./internal/proxy/
-
-# instr BENCH ITERATIONS: the instructions callgrind counted for the whole process.
-instr() {
-  (cd internal/proxy && GOGC=off GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1 valgrind --tool=callgrind \
-    --callgrind-out-file=/dev/null "$out/bin/proxy.test" -test.run '^$' -test.bench "^$1\$" \
-    -test.benchtime "${2}x" -test.cpu 1 2>&1 >/dev/null) |
-    awk '/Collected :/ { gsub(/,/, "", $NF); print $NF }'
-}
+. scripts/bench/callgrind.sh
 
 over=0
 echo "| path | clock | console off, instructions/request | console on | on / off |"
@@ -62,14 +55,7 @@ for path in admitted rejected; do
   for clock in load light; do
     declare -A per=()
     for m in off on; do
-      b="BenchmarkHandlerConsole/$path/$clock/console=$m"
-      lo=$(instr "$b" "$n0")
-      hi=$(instr "$b" "$n")
-      if [ -z "$lo" ] || [ -z "$hi" ]; then
-        echo "console-instr: callgrind gave no count for $b" >&2
-        exit 2
-      fi
-      per[$m]=$(((hi - lo) / (n - n0)))
+      per[$m]=$(instr_per_op "$out/bin/proxy.test" internal/proxy "BenchmarkHandlerConsole/$path/$clock/console=$m" "$n0" "$n")
     done
     ratio=$(awk -v a="${per[on]}" -v b="${per[off]}" 'BEGIN { printf "%.3f", a / b }')
     echo "| $path | $clock | ${per[off]} | ${per[on]} | $ratio |"
