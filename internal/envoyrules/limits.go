@@ -174,12 +174,8 @@ func (p *parser) checkLease(rl *rateLimitConfig, lim bucket.Limit) {
 		p.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+limitspec.AlgorithmName(lim.Algorithm))
 		return
 	}
-	if l.shards < 0 || l.shards > bucket.MaxLeaseShards {
-		p.add(at+".shards", strconv.Itoa(l.shards), fmt.Sprintf("must be from 1 to %d", bucket.MaxLeaseShards))
-		return
-	}
-	if l.ttl < 0 {
-		p.add(at+".ttl", limitspec.ShortDuration(l.ttl), "must be positive")
+	if field, value, msg := limitspec.CheckLeaseShape(l.shards, l.ttl); field != "" {
+		p.add(at+"."+field, value, msg)
 		return
 	}
 	shards := max(l.shards, 1)

@@ -8,8 +8,11 @@ package limitspec
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"time"
+
 	// Quotas name IANA zones: the binary carries the zone database (about 450 kB), so a
 	// time_zone works in a distroless or scratch image without /usr/share/zoneinfo, and means the
 	// same on every replica.
@@ -115,4 +118,17 @@ func StoreName(namespace, name, pool string) string {
 		return "\x01ns\x00" + namespace + "\x00" + name
 	}
 	return name
+}
+
+// CheckLeaseShape checks a lease's shards and ttl as both formats give them (0 means the
+// default): it returns the field (shards or ttl), the value as written and what is wrong, or
+// field "" when both are in range.
+func CheckLeaseShape(shards int, ttl time.Duration) (field, value, msg string) {
+	if shards < 0 || shards > bucket.MaxLeaseShards {
+		return "shards", strconv.Itoa(shards), fmt.Sprintf("must be from 1 to %d", bucket.MaxLeaseShards)
+	}
+	if ttl < 0 {
+		return "ttl", ShortDuration(ttl), "must be positive"
+	}
+	return "", "", ""
 }

@@ -78,3 +78,22 @@ func TestAlgorithmNames(t *testing.T) {
 		t.Errorf("AlgorithmName(200) = %q, want empty", got)
 	}
 }
+
+func TestCheckLeaseShape(t *testing.T) {
+	for _, tc := range []struct {
+		shards            int
+		ttl               time.Duration
+		field, value, msg string
+	}{
+		{0, 0, "", "", ""},
+		{4, time.Second, "", "", ""},
+		{-1, 0, "shards", "-1", "must be from 1 to 64"},
+		{65, 0, "shards", "65", "must be from 1 to 64"},
+		{2, -90 * time.Second, "ttl", "-1m30s", "must be positive"},
+	} {
+		field, value, msg := CheckLeaseShape(tc.shards, tc.ttl)
+		if field != tc.field || value != tc.value || msg != tc.msg {
+			t.Errorf("CheckLeaseShape(%d, %v) = %q, %q, %q; want %q, %q, %q", tc.shards, tc.ttl, field, value, msg, tc.field, tc.value, tc.msg)
+		}
+	}
+}

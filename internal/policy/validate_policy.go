@@ -143,12 +143,8 @@ func checkLease(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
 		es.add(at+".enabled", "true", "cannot be combined with charge_on: a leased unit is spent when the request is admitted")
 		return
 	}
-	if l.Shards < 0 || l.Shards > bucket.MaxLeaseShards {
-		es.add(at+".shards", strconv.Itoa(l.Shards), fmt.Sprintf("must be from 1 to %d", bucket.MaxLeaseShards))
-		return
-	}
-	if l.TTL < 0 {
-		es.add(at+".ttl", limitspec.ShortDuration(l.TTL), "must be positive")
+	if field, value, msg := limitspec.CheckLeaseShape(l.Shards, l.TTL); field != "" {
+		es.add(at+"."+field, value, msg)
 		return
 	}
 	limits := []limitFields{p.fields()}

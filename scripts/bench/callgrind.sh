@@ -2,6 +2,19 @@
 # callgrind counts the same on a quiet and on a loaded machine (scripts/bench/console-instr.sh
 # explains the method and its settings).
 
+# instr_proxy_test NAME: exits the script (0: skipped) without valgrind, else builds
+# internal/proxy's test binary into INSTR_BIN. NAME is the calling script's, for the message.
+# Call it directly, not in $(...): its exit must end the script.
+instr_proxy_test() {
+  if ! command -v valgrind >/dev/null; then
+    echo "$1: valgrind is not installed (apt-get install valgrind); skipped" >&2
+    exit 0
+  fi
+  mkdir -p .cache/bench/bin
+  INSTR_BIN="$PWD/.cache/bench/bin/proxy.test"
+  ${GO:-go} test -c -o "$INSTR_BIN" ./internal/proxy/
+}
+
 # instr_total TESTBIN DIR BENCH ITERATIONS: the instructions callgrind counted for the whole
 # test process running BENCH (an exact -test.bench name) ITERATIONS times, in DIR.
 instr_total() {

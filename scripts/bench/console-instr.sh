@@ -27,11 +27,8 @@
 # per request (0.1% admitted, 0.3% on the 429 path), likely the Go runtime's background work,
 # which is timed by the wall clock that valgrind stretches.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-out="$root/.cache/bench"
-mkdir -p "$out/bin"
-GO=${GO:-go}
+cd "$(dirname "$0")/../.."
+. scripts/bench/callgrind.sh
 n=${CONSOLE_INSTR_N:-30000}
 # The shorter run must already be past a policy's first 1,000 charges of the standing second.
 n0=$((n / 6 > 1000 ? n / 6 : 1000))
@@ -41,12 +38,8 @@ if [ "$n" -le "$n0" ]; then
 fi
 target=${CONSOLE_INSTR_TARGET:-1.05}
 
-if ! command -v valgrind >/dev/null; then
-  echo "console-instr: valgrind is not installed (apt-get install valgrind); skipped" >&2
-  exit 0
-fi
-$GO test -c -o "$out/bin/proxy.test" ./internal/proxy/
-. scripts/bench/callgrind.sh
+instr_proxy_test console-instr
+bin=$INSTR_BIN
 
 over=0
 echo "| path | clock | console off, instructions/request | console on | on / off |"
@@ -55,7 +48,7 @@ for path in admitted rejected; do
   for clock in load light; do
     declare -A per=()
     for m in off on; do
-      per[$m]=$(instr_per_op "$out/bin/proxy.test" internal/proxy "BenchmarkHandlerConsole/$path/$clock/console=$m" "$n0" "$n")
+      per[$m]=$(instr_per_op "$bin" internal/proxy "BenchmarkHandlerConsole/$path/$clock/console=$m" "$n0" "$n")
     done
     ratio=$(awk -v a="${per[on]}" -v b="${per[off]}" 'BEGIN { printf "%.3f", a / b }')
     echo "| $path | $clock | ${per[off]} | ${per[on]} | $ratio |"

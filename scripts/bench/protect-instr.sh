@@ -7,28 +7,21 @@
 #   scripts/bench/protect-instr.sh        # prints a markdown table, exits 1 over the target
 #   PROTECT_INSTR_N=60000 scripts/bench/protect-instr.sh   # longer (default 30000)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-out="$root/.cache/bench"
-mkdir -p "$out/bin"
-GO=${GO:-go}
+cd "$(dirname "$0")/../.."
+. scripts/bench/callgrind.sh
 n=${PROTECT_INSTR_N:-30000}
 n0=$((n / 6))
 target=${PROTECT_INSTR_TARGET:-1.05}
-if ! command -v valgrind >/dev/null; then
-  echo "protect-instr: valgrind is not installed (apt-get install valgrind); skipped" >&2
-  exit 0
-fi
-$GO test -c -o "$out/bin/proxy.test" ./internal/proxy/
-. scripts/bench/callgrind.sh
+instr_proxy_test protect-instr
+bin=$INSTR_BIN
 
-off=$(instr_per_op "$out/bin/proxy.test" internal/proxy BenchmarkHandler_Protect/off "$n0" "$n")
+off=$(instr_per_op "$bin" internal/proxy BenchmarkHandler_Protect/off "$n0" "$n")
 over=0
 echo "| protection | instructions/request | vs. off |"
 echo "|---|---:|---:|"
 echo "| off | $off | |"
 for m in fixed adaptive; do
-  per=$(instr_per_op "$out/bin/proxy.test" internal/proxy "BenchmarkHandler_Protect/$m" "$n0" "$n")
+  per=$(instr_per_op "$bin" internal/proxy "BenchmarkHandler_Protect/$m" "$n0" "$n")
   ratio=$(awk -v a="$per" -v b="$off" 'BEGIN { printf "%.3f", a / b }')
   echo "| $m | $per | $ratio |"
   if awk -v r="$ratio" -v t="$target" 'BEGIN { exit !(r > t) }'; then over=1; fi
