@@ -246,12 +246,39 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	var rls *envoyrules.Rules
 	if c.RLS != nil {
 		rls = checkRLS(&es, c, rlsOnly)
+		checkRLSLabels(&es, c, rls)
 	}
 	checkProtect(&es, c) // validate_protect.go
 	return es, keys, tlsm, rls
 }
 
 // --- rls block (Envoy's rate limit service) ---
+
+// checkRLSLabels refuses a proxy policy named like an rls rule's label or a domain's override
+// label: both front ends count under that name in ratelimit_requests_total{policy}, and the
+// operators' console names rules and policies by it, so the two would merge in every series,
+// top list and exemption.
+func checkRLSLabels(es *Errors, c *Config, rules *envoyrules.Rules) {
+	if rules == nil || len(c.Policies) == 0 {
+		return
+	}
+	names := make(map[string]int, len(c.Policies))
+	for i, p := range c.Policies {
+		names[p.Name] = i
+	}
+	for _, dn := range rules.Domains() {
+		labels := []string{dn + ".override"} // the label of the domain's limit overrides (rls.overrideLabel)
+		for _, r := range rules.Domain(dn).Rules() {
+			labels = append(labels, r.Label)
+		}
+		for _, l := range labels {
+			if i, ok := names[l]; ok {
+				delete(names, l) // once per policy
+				es.add(fmt.Sprintf("policies[%d].name", i), l, fmt.Sprintf("an rls rule of domain %q counts under this name (ratelimit_requests_total{policy}, the operators' console): rename the policy", dn))
+			}
+		}
+	}
+}
 
 // checkRLS checks the rls block and loads the files of rls.config_dir (internal/envoyrules),
 // reporting their problems as the configuration's.

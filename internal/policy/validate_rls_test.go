@@ -134,3 +134,26 @@ func TestRLSRulesInTheStoreNamespace(t *testing.T) {
 		t.Error("a namespace leaves the rules' keys as they were")
 	}
 }
+
+// TestRLSLabelClashesWithPolicy: a proxy policy named like an RLS rule's label (the name both
+// count under in ratelimit_requests_total{policy} and the operators' console names them by)
+// would merge the two in every series and in the console: the configuration is refused,
+// naming the policy and the rule's domain. So is a policy named like a domain's override label.
+func TestRLSLabelClashesWithPolicy(t *testing.T) {
+	dir := rlsDir(t, map[string]string{"edge.yaml": "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"})
+	base := "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n"
+	pol := func(name string) string {
+		return "policies:\n  - {name: " + name + ", key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n"
+	}
+	if err := rlsConfig(t, dir, base+pol("edge.other")).Validate(nil); err != nil {
+		t.Fatalf("distinct names: %v", err)
+	}
+	err := rlsConfig(t, dir, base+pol("edge.api_key")).Validate(nil)
+	if err == nil || !strings.Contains(err.Error(), `policies[0].name: "edge.api_key": an rls rule of domain "edge" counts under this name`) {
+		t.Errorf("a policy named like an rls label: got %v", err)
+	}
+	err = rlsConfig(t, dir, base+pol("edge.override")).Validate(nil)
+	if err == nil || !strings.Contains(err.Error(), `policies[0].name: "edge.override": an rls rule of domain "edge" counts under this name`) {
+		t.Errorf("a policy named like a domain's override label: got %v", err)
+	}
+}
