@@ -283,18 +283,6 @@ func (d *Domain) OverrideKey(entries []Entry, l bucket.Limit) bucket.Key {
 	return hashEntries(keyPrefix(buf[:0], d.store, l), entries, nil)
 }
 
-// OverrideLabel is the metric label of an overridden descriptor: the domain and the entries'
-// keys, never their values (Envoy computes overrides from requests).
-func OverrideLabel(domain string, entries []Entry) string {
-	var b strings.Builder
-	b.WriteString(domain)
-	for _, e := range entries {
-		b.WriteByte('.')
-		b.WriteString(e.Key)
-	}
-	return b.String()
-}
-
 // hashEntries digests prefix and the entries, each key and value length-prefixed so that no
 // two descriptors share a digest by moving bytes between their strings. sub, when not nil, may
 // replace entry i's value.
