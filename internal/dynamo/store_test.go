@@ -23,17 +23,7 @@ import (
 
 // t0 is a fixed decision instant; each test uses its own keys, so tests sharing the table and
 // the instant never share state.
-// t0 is the suite's fixed instant, in 1995: more than five years before any run. DynamoDB
-// Local's TTL sweeper (its TimeToLiveDeletionJob) deletes expired items whose ttl lies within
-// the last five years. It should only sweep tables with TTL on, and the suite's table has it off
-// (createTableWithoutTTL), yet TestItemsCarryTTLAndDigestsOnly once found 5 of its 7 items of
-// 2023 gone in a loaded make test, a loss not reproduced since: out of that window no sweep can
-// touch an item, whatever table it scans. calendarCycle (28 years) keeps weekdays and dates
-// those of the instant used before.
-var t0 = time.Unix(1_700_000_000-calendarCycle, 0)
-
-// calendarCycle is 28 Gregorian years in seconds: the calendar repeats after it (1901-2099).
-const calendarCycle = 10227 * 86400
+var t0 = time.Unix(1_700_000_000, 0)
 
 func TestConformance(t *testing.T) {
 	for _, tc := range []struct {
@@ -183,10 +173,26 @@ func TestItemsCarryTTLAndDigestsOnly(t *testing.T) {
 		{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 4, Window: time.Minute}, Lease: bucket.Lease{Shards: 2}},
 	}
 	defer s.CloseLeases(context.Background())
+	// A leased charge is refused until its first lease has arrived, asynchronously, and a
+	// refused group writes nothing: taken in one group, every item could be missing (run alone,
+	// the test found none; in a loaded make test, 5 of 7). So the unleased charges go as one
+	// group and each leased one alone, until each has been admitted.
 	r := make([]bucket.Result, len(charges))
-	for i := range 3 {
-		if _, err := s.Take(context.Background(), t0.Add(time.Duration(i)*time.Second), charges, r); err != nil {
-			t.Fatalf("Take: %v", err)
+	at := 0 // seconds after t0
+	for _, group := range [][]bucket.Charge{charges[:5], charges[5:6], charges[6:7]} {
+		deadline := time.Now().Add(10 * time.Second)
+		for admitted := 0; admitted < 2; at++ {
+			ok, err := s.Take(context.Background(), t0.Add(time.Duration(at)*time.Second), group, r[:len(group)])
+			if err != nil {
+				t.Fatalf("Take: %v", err)
+			}
+			if ok {
+				admitted++
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%s never admitted within 10s: %+v", group[0].Key, r[:len(group)])
+			} else {
+				time.Sleep(20 * time.Millisecond) // polling the lease's arrival with a deadline
+			}
 		}
 	}
 	pkRE := regexp.MustCompile(`^[0-9a-f]{32}#(g|w-?[0-9]+|s-?[0-9]+|q-?[0-9]+|c)(#l[0-9]+)?$`)
@@ -251,7 +257,7 @@ func TestDenyCacheAvoidsCalls(t *testing.T) {
 	l := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 3, Window: time.Minute}
 	c := []bucket.Charge{{Key: newKey(t), Limit: l}}
 	r := make([]bucket.Result, 1)
-	start := time.Unix(1_700_000_040-calendarCycle, 0) // a window starts here
+	start := time.Unix(1_700_000_040, 0) // a window starts here
 	take := func(at time.Duration) bool {
 		t.Helper()
 		ok, err := s.Take(context.Background(), start.Add(at), c, r)
