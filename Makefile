@@ -10,6 +10,7 @@ all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ratelimit-proxy ./cmd/ratelimit-proxy
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ratelimit-replay ./cmd/ratelimit-replay
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./cmd/demo-upstream
 
 ## run: the example config on the in-memory store, in front of the demo upstream.

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/replay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/server"
 )
 
@@ -109,7 +107,6 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 		},
 	})
 	root.AddCommand(table)
-	root.AddCommand(newReplayCmd(&configPath, getenv, stdout, stderr))
 	root.AddCommand(newRLSCmd(stdout))
 	root.AddCommand(newAdminCmd(&configPath, getenv, stdout, stderr))
 	return root
@@ -134,119 +131,6 @@ func offsetClock(d time.Duration) func() time.Time {
 		return nil
 	}
 	return func() time.Time { return time.Now().Add(d) }
-}
-
-// newReplayCmd is `replay --config FILE [LOG ...]`; internal/replay does the work.
-func newReplayCmd(configPath *string, getenv func(string) string, stdout, stderr io.Writer) *cobra.Command {
-	var format, keyFields, plotFile string
-	var asJSON bool
-	var top int
-	cmd := &cobra.Command{
-		// The logs are positional arguments (replay --config FILE [LOG ...]); Use names none so
-		// that the usage line reads "ratelimit-proxy replay [flags]" as the docs check it.
-		Use:   "replay",
-		Short: "Replay access logs through the policies offline: what would this config have done?",
-		Example: "  ratelimit-proxy replay --config configs/replay-demo.yaml --key-field api_key --plot replay.png access.log.1 access.log\n" +
-			"  ratelimit-proxy replay --config policies.yaml --format alb --json 123456789012_elasticloadbalancing_us-east-1_app.my-lb.log.gz",
-		Long: "ratelimit-proxy replay --config FILE [LOG ...]: replay access logs (nginx/Apache combined, AWS ALB, the gateway's own log.access lines; " +
-			"gzip or plain; stdin when no file is named, or -) through the policies of --config on the " +
-			"memory store, on a clock taken from the logs' timestamps, and report per policy the " +
-			"requests matched, admitted, limited and shadow-limited, the peak rate and the keys limited " +
-			"most (as log pseudonyms). Give several files oldest first. See docs/replay.md.",
-		Args: cobra.ArbitraryArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if *configPath == "" {
-				return errors.New("--config is required")
-			}
-			f, err := replay.ParseFormat(format)
-			if err != nil {
-				return err
-			}
-			kf, err := replay.ParseKeyFields(keyFields)
-			if err != nil {
-				return err
-			}
-			if f != replay.Auto && f != replay.Combined && len(kf) > 0 {
-				return fmt.Errorf("--key-field applies to the combined format, not %s", f)
-			}
-			var plotFormat string
-			if plotFile != "" {
-				if plotFormat, err = replay.PlotFormat(plotFile); err != nil {
-					return err
-				}
-			}
-			cfg, err := policy.Load(*configPath, policy.LoadOptions{Getenv: getenv})
-			if err != nil {
-				return printInvalid(*configPath, err, stderr)
-			}
-			set, err := policy.Compile(cfg, policy.CompileOptions{Getenv: getenv})
-			if err != nil {
-				return printInvalid(*configPath, err, stderr)
-			}
-			ps, err := policy.LogPseudonyms(cfg, getenv)
-			if err != nil {
-				return err
-			}
-			r, err := replay.New(replay.Options{Set: set, MaxKeys: cfg.Store.MaxKeys, Pseudonyms: ps,
-				Format: f, KeyFields: kf, Top: top, Progress: replayProgress(stderr)})
-			if err != nil {
-				return err
-			}
-			if len(args) == 0 {
-				args = []string{"-"}
-			}
-			for _, name := range args {
-				if err := replayFile(cmd.Context(), r, name, cmd.InOrStdin()); err != nil {
-					return err
-				}
-			}
-			r.Finish()
-			rep := r.Report()
-			if plotFile != "" {
-				if err := writePlot(rep, plotFile, plotFormat); err != nil {
-					return err
-				}
-			}
-			if asJSON {
-				return rep.WriteJSON(stdout)
-			}
-			return rep.WriteText(stdout)
-		},
-	}
-	fl := cmd.Flags()
-	fl.StringVar(&format, "format", "auto", "log format: auto (per line), combined, alb or json (the gateway's log.access)")
-	fl.StringVar(&keyFields, "key-field", "", "combined: kinds of the extra fields after the user agent, in order "+
-		"(api_key, user, header:NAME, - to skip one), e.g. api_key for a log_format ending in \"$http_x_api_key\"")
-	fl.StringVar(&plotFile, "plot", "", "also draw requests/s over time, admitted vs limited, one panel per policy, to FILE.png or FILE.svg")
-	fl.BoolVar(&asJSON, "json", false, "print the report as JSON")
-	fl.IntVar(&top, "top", replay.DefaultTop, "how many of the keys limited most to list per policy")
-	return cmd
-}
-
-// replayFile feeds one log (- for stdin) to r.
-func replayFile(ctx context.Context, r *replay.Replayer, name string, stdin io.Reader) error {
-	if name == "-" {
-		return r.Read(ctx, "stdin", stdin)
-	}
-	f, err := os.Open(name)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return r.Read(ctx, name, f)
-}
-
-// writePlot draws the report to file.
-func writePlot(rep *replay.Report, file, format string) error {
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if err := rep.Plot(f, format); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // tableCreateTimeout bounds `table create`: creating a table and waiting until it is ACTIVE
@@ -300,14 +184,6 @@ func validate(path string, getenv func(string) string, stdout, stderr io.Writer)
 
 // printInvalid prints every problem of a configuration that did not load or validate.
 func printInvalid(path string, err error, stderr io.Writer) error {
-	fmt.Fprintf(stderr, "%s: invalid\n", path)
-	var fe policy.Errors
-	if errors.As(err, &fe) {
-		for _, e := range fe {
-			fmt.Fprintln(stderr, "  "+e.Error())
-		}
-	} else {
-		fmt.Fprintln(stderr, "  "+err.Error())
-	}
+	policy.WriteInvalid(stderr, path, err)
 	return errInvalid
 }

@@ -169,7 +169,7 @@ func TestReadmeTour(t *testing.T) {
 	if err := os.Mkdir(bin, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for _, pkg := range []string{"../demo-upstream", "../../scripts/replaylog"} {
+	for _, pkg := range []string{"../demo-upstream", "../ratelimit-replay", "../../scripts/replaylog"} {
 		out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, out)

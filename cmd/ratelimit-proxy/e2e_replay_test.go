@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -25,13 +27,32 @@ type replayReport struct {
 	}
 }
 
-// runReplay runs the binary's replay with stdin and returns its exit code and output.
+// The replay binary (cmd/ratelimit-replay), built once on first use. Without -race: the
+// replay's own packages run their tests with it, and this build links the plotting stack.
+var replayBuild = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "ratelimit-replay-e2e")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "ratelimit-replay")
+	if out, err := exec.Command("go", "build", "-o", bin, "../ratelimit-replay").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ../ratelimit-replay: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// runReplay runs ratelimit-replay with stdin and returns its exit code and output.
 func runReplay(t *testing.T, stdin string, args ...string) (int, string, string) {
 	t.Helper()
+	bin, err := replayBuild()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return runBinary(t, func(cmd *exec.Cmd) {
+		cmd.Path, cmd.Args[0] = bin, bin
 		cmd.Dir = repoRoot
 		cmd.Stdin = strings.NewReader(stdin)
-	}, append([]string{"replay"}, args...)...)
+	}, args...)
 }
 
 func TestReplayCommand(t *testing.T) {

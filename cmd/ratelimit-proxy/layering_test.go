@@ -64,3 +64,28 @@ func TestLayering(t *testing.T) {
 		t.Fatalf("go list listed %d known packages: the check checks nothing", seen)
 	}
 }
+
+// TestGatewayLinksNoPlotting: the gateway runs beside every service, so the offline replay's
+// plotting, PDF and font stack lives in ratelimit-replay alone. The replay binary, which does
+// link it, is the control that the check can fail.
+func TestGatewayLinksNoPlotting(t *testing.T) {
+	heavy := []string{"gonum.org/", "codeberg.org/go-fonts/", "github.com/go-pdf/", "golang.org/x/image/font", "git.sr.ht/~sbinet/gg"}
+	for _, c := range []struct {
+		pkg  string
+		want bool
+	}{{".", false}, {"../ratelimit-replay", true}} {
+		out, err := exec.Command("go", "list", "-deps", c.pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", c.pkg, err)
+		}
+		var found []string
+		for _, dep := range strings.Fields(string(out)) {
+			if slices.ContainsFunc(heavy, func(p string) bool { return strings.HasPrefix(dep, p) }) {
+				found = append(found, dep)
+			}
+		}
+		if got := len(found) > 0; got != c.want {
+			t.Errorf("%s links plotting packages = %t (%d: %.3v), want %t", c.pkg, got, len(found), found, c.want)
+		}
+	}
+}

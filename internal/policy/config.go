@@ -270,7 +270,7 @@ type LogConfig struct {
 	Level string `mapstructure:"level"`
 	// Access writes one JSON line per request (logger "access", message "request"): time,
 	// method, path, status, duration, decision, the rejecting policy and the client's key
-	// values as pseudonyms, never raw. `ratelimit-proxy replay` reads these lines. Unsampled:
+	// values as pseudonyms, never raw. `ratelimit-replay` reads these lines. Unsampled:
 	// at high request rates it is a line per request. (Optional) default false.
 	Access bool `mapstructure:"access"`
 	// PseudonymSecretEnv names an environment variable holding the secret (at least 16 bytes)

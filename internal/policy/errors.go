@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"strconv"
 	"strings"
 )
@@ -52,4 +55,18 @@ func (es Errors) err() error {
 		return nil
 	}
 	return es
+}
+
+// WriteInvalid writes the report of a configuration at path that did not load or validate:
+// `PATH: invalid`, then each problem of err on a line of its own.
+func WriteInvalid(w io.Writer, path string, err error) {
+	fmt.Fprintf(w, "%s: invalid\n", path)
+	var fe Errors
+	if !errors.As(err, &fe) {
+		fmt.Fprintln(w, "  "+err.Error())
+		return
+	}
+	for _, e := range fe {
+		fmt.Fprintln(w, "  "+e.Error())
+	}
 }

@@ -272,7 +272,7 @@ go_benches() {
     sbpk=$(awk '/BenchmarkMemorySlidingBytesPerKey/ { for (i = 1; i < NF; i++) if ($(i+1) == "B/key") print $i }' "$out/bytes.txt")
     echo "Memory store: **${bpk:-?} B per tracked token-bucket key at 1M keys** (Go heap delta; target <= 128); ${sbpk:-?} B per sliding-window key."
     echo
-    echo "Replay (\`ratelimit-proxy replay\`, internal/replay): a 200,000-line log with three policies"
+    echo "Replay (\`ratelimit-replay\`, internal/replay): a 200,000-line log with three policies"
     echo "(configs/replay-demo.yaml), one core (-cpu 1), median of $go_count runs (range); lines per second of wall"
     echo "time, and per second of the process's CPU time (GC included), which other processes on a shared host do"
     echo "not inflate. Target: combined >= 1,000,000 lines/s."

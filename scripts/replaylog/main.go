@@ -1,4 +1,4 @@
-// Command replaylog writes a synthetic, reproducible access log for `ratelimit-proxy replay`:
+// Command replaylog writes a synthetic, reproducible access log for `ratelimit-replay`:
 // the demo of docs/replay.md and the README's picture, the replay benchmark's input and a test
 // fixture. Traffic, from 09:00 UTC on 2026-11-24:
 //
