@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check unit test-faults soak bench bench-scale bench-rls bench-overload check-exact profile-c profile-d schema clean
+.PHONY: all build run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload check-exact profile-c profile-d schema clean
 
 all: build
 
@@ -27,6 +27,18 @@ check:
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run ./cmd/ratelimit-proxy validate --config configs/example.yaml
+
+## lint: golangci-lint with the explicit linter list of .golangci.yml (installed into .tools/bin,
+## pinned, on first use).
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := .tools/bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
+lint: $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	mkdir -p .tools/bin
+	GOBIN=$(CURDIR)/.tools/bin/tmp-$(GOLANGCI_LINT_VERSION) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv .tools/bin/tmp-$(GOLANGCI_LINT_VERSION)/golangci-lint $@ && rmdir .tools/bin/tmp-$(GOLANGCI_LINT_VERSION)
 
 unit:
 	$(GO) test -race -count=1 ./...

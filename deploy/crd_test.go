@@ -166,7 +166,7 @@ func TestCRDCheckCatches(t *testing.T) {
 	}{
 		{"gateway.envoyproxy.io/v1alpha1/EnvoyPatchPolicy", "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyPatchPolicy\nmetadata: {name: x}\nspec:\n  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: eg}]\n  type: JSONPatch\n", "targetRef"},
 		{"networking.istio.io/v1alpha3/EnvoyFilter", "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: x}\nspec:\n  configPatches: [{applyTo: HTTP_FILTR}]\n", "applyTo"},
-		{"projectcontour.io/v1alpha1/ExtensionService", "apiVersion: projectcontour.io/v1alpha1\nkind: ExtensionService\nmetadata: {name: x}\nspec:\n  protocl: h2c\n  services: [{name: a, port: 8081}]\n", "protocl"},
+		{"projectcontour.io/v1alpha1/ExtensionService", "apiVersion: projectcontour.io/v1alpha1\nkind: ExtensionService\nmetadata: {name: x}\nspec:\n  protocl: h2c\n  services: [{name: a, port: 8081}]\n", "protocl"}, //nolint:misspell // the misspelt field is the case
 	} {
 		var v any
 		if err := yaml.Unmarshal([]byte(tc.yaml), &v); err != nil {

@@ -44,7 +44,7 @@ func retryAfter(lines []string, now time.Time) (time.Duration, bool) {
 			if err != nil {
 				continue
 			}
-			d, ok = t.Sub(now), true
+			d = t.Sub(now)
 			if d < 0 {
 				d = 0
 			}

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -317,7 +318,7 @@ func TestGRPCSilentStream(t *testing.T) {
 	if msg.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("got %v, want SERVING", msg.GetStatus())
 	}
-	if _, err := stream.Recv(); err != io.EOF {
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
 		t.Errorf("after the message: got %v, want the end of the stream with OK", err)
 	}
 

@@ -5,6 +5,7 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -211,7 +212,7 @@ func TestRLSSilentConnectionClosed(t *testing.T) {
 	start := time.Now()
 	_ = c.SetReadDeadline(start.Add(10 * time.Second)) // the bound of a failing run, not a wait
 	_, err = io.ReadAll(c)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("a silent connection was still open after %v, want it closed after read_header_timeout (300ms)", time.Since(start).Round(time.Millisecond))
 	}
 	if took := time.Since(start); took > 5*time.Second {

@@ -25,7 +25,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
+	"golang.org/x/net/http2/h2c" //nolint:staticcheck // see lenientH2C
 	"golang.org/x/net/http2/hpack"
 	"golang.org/x/net/websocket"
 )
@@ -238,6 +238,7 @@ func TestSidestep2GatewayHeaderKeysRefused(t *testing.T) {
 // records every request's Upgrade and HTTP2-Settings headers.
 func lenientH2C(t *testing.T, hits *atomic.Int64, seen *syncBuffer) string {
 	t.Helper()
+	//nolint:staticcheck // x/net's h2c is the point: it honours "Upgrade: h2c", which net/http's unencrypted HTTP/2 (prior knowledge only) does not
 	inner := h2c.NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		fmt.Fprintf(w, "ran %s %s", r.Proto, r.URL.Path)

@@ -169,7 +169,7 @@ func (p *serveProc) ready(admin string, timeout time.Duration) error {
 			if strings.Contains(logs, "address already in use") {
 				return fmt.Errorf("%w:\n%s", errPortTaken, logs)
 			}
-			return fmt.Errorf("gateway exited before it was ready: %v\n%s", p.exitErr, logs)
+			return fmt.Errorf("gateway exited before it was ready: %w\n%s", p.exitErr, logs)
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -611,7 +611,7 @@ func runBinary(t *testing.T, setup func(*exec.Cmd), args ...string) (code int, s
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 		return ee.ExitCode(), out.String(), errb.String()
 	}
 	if err != nil {

@@ -80,6 +80,3 @@ func (s *compactSliding) wide() SlidingState {
 	}
 	return w
 }
-
-// idle is SlidingState.Idle.
-func (s *compactSliding) idle(now int64) bool { return idleRing(&s.counts, s.slot, s.width(), now) }

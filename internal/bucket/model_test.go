@@ -165,7 +165,7 @@ func TestMemoryMatchesModel(t *testing.T) {
 					// (as policy keys do); its limit within the kind may change.
 					kind := int(binary.LittleEndian.Uint64(k[:8]) % uint64(len(limits)))
 					ls := limits[kind]
-					l := ls[0]
+					var l bucket.Limit
 					if rng.IntN(10) == 0 {
 						l = ls[rng.IntN(len(ls))]
 					} else {

@@ -306,7 +306,7 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 	if p.gcra {
 		tat, ok, err := number(item, attrTat)
 		if err != nil || !ok && !f.edge {
-			return nil, fmt.Errorf("update %s: no tat in the write's answer (%v)", pk, err)
+			return nil, fmt.Errorf("update %s: no tat in the write's answer (%v)", pk, err) //nolint:errorlint // err may be nil: the answer lacked the attribute
 		}
 		var base int64 // the place before the first unit: max(old tat, n)
 		if f.edge {

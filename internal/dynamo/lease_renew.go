@@ -173,8 +173,6 @@ func (p *pool) lease(ctx context.Context, n, want, shift int64) (*grant, error) 
 	}
 	slices.SortStableFunc(order, func(i, j int) int { return cmp.Compare(p.shards[i].busy, p.shards[j].busy) })
 	order = order[:min(2, len(order))] // exploring costs a write a shard
-	if len(order) == 0 {
-	}
 	p.mu.Unlock()
 	for _, i := range order {
 		p.mu.Lock()

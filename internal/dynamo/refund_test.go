@@ -2,11 +2,8 @@ package dynamo_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
@@ -50,38 +47,5 @@ func TestRefundAfterIdleResetKeepsLaterCharge(t *testing.T) {
 	// Burst 1: at +5ms the one request allowed at that instant has been admitted.
 	if ok, r := mustTake(t, s, later, gcra); ok {
 		t.Errorf("second request at +5ms with burst 1: got admitted (remaining %d), want rejected: the late refund undid another request's charge", r[0].Remaining)
-	}
-}
-
-// watchAPI passes every call on, and reports each UpdateItem on an item of key (its update
-// expression and error) on calls once the call has returned.
-type watchAPI struct {
-	dynamo.API
-	key   bucket.Key
-	calls chan watchedCall
-}
-
-type watchedCall struct {
-	expr string
-	err  error
-}
-
-func (w *watchAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
-	out, err := w.API.UpdateItem(ctx, in, o...)
-	if strings.HasPrefix(pkOf(in.Key), w.key.String()) {
-		w.calls <- watchedCall{expr: *in.UpdateExpression, err: err}
-	}
-	return out, err
-}
-
-// next returns the next watched call, or fails the test after a generous bound.
-func (w *watchAPI) next(t *testing.T) watchedCall {
-	t.Helper()
-	select {
-	case c := <-w.calls:
-		return c
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no UpdateItem on the watched key within 10s")
-		return watchedCall{}
 	}
 }

@@ -412,7 +412,7 @@ func (s *Store) openError() error {
 	if last == nil {
 		return ErrOpen
 	}
-	return fmt.Errorf("%w; last error: %v", ErrOpen, last)
+	return fmt.Errorf("%w; last error: %v", ErrOpen, last) //nolint:errorlint // callers test for ErrOpen alone; the last error is for people
 }
 
 // Healthy reports whether the circuit is closed.

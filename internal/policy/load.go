@@ -457,7 +457,7 @@ func collectDecodeErrors(err error, out *Errors) {
 		}
 		return
 	}
-	de, ok := err.(*mapstructure.DecodeError)
+	de, ok := err.(*mapstructure.DecodeError) //nolint:errorlint // the walk unwraps one level at a time itself
 	if !ok {
 		// Decode wraps a joined error in "decoding failed due to ...": look inside.
 		if inner := errors.Unwrap(err); inner != nil {
@@ -472,7 +472,7 @@ func collectDecodeErrors(err error, out *Errors) {
 		collectDecodeErrors(inner, out)
 		return
 	}
-	if _, ok := inner.(*mapstructure.DecodeError); ok {
+	if _, ok := inner.(*mapstructure.DecodeError); ok { //nolint:errorlint // one level at a time, as above
 		collectDecodeErrors(inner, out)
 		return
 	}

@@ -4,7 +4,6 @@ package policy
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -405,14 +404,6 @@ func checkRefill(es *Errors, path string, rate float64, burst int64) {
 	if rate > 0 && burst > 0 && float64(burst)/rate > maxRefill.Seconds() {
 		es.add(path, strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most "+limitspec.ShortDuration(maxRefill))
 	}
-}
-
-// ceilSeconds rounds a positive number of seconds up to a whole second, at least 1.
-func ceilSeconds(s float64) int64 {
-	if s <= 1 {
-		return 1
-	}
-	return int64(math.Ceil(s))
 }
 
 // checkChargeOn checks a policy's charge_on list: each entry a status code (100 to 599) or a

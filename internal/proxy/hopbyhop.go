@@ -56,9 +56,7 @@ func (u upgrades) allows(elem string) bool {
 // file): it removes HTTP2-Settings, and from Upgrade every protocol not allowed (the header
 // itself when none is left). A request without either costs two map lookups.
 func (u upgrades) reviewHopByHop(h http.Header) {
-	if _, ok := h["Http2-Settings"]; ok {
-		delete(h, "Http2-Settings")
-	}
+	delete(h, "Http2-Settings")
 	lines, ok := h["Upgrade"]
 	if !ok {
 		return

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"errors"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
@@ -122,7 +123,7 @@ func TestParseRejects(t *testing.T) {
 	// Other lines of the gateway's log and blank lines are skipped, not unparseable.
 	for _, line := range []string{"", "  \r", `{"level":"info","msg":"ratelimit-proxy serving"}`,
 		`{"level":"info","logger":"proxy","msg":"rate limited","key":"x"}`} {
-		if _, err := parseOne(t, &parser{}, line); err != errSkip {
+		if _, err := parseOne(t, &parser{}, line); !errors.Is(err, errSkip) {
 			t.Errorf("%q: got %v, want errSkip", line, err)
 		}
 	}

@@ -48,8 +48,7 @@ var t0 = time.Date(2026, 3, 4, 5, 6, 10, 0, time.UTC)
 
 type clock struct{ now time.Time }
 
-func (c *clock) Now() time.Time          { return c.now }
-func (c *clock) advance(d time.Duration) { c.now = c.now.Add(d) }
+func (c *clock) Now() time.Time { return c.now }
 
 func compileRules(t *testing.T, content string) *envoyrules.Rules {
 	t.Helper()

@@ -33,7 +33,12 @@ func main() {
 		log.Fatalf("format %q: want combined, alb or json", *format)
 	}
 	w := bufio.NewWriterSize(os.Stdout, 1<<20)
-	defer w.Flush()
+	defer func() {
+		if err := w.Flush(); err != nil {
+			fmt.Fprintln(os.Stderr, "replaylog:", err)
+			os.Exit(1)
+		}
+	}()
 	rng := rand.New(rand.NewPCG(*seed, 42))
 	start := time.Date(2026, 11, 24, 9, 0, 0, 0, time.UTC)
 	const clients = 300

@@ -299,7 +299,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	for _, r := range reps {
 		select {
 		case <-r.exited:
-			return fmt.Errorf("replica %d exited during the load: %v; %s (log: %s)", r.i, r.exitErr, firstPanicLine(r.log.Name()), r.log.Name())
+			return fmt.Errorf("replica %d exited during the load: %w; %s (log: %s)", r.i, r.exitErr, firstPanicLine(r.log.Name()), r.log.Name())
 		default:
 		}
 	}
@@ -524,7 +524,7 @@ func startReplica(ctx context.Context, o options, i int, pa, aa, table, relayURL
 func (r *replica) waitReady(ctx context.Context, limit time.Duration) error {
 	if err := harness.WaitReady(ctx, r.admin+"/readyz", r.exited, limit); err != nil {
 		if errors.Is(err, harness.ErrExited) {
-			err = fmt.Errorf("%w: %v", err, r.exitErr)
+			err = fmt.Errorf("%w: %w", err, r.exitErr)
 		}
 		return fmt.Errorf("replica %d: %w (log: %s)", r.i, err, r.log.Name())
 	}
