@@ -53,7 +53,7 @@ test-faults:
 ## goroutines and memory stay flat and the count stays exact. SOAK=10m make soak for longer.
 SOAK ?= 2m
 soak:
-	RATELIMIT_SOAK=1 RATELIMIT_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -v -timeout 0 -run 'TestSoak' ./cmd/ratelimit-proxy/
+	RATELIMIT_SOAK=1 RATELIMIT_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -v -timeout 0 -run 'TestSoak' ./test/e2e/
 
 ## bench: decision cost, the console's cost in instructions (valgrind), end to end vs a plain Go proxy
 ## (and nginx/HAProxy when installed), memory and DynamoDB cost, in one run; writes
@@ -62,7 +62,7 @@ bench:
 	./scripts/bench/bench.sh
 
 ## bench-scale: shared pools at scale: 8 gateway processes on one DynamoDB Local table behind a
-## relay that caps each item's writes (internal/ddbrelay), about twice the pool's rate offered for a
+## relay that caps each item's writes (internal/testkit/ddbrelay), about twice the pool's rate offered for a
 ## steady and a load-shift phase; writes .cache/bench/scale.json and scale-phases.json (~1 minute).
 ## BENCH_SCALE_LEASE=0 for the baseline without leases; other knobs: go run ./scripts/bench/scale -h
 bench-scale: build
@@ -73,10 +73,11 @@ bench-scale: build
 ## delayed duplicates, reordered writes), a replica SIGKILLed and restarted, offset clocks, every
 ## algorithm with leases on and off offered at least twice its bound, both group modes; checks the
 ## exact bound over every interval of the recorded history and writes .cache/check/exact.json
-## (minutes). CHECK_EXACT_SELFTEST=1: the same scenario against mutants (built with -tags
-## exactmutant), writes .cache/check/selftest.json. CHECK_EXACT_DURATION=30s per run; other knobs:
+## (minutes). CHECK_EXACT_SELFTEST=1: the same scenario against mutants (the test gateway,
+## internal/testkit/gateway, as each one), writes .cache/check/selftest.json. CHECK_EXACT_DURATION=30s per run; other knobs:
 ## go run ./scripts/check/exact -h. `make test` runs a short version (TestCheckExactShort).
 check-exact: build
+	$(GO) build -o $(BIN)/ratelimit-test-gateway ./internal/testkit/gateway
 	$(GO) run ./scripts/check/exact
 
 ## bench-rls: Envoy's rate limit service: BenchmarkDecision (the proxy's decision beside the RLS's,

@@ -1,4 +1,6 @@
-// Package ratelimitclient is an HTTP client transport that backs off when a server says it is
+// Package ratelimitclient backs off when a server says it is overloaded.
+//
+// It is an HTTP client transport that backs off when a server says it is
 // overloaded or that the client is over its limit: on 429 Too Many Requests and 503 Service
 // Unavailable it waits at least what the server asked for, plus random jitter, then sends the
 // request again, within a bounded number of attempts and never past the request context's

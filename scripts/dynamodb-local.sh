@@ -17,7 +17,7 @@
 #                             end, so one that dies without stopping it (a panic, SIGKILL) leaves
 #                             no Java process behind.
 #   DYNAMODB_LOCAL_START_TIMEOUT  with start: seconds to wait for the instance to answer (default
-#                             120; internal/dynamolocal gives the whole start 3 minutes).
+#                             120; internal/testkit/dynamolocal gives the whole start 3 minutes).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)

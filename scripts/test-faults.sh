@@ -15,4 +15,4 @@ if [ -z "${DYNAMODB_ENDPOINT:-}" ]; then
 fi
 go test -race -count=1 -v \
   -run 'TestFault|TestDynFault|TestHostile|TestSecurity|TestBadConfigsServe|TestUpstreamAbortedBody' \
-  ./cmd/ratelimit-proxy/ ./internal/faultnet/ ./internal/proxy/
+  ./test/e2e/ ./internal/testkit/faultnet/ ./internal/proxy/

@@ -46,9 +46,6 @@ fi
 # per-package limit is a wall-clock bet, not a check.
 go test -race -count=1 -timeout 30m -v ./... >"$log" 2>&1
 rc=$?
-# The self-test's mutants exist only under their build tag (internal/exactmutant, see
-# docs/development.md): their own tests run with it.
-go test -race -count=1 -v -tags exactmutant ./internal/exactmutant/ >>"$log" 2>&1 || rc=$?
 
 grep -E '^(ok|FAIL|\?)\s' "$log"
 skips=$(grep -E -- '--- SKIP' "$log" || true)

@@ -24,18 +24,68 @@ var allowedImports = map[string][]string{
 	"internal/proxy":                  {"internal/answer", "internal/bucket", "internal/policy", "internal/protect"},
 	"internal/rls":                    {"internal/answer", "internal/bucket", "internal/envoyrules"},
 	"internal/dynamo":                 {"internal/bucket"},
-	"internal/dynamolocal":            {"internal/dynamo"},
 	"internal/fallback":               {"internal/bucket"},
 	"internal/configschema":           {"internal/limitspec", "internal/policy"},
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
-	"internal/faultnet":               {},
-	"internal/ddbrelay":               {},
-	"internal/harness":                {},
-	"internal/exactcheck":             {},
-	"internal/exactmutant":            {},
 	"internal/server": {"internal/admin", "internal/bucket", "internal/clockref", "internal/dynamo",
 		"internal/envoyrules", "internal/fallback", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
+	"internal/cli": {"internal/admin", "internal/policy", "internal/server"},
+
+	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
+	"internal/testkit/ddbrelay":    {},
+	"internal/testkit/dynamolocal": {"internal/dynamo"},
+	"internal/testkit/exactcheck":  {},
+	"internal/testkit/exactmutant": {"internal/bucket", "internal/dynamo"},
+	"internal/testkit/faultnet":    {},
+	"internal/testkit/harness":     {},
+	"internal/testkit/gateway":     {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
+}
+
+// tooling is where the test and benchmark tooling lives: nothing below it ships.
+const tooling = "github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/"
+
+// TestShippedBinaryHoldsNoTooling: the gateway's dependencies hold no package of
+// internal/testkit, built with no tags and with every build tag the tree uses (a tag must not
+// pull tooling in either); the test gateway, which links the mutants, is the control.
+func TestShippedBinaryHoldsNoTooling(t *testing.T) {
+	tags := []string{""}
+	out, err := exec.Command("git", "grep", "-h", "^//go:build", "--", "../../*.go").Output()
+	if err != nil && len(out) > 0 {
+		t.Fatalf("git grep: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.FieldsFunc(strings.TrimPrefix(line, "//go:build"), func(r rune) bool {
+			return !(r == '_' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+		}) {
+			if !slices.Contains(tags, f) {
+				tags = append(tags, f)
+			}
+		}
+	}
+	for _, c := range []struct {
+		pkg, tags string
+		want      bool
+	}{{"../../internal/testkit/gateway", "", true}} {
+		if got := linksTooling(t, c.pkg, c.tags); got != c.want {
+			t.Fatalf("control: %s links internal/testkit = %t, want %t", c.pkg, got, c.want)
+		}
+	}
+	for _, tag := range tags {
+		if linksTooling(t, ".", tag) {
+			t.Errorf("the shipped binary built with tags %q links a package of internal/testkit", tag)
+		}
+	}
+}
+
+// linksTooling reports whether pkg, built with tags, depends on a package of internal/testkit.
+func linksTooling(t *testing.T, pkg, tags string) bool {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-tags", tags, pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps -tags %q %s: %v", tags, pkg, err)
+	}
+	return slices.ContainsFunc(strings.Fields(string(out)), func(d string) bool { return strings.HasPrefix(d, tooling) })
 }
 
 func TestLayering(t *testing.T) {

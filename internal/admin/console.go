@@ -1,4 +1,6 @@
-// Package admin is the operators' console, a third front end on the admin listener beside
+// Package admin is the operators' console.
+//
+// It is the operators' console, a third front end on the admin listener beside
 // /metrics: a JSON API under /v1/ (policies, a key's state without charging it, resets,
 // temporary exemptions, the heaviest keys of each policy), the live page at /, and the hooks the
 // front ends call per decision (hook.go): the proxy's Console.Adjust applies exemptions and

@@ -10,14 +10,9 @@ import (
 
 // Counters are the series both front ends count into, with the same names, help and labels, so
 // that a dashboard of policies shows RLS rules beside proxy policies and an alert fires the
-// same for either:
-//
-//	ratelimit_requests_total{policy,result}      result: allowed|limited|shadow_limited, one per
-//	    charge (see each front end for which charges of a rejected request count)
-//	ratelimit_store_duration_seconds{backend}    time spent deciding in the store
-//	ratelimit_store_errors_total{backend,reason} reason: timeout|error
-//	ratelimit_release_errors_total               give-backs (concurrency slots, refunds, checks)
-//	    the store failed to make
+// same for either: ratelimit_requests_total, ratelimit_store_duration_seconds,
+// ratelimit_store_errors_total and ratelimit_release_errors_total (docs/operations.md lists
+// every series once).
 //
 // Labels hold policy names and rule labels from the configuration and the store's name, never
 // anything a client chooses. Safe for concurrent use.

@@ -1,4 +1,6 @@
-// Package answer is what both front ends (the proxy and Envoy's rate limit service) answer
+// Package answer is what both front ends answer with.
+//
+// It is what both front ends (the proxy and Envoy's rate limit service) answer
 // with: the rate-limit header values, problem details (RFC 9457) and the per-policy counters
 // they share. It sits below both and above bucket, so that a header, a problem or a series is
 // written one way whichever front end decided: a client, a dashboard or an alert sees the same

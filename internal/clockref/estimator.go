@@ -1,4 +1,6 @@
-// Package clockref measures this host's clock against a reference clock that stamps its answers
+// Package clockref measures and corrects this host's clock against a reference.
+//
+// It measures this host's clock against a reference clock that stamps its answers
 // with whole seconds, such as the Date header of every DynamoDB response, and corrects it.
 //
 // # Bracketing

@@ -1,4 +1,6 @@
-// Package configschema generates the JSON Schema of the configuration file from the typed
+// Package configschema generates the configuration's JSON Schema.
+//
+// It generates the JSON Schema of the configuration file from the typed
 // structs of internal/policy (their `mapstructure` tags and doc comments), so that editors
 // complete and flag fields (configs/example.yaml carries the yaml-language-server modeline).
 //

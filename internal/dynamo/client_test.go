@@ -14,7 +14,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
 )
 
 // TestClientHonoursDeadline points the real SDK client at a server that accepts connections and

@@ -15,7 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
 )
 
 // The tests run against a real DynamoDB Local. DYNAMODB_ENDPOINT names a running one (CI starts

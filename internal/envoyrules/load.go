@@ -1,4 +1,6 @@
-// Package envoyrules reads envoyproxy/ratelimit's rule files (the folder rls.config_dir names)
+// Package envoyrules reads envoyproxy/ratelimit's rule files.
+//
+// It reads envoyproxy/ratelimit's rule files (the folder rls.config_dir names)
 // and compiles them into Rules: descriptor trees that match a request's descriptors, and the
 // bucket keys, limits and metric labels of the matched rules. The format is that project's,
 // field for field, so that its users copy their files over unchanged; the fields marked

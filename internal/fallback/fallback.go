@@ -1,4 +1,6 @@
-// Package fallback guards a rate-limit store that can fail (the shared DynamoDB store) so that
+// Package fallback guards a store that can fail.
+//
+// It guards a rate-limit store that can fail (the shared DynamoDB store) so that
 // an outage costs the gateway neither its latency nor, with on_error local, its limits.
 //
 // A Store wraps the primary bucket.Store with:

@@ -1,4 +1,6 @@
-// Package limitspec holds what the two formats that define limits share: ratelimit-proxy's own
+// Package limitspec holds what both formats of limits share.
+//
+// It holds what the two formats that define limits share: ratelimit-proxy's own
 // configuration (internal/policy) and envoyproxy/ratelimit's rule files (internal/envoyrules).
 // Both bound counts alike, accept the same pool and namespace names, load quota time zones
 // alike, write durations alike in their messages, and mark a pool's and a namespace's bucket

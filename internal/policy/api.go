@@ -1,4 +1,6 @@
-// Package policy turns the YAML configuration into an immutable, compiled policy Set and, for each
+// Package policy compiles the configuration into policies and charges.
+//
+// It turns the YAML configuration into an immutable, compiled policy Set and, for each
 // request, into the list of bucket charges that the limiter must take.
 package policy
 

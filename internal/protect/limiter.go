@@ -1,4 +1,6 @@
-// Package protect guards the upstream itself: a limit on the requests in flight to it, fixed or
+// Package protect limits the requests in flight to the upstream.
+//
+// It guards the upstream itself: a limit on the requests in flight to it, fixed or
 // adaptive (following the upstream's latency, see gradient.go), and priority classes that decide
 // who waits and who is shed when the limit is reached. It knows nothing about HTTP: the proxy
 // classifies a request (Classifier), asks Acquire for a slot, and hands the slot back with the

@@ -125,37 +125,10 @@ type policyCounters struct {
 // so two Metrics from one registry update the same series. Like MustRegister, it panics when reg
 // holds a different collector under one of these names: that is a programming error.
 //
-// Series:
-//
-//	ratelimit_requests_total{policy,result}      result: allowed|limited|shadow_limited; one
-//	    increment per charge of an admitted request (allowed, or shadow_limited for a shadow
-//	    charge that did not conform), and on a rejected request one "limited" per enforced
-//	    charge that did not conform; the other charges of a rejected request consumed nothing
-//	    and are not counted. A request with an invalid bearer token is charged only its ip
-//	    policies: when they reject it, it counts like any rejected request; when they admit
-//	    it, it is answered 401 and counts nothing here, as nothing reached the upstream.
-//	ratelimit_decisions_total{result}            one per request: allowed|limited|unauthorized|
-//	    store_error_allowed|store_error_denied|unmatched|error
-//	ratelimit_protocol_decisions_total{protocol,result}  the same, by protocol: http1|http2|grpc
-//	    (a separate family, so that ratelimit_decisions_total keeps its series for existing
-//	    queries and alerts)
-//	ratelimit_store_duration_seconds{backend}    time spent in Limiter.Take
-//	ratelimit_store_errors_total{backend,reason} reason: timeout|error
-//	ratelimit_upstream_duration_seconds          time until the upstream's response headers
-//	ratelimit_upstream_errors_total{reason}      reason: refused|timeout|reset|other|aborted
-//	ratelimit_leaky_wait_seconds                 how long leaky-bucket requests were held
-//	ratelimit_client_canceled_total{stage}       stage: store|wait|upstream; clients that left
-//	    before their answer (nobody to answer)
-//	ratelimit_client_errors_total{reason}        reason: body_timeout (408)|body_malformed (400);
-//	    forwarded requests whose body failed, the client's doing: never an upstream error
-//	ratelimit_proxy_body_timeouts_total          deprecated, the same count as
-//	    ratelimit_client_errors_total{reason="body_timeout"}; kept for existing dashboards
-//	ratelimit_charges_refunded_total{policy}     charge_on: admitted requests whose reserved
-//	    charge was given back: the upstream's answer was not listed, or the request never
-//	    reached the upstream and the gateway's answer was not listed (the store may still keep
-//	    it spent where a refund could admit too many; see bucket.Releaser)
-//	ratelimit_release_errors_total               Releaser.Release calls that failed: concurrency
-//	    slots held until their lease expires, refunds lost (stricter)
+// The series and their labels are listed once, in docs/operations.md ("Metrics"). A request
+// with an invalid bearer token is charged only its ip policies: when they reject it, it counts
+// like any rejected request; when they admit it, it is answered 401 and counts nothing in
+// ratelimit_requests_total, as nothing reached the upstream.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	shared, err := answer.NewCounters(reg)
 	if err != nil {

@@ -1,4 +1,6 @@
-// Package proxy is the request path of the gateway: an http.Handler that asks the compiled policy
+// Package proxy is the gateway's HTTP request path.
+//
+// It is the request path of the gateway: an http.Handler that asks the compiled policy
 // set which buckets a request charges, asks the limiter whether they conform, and then answers
 // 401/429/503 itself (problem+json, RFC 9457) or forwards the request to the upstream through an
 // httputil.ReverseProxy. It also owns the Prometheus metrics of that path and the admin handler

@@ -1,4 +1,6 @@
-// Package replay answers "what would this configuration have done to that traffic?" offline: it
+// Package replay replays access logs through policies offline.
+//
+// It answers "what would this configuration have done to that traffic?" offline: it
 // reads access logs (nginx/Apache combined, AWS ALB, the gateway's own log.access lines) and runs
 // every request through a compiled policy set and a memory store, on a simulated clock taken
 // from the log's own timestamps, never the wall clock.

@@ -33,16 +33,9 @@ var callResultNames = [numCallResults]string{
 // a label built from them let one call add series of a megabyte each, kept forever. Safe for
 // concurrent use; one Metrics serves every reload.
 //
-// Series (the first four are shared with the proxy: same names, help and labels, so that a
-// dashboard of policies shows RLS rules beside them):
-//
-//	ratelimit_requests_total{policy,result}      policy: the rule's label; result: allowed|
-//	    limited|shadow_limited, one per charged descriptor as the proxy counts charges
-//	ratelimit_store_duration_seconds{backend}    time spent in Store.Take
-//	ratelimit_store_errors_total{backend,reason} reason: timeout|error
-//	ratelimit_release_errors_total               hits_addend 0 checks the store failed to give back
-//	ratelimit_rls_calls_total{domain,result}     one per call; domain "" for unknown domains
-//	ratelimit_rls_call_duration_seconds          time to answer a call, store included
+// The series are listed once, in docs/envoy.md ("Metrics"); the first four are the proxy's
+// (answer.Counters: same names, help and labels, so that a dashboard of policies shows RLS
+// rules beside them), counted per charged descriptor as the proxy counts charges.
 type Metrics struct {
 	shared       *answer.Counters // the series the proxy counts into too
 	calls        *prometheus.CounterVec

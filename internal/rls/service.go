@@ -1,4 +1,6 @@
-// Package rls serves Envoy's rate limit service, envoy.service.ratelimit.v3.RateLimitService,
+// Package rls serves Envoy's rate limit service.
+//
+// It serves Envoy's rate limit service, envoy.service.ratelimit.v3.RateLimitService,
 // on the gateway's engine: it matches each descriptor of a ShouldRateLimit call against the
 // rules compiled from rls.config_dir (envoyrules.Rules), turns the matches into one group of
 // bucket charges and asks the same bucket.Store as the proxy. It never imports the proxy.

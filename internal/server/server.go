@@ -1,4 +1,6 @@
-// Package server wires the gateway together: it loads the configuration, builds the store, the
+// Package server wires the gateway together.
+//
+// It wires the gateway together: it loads the configuration, builds the store, the
 // proxy handler and the admin handler, serves both listeners, reloads policies on change and
 // drains in-flight requests on shutdown. It is the only place that knows every other package.
 package server
@@ -24,6 +26,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
@@ -38,11 +42,38 @@ type Options struct {
 	Log io.Writer
 	// Now is the host's clock as the gateway reads it: every instant it decides with (the
 	// proxy's decisions, the store's leases and slot renewals, JWT expiry) comes from it.
-	// (Optional) default time.Now; tests shift it (serve --test-clock-offset) to run replicas
-	// whose clocks disagree.
+	// (Optional) default time.Now; test harnesses shift it to run replicas whose clocks
+	// disagree (internal/testkit/gateway).
 	Now func() time.Time
 	// Ready, when set, is called once both listeners accept connections, with their addresses.
 	Ready func(proxyAddr, adminAddr net.Addr)
+	// Hooks are test seams. (Optional) the shipped binary sets none.
+	Hooks Hooks
+}
+
+// Hooks let a test harness replace parts of the gateway as Run builds them, in the manner of
+// httputil.ReverseProxy's func fields: a nil field leaves its part as built. The self-test's
+// mutants and fault injectors reach the gateway through them (internal/testkit/gateway), so
+// the shipped binary holds no test code and reads no test variable.
+type Hooks struct {
+	// DynamoDB wraps the DynamoDB client the shared store writes through.
+	DynamoDB func(dynamo.API) dynamo.API
+	// Store wraps the shared store (DynamoDB) before the fallback and the front ends see it.
+	Store func(bucket.Store) bucket.Store
+}
+
+func (h Hooks) dynamoDB(api dynamo.API) dynamo.API {
+	if h.DynamoDB == nil {
+		return api
+	}
+	return h.DynamoDB(api)
+}
+
+func (h Hooks) store(s bucket.Store) bucket.Store {
+	if h.Store == nil {
+		return s
+	}
+	return h.Store(s)
 }
 
 // Run serves the gateway until ctx ends, then drains in-flight requests (bounded by
@@ -80,7 +111,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	st, closeStore, now, clock, err := newStore(ctx, cfg, rl, reg, log, o.Now)
+	st, closeStore, now, clock, err := newStore(ctx, cfg, rl, reg, log, o.Now, o.Hooks)
 	if err != nil {
 		if stopped(ctx, err) {
 			log.Info("shut down before serving")

@@ -36,7 +36,7 @@ const warmConns = 4
 // time.Now); decide is the clock decisions must use: now, or with the DynamoDB backend the clock
 // corrected by the offset measured against DynamoDB's (store.dynamodb.clock). clock is nil
 // unless the backend is DynamoDB.
-func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) (
+func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometheus.Registerer, log *zap.Logger, now func() time.Time, hooks Hooks) (
 	_ *fallback.Store, closeStore func(context.Context) error, decide func() time.Time, clock *storeClock, _ error,
 ) {
 	var (
@@ -109,13 +109,13 @@ func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometh
 		if d.Mode == "transaction" {
 			mode = dynamo.Transaction
 		}
-		ds := dynamo.New(mutateClient(client), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
+		ds := dynamo.New(hooks.dynamoDB(client), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
 			SlotLease: d.SlotLease, Now: decide,
 			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 			// batch whose deadline is another waiter's: a write can land up to about twice the
 			// timeout after its decision.
 			LateWrites: max(5*time.Second, 2*cfg.Store.Timeout)})
-		primary = mutateStore(ds)
+		primary = hooks.store(ds)
 		// Connections and credentials before the first decision, not during it (see Warm);
 		// a store that does not answer is no reason not to start: on_error decides meanwhile.
 		wctx, wcancel := context.WithTimeout(ctx, min(StartupTimeout, max(time.Second, 5*cfg.Store.Timeout)))

@@ -1,4 +1,6 @@
-// Package buckettest is the conformance suite every bucket.Store implementation runs: the
+// Package buckettest is the conformance suite of bucket.Store.
+//
+// It is the conformance suite every bucket.Store implementation runs: the
 // algorithms' key behaviours at fixed instants, the group semantics of Store.Take, key
 // independence and exactness under concurrency, all through the Store interface only.
 package buckettest

@@ -20,7 +20,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
 )
 
 func main() {

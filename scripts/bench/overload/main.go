@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/harness"
 )
 
 type options struct {

@@ -38,8 +38,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/harness"
 )
 
 // valuesN is how many distinct values each descriptor draws from.

@@ -1,6 +1,6 @@
 // Command scale is `make bench-scale`: many gateway replicas, each a separate
 // `bin/ratelimit-proxy serve` process, share one pool on one DynamoDB Local table behind a
-// throttling relay (internal/ddbrelay) that enforces a per-item write cap, as real DynamoDB's
+// throttling relay (internal/testkit/ddbrelay) that enforces a per-item write cap, as real DynamoDB's
 // per-partition limit does. An open-loop generator offers about twice the pool's rate at a fixed
 // rate, spread over the replicas on many keep-alive connections, for a steady phase, then moves
 // the load from half the replicas to the other half for a shift phase. It writes
@@ -44,10 +44,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/harness"
 )
 
 // options are the run's knobs.

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
 var local dynamolocal.Lazy
@@ -37,8 +37,8 @@ var shortExcluded = map[string]string{
 // over-admission, any leased unit unaccounted, any upstream request seen twice or without an
 // id, a fault kind never injected, or a policy offered less than twice its bound, and names the
 // seed that reproduces it (go run ./scripts/check/exact -seed N, see docs/development.md). Then
-// the same scenario against the admit-everything mutant (a gateway built with the exactmutant
-// tag): every policy must over-admit, or the check could not fail for it.
+// the same scenario against the admit-everything mutant (the test gateway
+// as that mutant): every policy must over-admit, or the check could not fail for it.
 func TestCheckExactShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the check starts 6 gateway processes")
@@ -49,7 +49,7 @@ func TestCheckExactShort(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "ratelimit-proxy")
-	build := exec.Command("go", "build", "-o", bin, "../../../cmd/ratelimit-proxy")
+	build := exec.Command("go", "build", "-o", bin, "../../../internal/testkit/gateway")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the gateway: %v\n%s", err, out)
@@ -100,7 +100,7 @@ func TestCheckExactShort(t *testing.T) {
 	}
 
 	o.mutantBin = filepath.Join(dir, "ratelimit-proxy-exactmutant")
-	if err := buildMutant(ctx, "../../../cmd/ratelimit-proxy", o.mutantBin); err != nil {
+	if err := buildMutant(ctx, "../../../internal/testkit/gateway", o.mutantBin); err != nil {
 		t.Fatal(err)
 	}
 	st, err := selftest(ctx, o, []string{exactmutant.AdmitEverything}, testWriter{t})

@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/harness"
 )
 
 // replica is one gateway: a `serve` process, restarted in place after a kill.
@@ -49,12 +49,12 @@ func (r *replica) start() error {
 	if err != nil {
 		return err
 	}
-	args := []string{"serve", "--config", r.cfgPath}
-	if off := r.offset + r.ahead; off != 0 {
-		args = append(args, "--test-clock-offset", off.String())
-	}
-	cmd := exec.Command(r.bin, args...)
+	cmd := exec.Command(r.bin, "serve", "--config", r.cfgPath)
 	cmd.Env = append(append(os.Environ(), dynamolocal.Env()...), r.env...)
+	if off := r.offset + r.ahead; off != 0 {
+		// The test gateway's clock seam (internal/testkit/gateway).
+		cmd.Env = append(cmd.Env, "RATELIMIT_TEST_CLOCK_OFFSET="+off.String())
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A checker killed hard must not leave gateways behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
 func TestParseLeaseUnits(t *testing.T) {

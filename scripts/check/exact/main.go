@@ -1,13 +1,14 @@
 // Command exact is `make check-exact`: the adversary of the shared store. It runs gateway
-// replicas (the real binary, `bin/ratelimit-proxy serve`) on one DynamoDB Local table behind a
-// fault-injecting relay (internal/ddbrelay: responses dropped after the write landed, requests
+// replicas (the test gateway, `bin/ratelimit-test-gateway serve`: the real command line with the
+// test seams of internal/testkit/gateway) on one DynamoDB Local table behind a
+// fault-injecting relay (internal/testkit/ddbrelay: responses dropped after the write landed, requests
 // duplicated, connections reset, calls delayed and throttled, writes applied after their client
 // gave up, copies applied after other writes landed, two writes of one replica reordered), kills
 // one replica with SIGKILL mid-load and restarts it, runs the replicas with offset clocks (the
-// test-only --test-clock-offset), and drives every algorithm with leases on and off, in each
+// test gateway's RATELIMIT_TEST_CLOCK_OFFSET), and drives every algorithm with leases on and off, in each
 // group mode, each offered at least twice its bound. It records every decision on one clock (the
 // load generator's, shared with the test upstream) and checks the exact bound of every bucket
-// over every interval of the history (internal/exactcheck). It writes .cache/check/exact.json:
+// over every interval of the history (internal/testkit/exactcheck). It writes .cache/check/exact.json:
 //
 //	runs, decisions, faults_injected{kind: n} (the relay's kinds, kill, clock_offset),
 //	over_admits, units_unaccounted, under_admit_ratio, unknown_upstream,
@@ -19,7 +20,7 @@
 // or a policy was offered less than twice its bound.
 //
 // With CHECK_EXACT_SELFTEST=1 it runs the same scenario against each mutant instead (selftest.go:
-// a gateway built with the exactmutant tag, and a clock mutant), writes
+// the test gateway as each mutant of internal/testkit/exactmutant, and a clock mutant), writes
 // .cache/check/selftest.json, and exits non-zero unless every mutant is caught.
 //
 // Every knob is a flag with an environment default (CHECK_EXACT_*): see -h. A failing run names
@@ -46,9 +47,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/harness"
 )
 
 // Summary is exact.json: the issue's exact field set, and offered_vs_bound (each policy's
@@ -115,8 +116,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&self, "selftest", envOr("CHECK_EXACT_SELFTEST", "0"), "1: instead of the check, its self-test: one run against each mutant ("+strings.Join(mutants, ", ")+"), in the first mode; writes selftest.json and fails unless every mutant is caught and every policy over-admits under admit-everything (CHECK_EXACT_SELFTEST)")
 	var ms string
 	fs.StringVar(&ms, "mutants", envOr("CHECK_EXACT_MUTANTS", strings.Join(mutants, ",")), "the mutants the self-test runs (CHECK_EXACT_MUTANTS)")
-	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
-	fs.StringVar(&o.mutantBin, "mutant-bin", "bin/ratelimit-proxy-exactmutant", "where the self-test builds the gateway with the exactmutant tag")
+	fs.StringVar(&o.bin, "bin", "bin/ratelimit-test-gateway", "the gateway binary: the test gateway (internal/testkit/gateway), whose clock a replica can shift")
+	fs.StringVar(&o.mutantBin, "mutant-bin", "bin/ratelimit-test-gateway-mutant", "where the self-test builds the test gateway it runs as each mutant")
 	fs.StringVar(&o.out, "out", ".cache/check", "where exact.json, exact-runs.json and the replicas' logs go")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -178,7 +179,7 @@ func main() {
 		o.logf = func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
 		if o.selftest {
 			var st SelfTest
-			if err = buildMutant(ctx, "./cmd/ratelimit-proxy", o.mutantBin); err == nil {
+			if err = buildMutant(ctx, "./internal/testkit/gateway", o.mutantBin); err == nil {
 				st, err = selftest(ctx, o, o.mutants, os.Stdout)
 			}
 			if err == nil {

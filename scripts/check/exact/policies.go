@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactcheck"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactcheck"
 )
 
 // policy is one algorithm under test: a path prefix of its own, one global bucket, a limit the

@@ -14,12 +14,12 @@ import (
 	"sort"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamolocal"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactcheck"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/harness"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactcheck"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/harness"
 )
 
 // options are one check's knobs.
@@ -41,8 +41,8 @@ type options struct {
 	storeTimeout time.Duration
 	exclude      []string // policies left out (see the short run): "name", or "name@mode" in one mode only
 	bin          string
-	// mutant is the self-test's mutant of this run ("": none); mutantBin the gateway built with
-	// the exactmutant tag that the code mutants run.
+	// mutant is the self-test's mutant of this run ("": none); mutantBin the test gateway that
+	// the code mutants run as (RATELIMIT_EXACT_MUTANT).
 	mutant    string
 	mutantBin string
 	selftest  bool     // run the mutants instead of the check

@@ -13,15 +13,15 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/ddbrelay"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/exactmutant"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
 // The self-test (CHECK_EXACT_SELFTEST=1): the same scenarios, each run against a mutant, which
 // the check must catch. A checker that passes a store admitting everything proves nothing.
 
 // mutants are the self-test's mutants, in the order they run. The code mutants live in
-// internal/exactmutant, built into the gateway only with the exactmutant tag; the clock mutant
+// internal/testkit/exactmutant, which the test gateway becomes (internal/testkit/gateway); the clock mutant
 // is a configuration: replica 1 runs clockAhead ahead of its judged offset, with its clock
 // correction off.
 var mutants = []string{
@@ -78,9 +78,10 @@ type controlRun struct {
 	Decisions  int   `json:"decisions"`
 }
 
-// buildMutant builds the gateway with the exactmutant tag from the package directory pkg.
+// buildMutant builds the test gateway (internal/testkit/gateway, which becomes the mutant that
+// RATELIMIT_EXACT_MUTANT names) from the package directory pkg.
 func buildMutant(ctx context.Context, pkg, dst string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "exactmutant", "-o", dst, pkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dst, pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build the mutant gateway: %w\n%s", err, out)
