@@ -417,15 +417,15 @@ const (
 	attrIndex       = "i"
 	attrData        = "d"
 	// MaxExemptionData bounds one exemption's stored JSON (the console bounds its reason to
-	// 1 KB; the rest is ids, names and instants).
-	MaxExemptionData = 4 << 10
+	// 1 KB, which JSON escaping may make 6 KB; the rest is ids, names and instants).
+	MaxExemptionData = 8 << 10
 	// MaxExemptions bounds admin.max_exemptions: the index item stays far under DynamoDB's
 	// 400 KB item limit (about 155 KB).
 	MaxExemptions = 5000
 )
 
 // PutExemption stores an exemption (its JSON) where every replica's Exemptions reads it, unless
-// max exemptions are held already (those expired are pruned first): then stored is false.
+// most exemptions are held already (those expired are pruned first): then stored is false.
 func (s *Store) PutExemption(ctx context.Context, id string, data []byte, expires time.Time, most int) (stored bool, err error) {
 	if len(data) > MaxExemptionData {
 		return false, fmt.Errorf("dynamo: exemption %s: %d bytes, at most %d", id, len(data), MaxExemptionData)
