@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,5 +173,84 @@ func TestAdminExemptionsBounded(t *testing.T) {
 	}
 	if _, err := a.PutExemption(ctx, "ex_big", make([]byte, dynamo.MaxExemptionData+1), clk.now().Add(time.Hour), 10); err == nil {
 		t.Fatal("an exemption past MaxExemptionData was stored")
+	}
+}
+
+// Replicas racing for the last places of the bound never pass it: 12 puts from 3 Stores at once
+// at max 5 store exactly 5.
+func TestAdminExemptionsBoundUnderRace(t *testing.T) {
+	api, table := adminTable(t)
+	ctx := context.Background()
+	var ss []*dynamo.Store
+	for range 3 {
+		ss = append(ss, dynamo.New(api, dynamo.Options{Table: table}))
+	}
+	var stored atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := "ex_race" + strconv.Itoa(i)
+			exp := time.Now().Add(time.Hour)
+			ok, err := ss[i%3].PutExemption(ctx, id, exemptionJSON(id, exp), exp, 5)
+			if err != nil {
+				t.Errorf("put %s: %v", id, err)
+			}
+			if ok {
+				stored.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	all, err := ss[0].Exemptions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.Load() != 5 || len(all) != 5 {
+		t.Fatalf("12 racing puts at max 5: %d stored, %d listed, want 5 and 5", stored.Load(), len(all))
+	}
+}
+
+// batchGetCounter counts the items its BatchGetItem calls ask for.
+type batchGetCounter struct {
+	dynamo.API
+	items atomic.Int64
+}
+
+func (c *batchGetCounter) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	for _, ka := range in.RequestItems {
+		c.items.Add(int64(len(ka.Keys)))
+	}
+	return c.API.BatchGetItem(ctx, in, optFns...)
+}
+
+// A replica reads an exemption's item once: once it has read the 20 exemptions, each of its
+// reads a second asks for two items (the resets and the index), not the exemptions again.
+func TestAdminExemptionsReadOnce(t *testing.T) {
+	api, table := adminTable(t)
+	ctx := context.Background()
+	w := dynamo.New(api, dynamo.Options{Table: table})
+	for i := range 20 {
+		id := "ex_once" + strconv.Itoa(i)
+		exp := time.Now().Add(time.Hour)
+		if ok, err := w.PutExemption(ctx, id, exemptionJSON(id, exp), exp, 100); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	c := &batchGetCounter{API: api}
+	r := dynamo.New(c, dynamo.Options{Table: table})
+	if all, err := r.Exemptions(ctx); err != nil || len(all) != 20 {
+		t.Fatalf("first read: %d exemptions (%v), want 20", len(all), err)
+	}
+	if got := c.items.Load(); got != 22 {
+		t.Fatalf("first read asked for %d items, want 22 (resets, index, 20 exemptions)", got)
+	}
+	c.items.Store(0)
+	if all, err := r.Exemptions(ctx); err != nil || len(all) != 20 {
+		t.Fatalf("second read: %d exemptions (%v), want 20", len(all), err)
+	}
+	if got := c.items.Load(); got != 2 {
+		t.Fatalf("second read asked for %d items, want 2 (resets and index)", got)
 	}
 }
