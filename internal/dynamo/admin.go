@@ -180,7 +180,9 @@ func peekItems(c bucket.Charge, n int64) []string {
 // the shared resets item so that every replica drops what it knows locally (see Exemptions), and
 // drops it here at once. A give-back of a charge taken before the reset that lands after it may
 // return its cost to a window (at most the cost of the charges in flight at the reset); a GCRA
-// give-back finds its write gone from the chain and gives nothing.
+// give-back finds its write gone from the chain and gives nothing; a concurrency slot's release
+// finds its slot gone (emptySlots removes every slot held when the reset began) and changes
+// nothing.
 func (s *Store) Reset(ctx context.Context, now time.Time, c bucket.Charge) error {
 	n := now.UnixNano()
 	for _, pk := range peekItems(c, n) {
