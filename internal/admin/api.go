@@ -55,14 +55,18 @@ type Options struct {
 	// Shared, when set, stores exemptions where every replica reads them (the DynamoDB
 	// table) and is polled every second. (Optional) nil: exemptions are this replica's.
 	Shared Shared
+	// MaxExemptions bounds the live exemptions (admin.max_exemptions), in Shared or in this
+	// replica. (Optional) default 1000.
+	MaxExemptions int
 }
 
 // Shared is a store of exemptions that every replica sees.
 type Shared interface {
-	// PutExemption stores e (its JSON form, by id) until its expiry.
-	PutExemption(ctx context.Context, id string, data []byte, expires time.Time) error
-	// DeleteExemption removes the exemption id.
-	DeleteExemption(ctx context.Context, id string) error
+	// PutExemption stores e (its JSON form, by id) until its expiry, unless most live
+	// exemptions are stored already (stored false).
+	PutExemption(ctx context.Context, id string, data []byte, expires time.Time, most int) (stored bool, err error)
+	// DeleteExemption removes the exemption id; found is false when no live one has that id.
+	DeleteExemption(ctx context.Context, id string) (found bool, err error)
 	// Exemptions returns every stored exemption's JSON form.
 	Exemptions(ctx context.Context) ([][]byte, error)
 }
@@ -85,6 +89,9 @@ func New(o Options) (*Console, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.MaxExemptions <= 0 {
+		o.MaxExemptions = DefaultMaxExemptions
 	}
 	m := &metrics{writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ratelimit_admin_writes_total",
@@ -439,7 +446,7 @@ func (c *Console) audit(action string, fields ...zap.Field) {
 
 func (c *Console) postReset(w http.ResponseWriter, r *http.Request) {
 	var b writeBody
-	if !decodeBody(w, r, &b) {
+	if !decodeBody(w, r, &b) || !checkReason(w, b.Reason) {
 		return
 	}
 	t, status, detail := c.resolveAny(r.PathValue("policy"), b.Key, b.Pseudonym, b.Domain, b.Entries)

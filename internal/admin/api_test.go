@@ -151,21 +151,25 @@ type memShared struct {
 	m  map[string][]byte
 }
 
-func (s *memShared) PutExemption(_ context.Context, id string, data []byte, _ time.Time) error {
+func (s *memShared) PutExemption(_ context.Context, id string, data []byte, _ time.Time, most int) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
 		s.m = map[string][]byte{}
 	}
+	if len(s.m) >= most {
+		return false, nil
+	}
 	s.m[id] = data
-	return nil
+	return true, nil
 }
 
-func (s *memShared) DeleteExemption(_ context.Context, id string) error {
+func (s *memShared) DeleteExemption(_ context.Context, id string) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	_, ok := s.m[id]
 	delete(s.m, id)
-	return nil
+	return ok, nil
 }
 
 func (s *memShared) Exemptions(context.Context) ([][]byte, error) {

@@ -70,6 +70,24 @@ func (x *exemptions) put(now time.Time, es ...*Exemption) {
 	x.rebuild(now)
 }
 
+// add adds e unless most live exemptions are held already (those expired are dropped first),
+// reporting whether it did: the bound of a replica that shares no store.
+func (x *exemptions) add(now time.Time, e *Exemption, most int) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.all == nil {
+		x.all = make(map[string]*Exemption)
+	}
+	x.rebuild(now)
+	if len(x.all) >= most {
+		return false
+	}
+	e.lim, e.expires = e.BucketLimit, e.ExpiresAt.UnixNano()
+	x.all[e.ID] = e
+	x.rebuild(now)
+	return true
+}
+
 // replace sets the whole list (as read from a shared store).
 func (x *exemptions) replace(now time.Time, es []*Exemption) {
 	x.mu.Lock()

@@ -15,9 +15,31 @@ import (
 // lasting limit (that belongs in the file, as an override).
 const maxExemption = 90 * 24 * time.Hour
 
+// DefaultMaxExemptions is admin.max_exemptions' default: the live exemptions a store holds.
+const DefaultMaxExemptions = 1000
+
+// MaxReason bounds a write's reason, in bytes: it is stored with an exemption, which every
+// replica reads, and written in audit lines.
+const MaxReason = 1024
+
+// checkReason answers 400 for a reason past MaxReason, reporting whether it is within it.
+func checkReason(w http.ResponseWriter, reason string) bool {
+	if len(reason) > MaxReason {
+		writeProblem(w, http.StatusBadRequest, "bad-reason", fmt.Sprintf("reason: %d bytes: must be at most %d bytes.", len(reason), MaxReason))
+		return false
+	}
+	return true
+}
+
+// tooMany answers 409: the store holds admin.max_exemptions live exemptions.
+func (c *Console) tooMany(w http.ResponseWriter) {
+	writeProblem(w, http.StatusConflict, "too-many-exemptions", fmt.Sprintf(
+		"%d live exemptions are held, admin.max_exemptions: delete one (DELETE /v1/exemptions/{id}) or wait for one to expire.", c.o.MaxExemptions))
+}
+
 func (c *Console) postExemption(w http.ResponseWriter, r *http.Request) {
 	var b writeBody
-	if !decodeBody(w, r, &b) {
+	if !decodeBody(w, r, &b) || !checkReason(w, b.Reason) {
 		return
 	}
 	if b.Policy == "" {
@@ -79,17 +101,25 @@ func (c *Console) postExemption(w http.ResponseWriter, r *http.Request) {
 	}
 	if c.o.Shared != nil {
 		data, err := json.Marshal(sharedOf(e))
+		stored := false
 		if err == nil {
 			ctx, cancel := context.WithTimeout(r.Context(), c.o.StoreTimeout)
-			err = c.o.Shared.PutExemption(ctx, e.ID, data, e.ExpiresAt)
+			stored, err = c.o.Shared.PutExemption(ctx, e.ID, data, e.ExpiresAt, c.o.MaxExemptions)
 			cancel()
 		}
 		if err != nil {
 			writeProblem(w, http.StatusServiceUnavailable, "store-error", "The exemption could not be stored: "+err.Error())
 			return
 		}
+		if !stored {
+			c.tooMany(w)
+			return
+		}
+		c.ex.put(now, e)
+	} else if !c.ex.add(now, e, c.o.MaxExemptions) {
+		c.tooMany(w)
+		return
 	}
-	c.ex.put(now, e)
 	c.audit(actionExempt, zap.String("id", e.ID), zap.String("policy", e.Policy), zap.String("key", e.Key),
 		zap.Time("expires_at", e.ExpiresAt), zap.Bool("unlimited", e.Unlimited), zap.String("reason", e.Reason))
 	writeJSON(w, http.StatusCreated, e)
@@ -102,9 +132,11 @@ func (c *Console) getExemptions(w http.ResponseWriter, _ *http.Request) {
 func (c *Console) deleteExemption(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	now := c.o.Now()
+	found := false
 	if c.o.Shared != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), c.o.StoreTimeout)
-		err := c.o.Shared.DeleteExemption(ctx, id)
+		var err error
+		found, err = c.o.Shared.DeleteExemption(ctx, id)
 		cancel()
 		if err != nil {
 			writeProblem(w, http.StatusServiceUnavailable, "store-error", "The exemption could not be removed: "+err.Error())
@@ -112,7 +144,10 @@ func (c *Console) deleteExemption(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	e, ok := c.ex.remove(now, id)
-	if !ok && c.o.Shared == nil {
+	if c.o.Shared != nil {
+		ok = found // the store's word: this replica's copy may lag a second behind it
+	}
+	if !ok {
 		writeProblem(w, http.StatusNotFound, "bad-exemption", fmt.Sprintf("No active exemption %q; GET /v1/exemptions lists them.", id))
 		return
 	}

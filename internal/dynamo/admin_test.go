@@ -98,8 +98,8 @@ func TestAdminExemptionsShared(t *testing.T) {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	name := "ex_test" + string('a'+id[0]%26) + time.Now().Format("150405.000000")
-	if err := a.PutExemption(ctx, name, []byte(`{"id":"`+name+`"}`), time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
+	if ok, err := a.PutExemption(ctx, name, []byte(`{"id":"`+name+`"}`), time.Now().Add(time.Hour), 10); err != nil || !ok {
+		t.Fatal(ok, err)
 	}
 	has := func(s *dynamo.Store) bool {
 		all, err := s.Exemptions(ctx)
@@ -116,8 +116,8 @@ func TestAdminExemptionsShared(t *testing.T) {
 	if !has(b) {
 		t.Fatal("the other replica does not see the exemption")
 	}
-	if err := b.DeleteExemption(ctx, name); err != nil {
-		t.Fatal(err)
+	if found, err := b.DeleteExemption(ctx, name); err != nil || !found {
+		t.Fatal(found, err)
 	}
 	if has(a) {
 		t.Fatal("the exemption is still there after its deletion")

@@ -72,28 +72,25 @@ func (s *Set) Policy(name string) *Policy {
 // algorithm, and a quota's calendar, stay the policy's. Errors name the field and its value.
 func (p *Policy) ReplacementLimit(rate string, burst, limit int64, window time.Duration) (bucket.Limit, error) {
 	l := p.Limit
+	f := limitFields{rate: rate, burst: burst, limit: limit, window: window, windowSet: window != 0}
+	if l.Algorithm == bucket.FixedWindow || l.Algorithm == bucket.SlidingWindow {
+		if window == 0 {
+			f.window, f.windowSet = l.Window, false // the policy's, which passed these checks
+		}
+	}
+	// A policy's own checks, under the path "limit": the same bounds and the same messages.
+	var es Errors
+	checkFullLimit(&es, "limit", l.Algorithm, f)
+	if len(es) > 0 {
+		return l, fmt.Errorf("%w (policy %s is a %s)", es, p.Name, limitspec.AlgorithmName(l.Algorithm))
+	}
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		r, err := ParseRate(rate)
-		if err != nil || r <= 0 {
-			return l, fmt.Errorf("limit.rate %q: must be N/s, N/m or N/h with N > 0 (policy %s is a %s)", rate, p.Name, limitspec.AlgorithmName(l.Algorithm))
-		}
-		if burst < 1 {
-			return l, fmt.Errorf("limit.burst %d: must be at least 1", burst)
-		}
-		l.Rate, l.Burst = r, burst
+		l.Rate, _ = ParseRate(rate)
+		l.Burst = burst
 	default:
-		if limit < 1 {
-			return l, fmt.Errorf("limit.limit %d: must be at least 1 (policy %s is a %s)", limit, p.Name, limitspec.AlgorithmName(l.Algorithm))
-		}
 		l.Count = limit
 		if window != 0 {
-			if l.Algorithm != bucket.FixedWindow && l.Algorithm != bucket.SlidingWindow {
-				return l, fmt.Errorf("limit.window %s: only windows have one (policy %s is a %s)", window, p.Name, limitspec.AlgorithmName(l.Algorithm))
-			}
-			if window < time.Second {
-				return l, fmt.Errorf("limit.window %s: must be at least 1s", window)
-			}
 			l.Window = window
 		}
 	}

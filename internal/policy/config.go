@@ -94,6 +94,11 @@ type AdminConfig struct {
 	// error bound (a count is overstated by at most the requests seen / top_k, plus a sampling
 	// error past 1,000 requests a second). (Optional) default 100, from 1 to 10000.
 	TopK int `mapstructure:"top_k"`
+	// MaxExemptions bounds the live exemptions (POST /v1/exemptions past it answers 409), on
+	// the memory store per replica and on DynamoDB for the whole table (its index item, about
+	// 31 bytes an exemption). Expired exemptions do not count. (Optional) default 1000, from 1
+	// to 5000.
+	MaxExemptions int `mapstructure:"max_exemptions"`
 }
 
 // RLSConfig is the rls block: Envoy's rate limit service.

@@ -73,6 +73,7 @@ var defaults = []struct {
 	{"log.pseudonym_secret_env", ""},
 	{"method_override", MethodOverrideJudge},
 	{"admin.top_k", 100},
+	{"admin.max_exemptions", 1000},
 }
 
 const (

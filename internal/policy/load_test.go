@@ -73,7 +73,7 @@ func TestParseDefaults(t *testing.T) {
 		Log:            LogConfig{Level: "info"},
 		Policies:       []PolicyConfig{{Name: "p", Key: "ip", Algorithm: "token_bucket", Rate: "1/s", Burst: 1, Mode: "enforce"}},
 		MethodOverride: "judge",
-		Admin:          AdminConfig{TopK: 100},
+		Admin:          AdminConfig{TopK: 100, MaxExemptions: 1000},
 	}
 	if !reflect.DeepEqual(*cfg, want) {
 		t.Errorf("got  %+v\nwant %+v", *cfg, want)
@@ -264,13 +264,14 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_PROTECT_CONCURRENCY_MIN_LIMIT", "RATELIMIT_PROTECT_CONCURRENCY_MAX_LIMIT",
 		"RATELIMIT_PROTECT_CONCURRENCY_QUEUE_TIMEOUT", "RATELIMIT_PROTECT_STATUS",
 		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
+		"RATELIMIT_ADMIN_MAX_EXEMPTIONS",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 65 {
-		t.Errorf("got %d overrides, want 65: a new field needs a line above", len(got))
+	if len(got) != 66 {
+		t.Errorf("got %d overrides, want 66: a new field needs a line above", len(got))
 	}
 }
 

@@ -7,14 +7,17 @@ import (
 	"strconv"
 )
 
-// Bounds of admin.top_k and the shortest admin token accepted.
+// Bounds of admin.top_k and admin.max_exemptions, and the shortest admin token accepted.
 const (
-	maxTopK          = 10000
+	maxTopK = 10000
+	// MaxExemptions bounds admin.max_exemptions: dynamo.MaxExemptions, what the table's index
+	// of exemptions holds within DynamoDB's item size (a server test keeps the two equal).
+	MaxExemptions    = 5000
 	minAdminTokenLen = 16
 )
 
 // checkAdmin checks the admin block: the token variables must hold a token (never quoted in
-// the error) and top_k must be within its bounds.
+// the error), top_k and max_exemptions must be within their bounds.
 func checkAdmin(es *Errors, a *AdminConfig, getenv func(string) string) {
 	for _, f := range []struct{ path, name string }{
 		{"admin.token_env", a.TokenEnv},
@@ -33,6 +36,9 @@ func checkAdmin(es *Errors, a *AdminConfig, getenv func(string) string) {
 	}
 	if n := a.TopK; n < 1 || n > maxTopK {
 		es.add("admin.top_k", strconv.Itoa(n), fmt.Sprintf("must be from 1 to %d", maxTopK))
+	}
+	if n := a.MaxExemptions; n < 1 || n > MaxExemptions {
+		es.add("admin.max_exemptions", strconv.Itoa(n), fmt.Sprintf("must be from 1 to %d", MaxExemptions))
 	}
 }
 

@@ -15,10 +15,12 @@ func TestAdminBlockValidation(t *testing.T) {
 		admin AdminConfig
 		want  []string // substrings of the error; none: valid
 	}{
-		{AdminConfig{TopK: 100}, nil},
-		{AdminConfig{TopK: 100, TokenEnv: "GOOD", ReadTokenEnv: "GOOD"}, nil},
-		{AdminConfig{TopK: 0}, []string{`admin.top_k: "0": must be from 1 to 10000`}},
-		{AdminConfig{TopK: 10001}, []string{`admin.top_k: "10001"`}},
+		{AdminConfig{TopK: 100, MaxExemptions: 1000}, nil},
+		{AdminConfig{TopK: 100, MaxExemptions: 1000, TokenEnv: "GOOD", ReadTokenEnv: "GOOD"}, nil},
+		{AdminConfig{TopK: 0, MaxExemptions: 1000}, []string{`admin.top_k: "0": must be from 1 to 10000`}},
+		{AdminConfig{TopK: 10001, MaxExemptions: 1000}, []string{`admin.top_k: "10001"`}},
+		{AdminConfig{TopK: 100, MaxExemptions: 0}, []string{`admin.max_exemptions: "0": must be from 1 to 5000`}},
+		{AdminConfig{TopK: 100, MaxExemptions: 5001}, []string{`admin.max_exemptions: "5001"`}},
 		{AdminConfig{TopK: 5, TokenEnv: "MISSING"}, []string{`admin.token_env: "MISSING": environment variable is not set or empty`}},
 		{AdminConfig{TopK: 5, ReadTokenEnv: "SHORT"}, []string{`admin.read_token_env: "SHORT": token must be at least 16 bytes`}},
 		{AdminConfig{TopK: 5, TokenEnv: secret + "-x"}, []string{`admin.token_env: environment variable is not set`}},

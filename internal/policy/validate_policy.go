@@ -73,11 +73,7 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 		es.add(at+".algorithm", p.Algorithm, "must be "+algorithmList)
 	default:
 		before := len(*es)
-		checkLimit(es, at, alg, p.fields(), true)
-		if len(*es) == before && isBucket(alg) {
-			r, _ := ParseRate(p.Rate)
-			checkRefill(es, at+".burst", r, p.Burst)
-		}
+		checkFullLimit(es, at, alg, p.fields())
 		switch {
 		case alg == bucket.Concurrency && (p.Cost != 0 || p.costSet):
 			es.add(at+".cost", strconv.FormatInt(p.Cost, 10), "not used by concurrency: every request holds one slot")
@@ -201,6 +197,18 @@ func (p *PolicyConfig) fields() limitFields {
 // fields returns the override's own limit fields (those it leaves unset are zero).
 func (o *OverrideConfig) fields() limitFields {
 	return limitFields{rate: o.Rate, burst: o.Burst, limit: o.Limit, window: o.Window, windowSet: o.windowSet}
+}
+
+// checkFullLimit checks a whole limit at `at`: a policy's, or an exemption's replacement limit
+// (Policy.ReplacementLimit), so that neither can hold what the other may not. The fields come
+// first, then, when they pass, a bucket's refill time.
+func checkFullLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields) {
+	before := len(*es)
+	checkLimit(es, at, alg, f, true)
+	if len(*es) == before && isBucket(alg) {
+		r, _ := ParseRate(f.rate)
+		checkRefill(es, at+".burst", r, f.burst)
+	}
 }
 
 // checkLimit checks one algorithm's fields at `at`. For a policy (full) the algorithm's fields

@@ -9,8 +9,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+// The DynamoDB store is the console's shared store: found by a type assertion below, so a
+// signature that drifts must fail the build, not turn the sharing off.
+var (
+	_ admin.Keys   = (*dynamo.Store)(nil)
+	_ admin.Shared = (*dynamo.Store)(nil)
 )
 
 // newConsole builds the operators' console (package admin) on the store's primary: the admin
@@ -30,6 +38,7 @@ func newConsole(cfg *policy.Config, rl *Reloader, st *fallback.Store, ps *policy
 		ReadToken:      read,
 		ReadTokenName:  cfg.Admin.ReadTokenEnv,
 		TopK:           cfg.Admin.TopK,
+		MaxExemptions:  cfg.Admin.MaxExemptions,
 		StoreTimeout:   max(time.Second, cfg.Store.Timeout),
 		Logger:         log.Named("admin"),
 		Registerer:     reg,
