@@ -94,6 +94,12 @@ type AdminConfig struct {
 	// error bound (a count is overstated by at most the requests seen / top_k, plus a sampling
 	// error past 1,000 requests a second). (Optional) default 100, from 1 to 10000.
 	TopK int `mapstructure:"top_k"`
+	// Hosts are the names (or IP literals, without a port) that the admin listener answers
+	// besides its own: localhost, loopback addresses, the address a connection arrived on and
+	// admin_listen's host. A request whose Host is none of them answers 421, so that a web page
+	// re-pointed at the listener by DNS (rebinding) cannot read it. List the names operators
+	// and scrapers use: a Service name, a load balancer's. (Optional) default: none.
+	Hosts []string `mapstructure:"hosts"`
 }
 
 // RLSConfig is the rls block: Envoy's rate limit service.
