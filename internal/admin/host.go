@@ -34,7 +34,6 @@ import (
 type HostGuard struct {
 	names map[string]bool     // lower-case, no trailing dot
 	addrs map[netip.Addr]bool // unmapped, no zone
-	list  string              // what the 421 says is accepted
 }
 
 // NewHostGuard returns the guard of a listener on listen (admin_listen) that also accepts
@@ -59,11 +58,6 @@ func NewHostGuard(listen string, hosts []string) *HostGuard {
 	for _, h := range hosts {
 		add(h)
 	}
-	shown := []string{"localhost", "loopback addresses", "the address connected to"}
-	for _, h := range hosts {
-		shown = append(shown, h)
-	}
-	g.list = strings.Join(shown, ", ")
 	return g
 }
 
@@ -98,7 +92,9 @@ func (g *HostGuard) Handler(next http.Handler) http.Handler {
 				shown = shown[:100] + "..."
 			}
 			writeProblem(w, http.StatusMisdirectedRequest, "misdirected",
-				fmt.Sprintf("Host %q does not name this admin listener (it answers %s): add the name to admin.hosts if operators reach it by that name.", shown, g.list))
+				// The names of admin.hosts are not listed: whoever sent a foreign Host (a
+				// rebinding page reads this answer) learns no internal name.
+				fmt.Sprintf("Host %q does not name this admin listener (it answers localhost, loopback addresses, the address connected to, admin_listen's host and the names of admin.hosts): add the name to admin.hosts if operators reach it by that name.", shown))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -127,6 +127,19 @@ func TestRebindingRefusedOnSocket(t *testing.T) {
 	}
 }
 
+// TestRefusalNamesNoConfiguredHost: the 421 (which a rebinding page can read) does not list the
+// names of admin.hosts, which may be internal.
+func TestRefusalNamesNoConfiguredHost(t *testing.T) {
+	h := NewHostGuard(":9090", []string{"admin.internal.example"}).Handler(http.NotFoundHandler())
+	req := httptest.NewRequest(http.MethodGet, "/v1/top/p", nil)
+	req.Host = "rebind.example:9090"
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusMisdirectedRequest || strings.Contains(rec.Body.String(), "admin.internal.example") {
+		t.Fatalf("%d %s, want a 421 that does not name admin.internal.example", rec.Code, rec.Body.String())
+	}
+}
+
 // TestGuardUsesTheAddressConnectedTo: a listener on every address (as admin_listen :9090 in a
 // pod) answers a client naming the non-loopback address it connected to (a kubelet probe or a
 // scrape by the pod's IP), and refuses one naming another address.
