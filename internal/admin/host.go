@@ -61,7 +61,7 @@ func NewHostGuard(listen string, hosts []string) *HostGuard {
 	return g
 }
 
-// Allows reports whether r names this listener (see the package's notes above).
+// Allows reports whether r's Host names this listener (the rules at the top of this file).
 func (g *HostGuard) Allows(r *http.Request) bool {
 	if r.Host == "" {
 		return true
