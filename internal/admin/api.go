@@ -161,6 +161,30 @@ func (c *Console) read(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// rawLookupAllowed reports whether r may look a key up by its raw value (key, or an rls
+// descriptor's entries), and answers the problem when not. The answer names the key's
+// pseudonym: open, such a read is an oracle that turns any guessed value into the pseudonym the
+// access log shows, which unmasks the logs of small key spaces (every IPv4 address, numeric
+// user ids) one guess per request. So it needs a token: the read token where one is configured
+// (read already checked it), else the write token; with no token configured only lookups by
+// pseudonym answer, which name a key the caller already saw as a pseudonym.
+func (c *Console) rawLookupAllowed(w http.ResponseWriter, r *http.Request) bool {
+	switch {
+	case c.o.ReadToken != "":
+		return true // read checked the read (or write) token
+	case c.o.WriteToken == "":
+		writeProblem(w, http.StatusForbidden, "raw-key-lookup-off",
+			"Looking a key up by its value needs a token, and none is configured: give pseudonym (from GET /v1/top or the access log), or set admin.read_token_env or admin.token_env.")
+		return false
+	case !tokenIs(bearer(r), c.o.WriteToken):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="ratelimit-proxy admin"`)
+		writeProblem(w, http.StatusUnauthorized, "unauthorized",
+			"Looking a key up by its value needs the bearer token of admin.token_env (admin.read_token_env is unset); a lookup by pseudonym needs none.")
+		return false
+	}
+	return true
+}
+
 // write guards a write: 403 when writes are off, 401 without the right token.
 func (c *Console) write(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -345,12 +369,9 @@ func (c *Console) resolveRLSPseudonym(r *envoyrules.Rule, key, pseudonym string)
 	return target{pol: rlsPolicy(r), label: e.label, charge: bucket.Charge{Key: e.key, Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Cost: 1}}, 0, ""
 }
 
-// labelOf shows a raw key value as the access log does.
+// labelOf shows a raw key value as the access log does: as its pseudonym (an IP too).
 func (c *Console) labelOf(pol *policy.Policy, key string) string {
-	switch pol.KeyKind {
-	case "ip":
-		return key
-	case "global":
+	if pol.KeyKind == "global" {
 		return globalLabel
 	}
 	return c.o.Pseudonyms.Of(pol.KeyKind, key)
@@ -371,6 +392,9 @@ type KeyState struct {
 
 func (c *Console) getKey(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if (q.Get("key") != "" || q.Get("domain") != "" || len(q["entry"]) > 0) && !c.rawLookupAllowed(w, r) {
+		return
+	}
 	t, status, detail := c.resolveAny(r.PathValue("policy"), q.Get("key"), q.Get("pseudonym"), q.Get("domain"), q["entry"])
 	if status != 0 {
 		writeProblem(w, status, "bad-key", detail)

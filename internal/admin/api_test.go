@@ -85,7 +85,7 @@ func TestRLSDescriptorInspectReset(t *testing.T) {
 		}
 	}
 	get := "/v1/keys/rls?domain=edge&entry=api_key=secret-value"
-	code, body = call(t, h, http.MethodGet, get, "", nil)
+	code, body = call(t, h, http.MethodGet, get, testToken, nil) // a raw descriptor: the token
 	if code != http.StatusOK || !strings.Contains(body, `"remaining": 0`) || !strings.Contains(body, `"limited": true`) {
 		t.Fatalf("inspect: %d %s, want limited with 0 remaining", code, body)
 	}
@@ -93,14 +93,14 @@ func TestRLSDescriptorInspectReset(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("reset: %d %s", code, body)
 	}
-	code, body2 := call(t, h, http.MethodGet, get, "", nil)
+	code, body2 := call(t, h, http.MethodGet, get, testToken, nil)
 	if code != http.StatusOK || !strings.Contains(body2, `"remaining": 3`) {
 		t.Fatalf("after reset: %d %s, want 3 remaining", code, body2)
 	}
 	if strings.Contains(body+body2, "secret-value") {
 		t.Fatal("an answer shows the descriptor's raw value")
 	}
-	if code, body := call(t, h, http.MethodGet, "/v1/keys/rls?domain=edge&entry=nope=x", "", nil); code != http.StatusNotFound {
+	if code, body := call(t, h, http.MethodGet, "/v1/keys/rls?domain=edge&entry=nope=x", testToken, nil); code != http.StatusNotFound {
 		t.Fatalf("unmatched descriptor: %d %s, want 404", code, body)
 	}
 }
@@ -209,7 +209,7 @@ func TestRLSRuleInTheConsole(t *testing.T) {
 		!strings.Contains(body, `"limited": 2`) || strings.Contains(body, "secret-value") {
 		t.Fatalf("top: %d %s, want the key as %s with 5 requests, 2 limited", code, body, label)
 	}
-	if _, body := call(t, h, http.MethodGet, "/v1/keys/edge.api_key?domain=edge&entry=api_key=secret-value", "", nil); !strings.Contains(body, label) {
+	if _, body := call(t, h, http.MethodGet, "/v1/keys/edge.api_key?domain=edge&entry=api_key=secret-value", testToken, nil); !strings.Contains(body, label) {
 		t.Fatalf("keys shows the descriptor otherwise than top: %s", body)
 	}
 	if _, _, ok := c.ExemptRLS(now, r, ch.Key); ok {

@@ -9,9 +9,11 @@
 // console names by their label (envoyrules.Rule.Label).
 //
 // It reads and resets keys through the store's Peek and Reset (the Keys interface), keeps no raw
-// client key (keys are shown as the access log shows them: an IP in clear, other keys as their
-// pseudonyms, an rls descriptor as the pseudonym of its entries) and adds no per-client metric
-// label. Every view is this replica's: the sketches
+// client key (keys are shown as the access log shows them: as their pseudonyms, IPs included, an
+// rls descriptor as the pseudonym of its entries) and adds no per-client metric label; a key
+// is looked up by its raw value only with a token (rawLookupAllowed). HostGuard and CrossOrigin
+// (host.go) guard the whole admin listener: it answers only requests naming it, against DNS
+// rebinding, and refuses browsers' cross-origin writes. Every view is this replica's: the sketches
 // and series count what this replica decided (`ratelimit-proxy admin top --replica URL ...`
 // merges replicas), while key states, resets and exemptions are the store's (shared on
 // DynamoDB).

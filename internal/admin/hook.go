@@ -216,17 +216,14 @@ func (c *Console) Observe(now time.Time, p *policy.Plan, results []bucket.Result
 	}
 }
 
-// label is how charge i's key is shown: the ip key in clear, "(global)" for a global policy,
-// the pseudonym of any other key (as the access log's key fields).
+// label is how charge i's key is shown: "(global)" for a global policy, the pseudonym of any
+// other key, an IP's too, as the access log's key fields show it (the console stores, labels
+// and shows no raw key).
 func (c *Console) label(p *policy.Plan, i int) string {
-	switch kind := p.Policies[i].KeyKind; kind {
-	case "ip":
-		return p.KeyValue(i)
-	case "global":
-		return globalLabel
-	default:
+	if kind := p.Policies[i].KeyKind; kind != "global" {
 		return c.o.Pseudonyms.Of(kind, p.KeyValue(i))
 	}
+	return globalLabel
 }
 
 // ExemptRLS reports the active exemption at now of rule r's bucket key: ok with the limit that

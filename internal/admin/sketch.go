@@ -39,7 +39,7 @@ type topSketch struct {
 // topEntry is one tracked key.
 type topEntry struct {
 	key      bucket.Key
-	label    string       // as the access log shows the key: an IP in clear, else its pseudonym
+	label    string       // as the access log shows the key: its pseudonym
 	limit    bucket.Limit // the limit its last request was charged under
 	requests uint64       // requests counted (overstated by at most err)
 	limited  uint64       // of which refused, since the key entered the sketch

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -162,7 +163,7 @@ func (c *adminClient) settings() (base, tokenEnv string, err error) {
 			return "", "", err
 		}
 		if base == "" {
-			base = "http://" + cfg.AdminListen
+			base = "http://" + dialable(cfg.AdminListen)
 		}
 		if tokenEnv == "" {
 			tokenEnv = cfg.Admin.TokenEnv
@@ -175,6 +176,23 @@ func (c *adminClient) settings() (base, tokenEnv string, err error) {
 		tokenEnv = defaultTokenEnv
 	}
 	return strings.TrimRight(base, "/"), tokenEnv, nil
+}
+
+// dialable turns a listen address into one to connect to: a listener on every address
+// (":9090", "0.0.0.0:9090", "[::]:9090") is reached on loopback, which is also a Host that the
+// admin listener answers (an unspecified address is not: admin.HostGuard).
+func dialable(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	switch ip := net.ParseIP(host); {
+	case host == "" || ip != nil && ip.To4() != nil && ip.IsUnspecified():
+		host = "127.0.0.1"
+	case ip != nil && ip.IsUnspecified():
+		host = "::1"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // call sends one request to base+path and decodes a 2xx JSON answer into out; any other answer

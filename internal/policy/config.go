@@ -99,6 +99,12 @@ type AdminConfig struct {
 	// 31 bytes an exemption). Expired exemptions do not count. (Optional) default 1000, from 1
 	// to 5000.
 	MaxExemptions int `mapstructure:"max_exemptions"`
+	// Hosts are the names (or IP literals, without a port) that the admin listener answers
+	// besides its own: localhost, loopback addresses, the address a connection arrived on and
+	// admin_listen's host. A request whose Host is none of them answers 421, so that a web page
+	// re-pointed at the listener by DNS (rebinding) cannot read it. List the names operators
+	// and scrapers use: a Service name, a load balancer's. (Optional) default: none.
+	Hosts []string `mapstructure:"hosts"`
 }
 
 // RLSConfig is the rls block: Envoy's rate limit service.

@@ -197,6 +197,7 @@ func TestEnvOverrides(t *testing.T) {
 		"RATELIMIT_SERVER_DRAIN_TIMEOUT", "5s",
 		"RATELIMIT_SERVER_MAX_HEADER_BYTES", "1024",
 		"RATELIMIT_LOG_LEVEL", "debug",
+		"RATELIMIT_ADMIN_HOSTS", "admin.ns.svc,10.0.0.7",
 	)
 	cfg := mustParse(t, minimal+"store: {backend: memory, on_error: allow}\n", getenv)
 	checks := []struct {
@@ -207,6 +208,7 @@ func TestEnvOverrides(t *testing.T) {
 		{"admin_listen", cfg.AdminListen, "0.0.0.0:9091"},
 		{"upstream", cfg.Upstream, "https://api.internal"},
 		{"trusted_proxies", cfg.TrustedProxies, []string{"10.0.0.0/8", "192.168.0.1"}},
+		{"admin.hosts", cfg.Admin.Hosts, []string{"admin.ns.svc", "10.0.0.7"}},
 		{"identity.user_header", cfg.Identity.UserHeader, "X-Auth-User"},
 		{"identity.api_key_header (default kept)", cfg.Identity.APIKeyHeader, "X-Api-Key"},
 		{"identity.ipv6_prefix", cfg.Identity.IPv6Prefix, 56},
@@ -265,13 +267,14 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_PROTECT_CONCURRENCY_QUEUE_TIMEOUT", "RATELIMIT_PROTECT_STATUS",
 		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
 		"RATELIMIT_ADMIN_MAX_EXEMPTIONS",
+		"RATELIMIT_ADMIN_HOSTS",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 66 {
-		t.Errorf("got %d overrides, want 66: a new field needs a line above", len(got))
+	if len(got) != 67 {
+		t.Errorf("got %d overrides, want 67: a new field needs a line above", len(got))
 	}
 }
 

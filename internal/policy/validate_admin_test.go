@@ -24,6 +24,15 @@ func TestAdminBlockValidation(t *testing.T) {
 		{AdminConfig{TopK: 5, TokenEnv: "MISSING"}, []string{`admin.token_env: "MISSING": environment variable is not set or empty`}},
 		{AdminConfig{TopK: 5, ReadTokenEnv: "SHORT"}, []string{`admin.read_token_env: "SHORT": token must be at least 16 bytes`}},
 		{AdminConfig{TopK: 5, TokenEnv: secret + "-x"}, []string{`admin.token_env: environment variable is not set`}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{"console.example.com", "Console.Example.COM.", "10.0.0.7", "[fd00::7]", "fd00::8", "admin_svc.ns.svc"}}, nil},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{"console.example.com:9090"}}, []string{`admin.hosts[0]: "console.example.com:9090": want a host name without a port`}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{"ok.example", "http://console.example.com"}}, []string{`admin.hosts[1]: "http://console.example.com": want a host name, without scheme or path`}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{"*.example.com"}}, []string{`admin.hosts[0]: "*.example.com": wildcards are not accepted`}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{""}}, []string{`admin.hosts[0]: empty`}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{"0.0.0.0"}}, []string{`admin.hosts[0]: "0.0.0.0": an unspecified address names no host`}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{"a..b"}}, []string{`admin.hosts[0]: "a..b": want a DNS name`}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: []string{"caf\u00e9.example"}}, []string{`admin.hosts[0]: "café.example": character 'é'`, "xn--"}},
+		{AdminConfig{TopK: 5, MaxExemptions: 1000, Hosts: make([]string, 101)}, []string{`admin.hosts: "101 names": at most 100`}},
 	}
 	for _, tc := range cases {
 		var es Errors

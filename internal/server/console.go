@@ -66,6 +66,13 @@ func adminHandler(c *admin.Console, base http.Handler) http.Handler {
 	return mux
 }
 
+// adminGuard answers on the admin listener only requests naming it (admin.HostGuard: against
+// DNS rebinding, on every path, /metrics and the probes included) and refuses browsers'
+// cross-origin writes.
+func adminGuard(cfg *policy.Config, h http.Handler) http.Handler {
+	return admin.NewHostGuard(cfg.AdminListen, cfg.Admin.Hosts).Handler(admin.CrossOrigin(h))
+}
+
 // runConsole reads shared exemptions until ctx ends (nothing to do without a console).
 func runConsole(ctx context.Context, c *admin.Console) {
 	if c != nil {

@@ -275,6 +275,7 @@ func restartOnly(old, cur *policy.Config) []string {
 	}
 	add("listen", old.Listen != cur.Listen)
 	add("admin_listen", old.AdminListen != cur.AdminListen)
+	add("admin.hosts", !slices.Equal(old.Admin.Hosts, cur.Admin.Hosts))
 	add("upstream", old.Upstream != cur.Upstream)
 	add("upstream_timeout", old.UpstreamTimeout != cur.UpstreamTimeout)
 	add("grpc_upstream_timeout", old.GRPCUpstreamTimeout != cur.GRPCUpstreamTimeout)

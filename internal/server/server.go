@@ -265,7 +265,7 @@ func Run(ctx context.Context, o Options) error {
 		return st.Ready(ctx)
 	}
 	adminSrv := &http.Server{
-		Handler:           adminHandler(console, proxy.AdminHandler(reg, ready)),
+		Handler:           adminGuard(cfg, adminHandler(console, proxy.AdminHandler(reg, ready))),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          errLog,
 	}

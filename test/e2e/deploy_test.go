@@ -64,10 +64,19 @@ type k8sPort struct {
 	Protocol      string `yaml:"protocol"`
 }
 
+// k8sHeader is a probe's httpHeaders entry.
+type k8sHeader struct {
+	Name string `yaml:"name"`
+}
+
 type k8sProbe struct {
 	HTTPGet *struct {
 		Path string `yaml:"path"`
 		Port any    `yaml:"port"` // a number or a port name
+		// Host and a Host header would change what the probe names; unset, the kubelet
+		// connects to the pod's IP and names it, which the admin listener answers.
+		Host        string      `yaml:"host"`
+		HTTPHeaders []k8sHeader `yaml:"httpHeaders"`
 	} `yaml:"httpGet"`
 	InitialDelaySeconds int `yaml:"initialDelaySeconds"`
 	PeriodSeconds       int `yaml:"periodSeconds"`
@@ -589,6 +598,9 @@ func checkExample(t *testing.T, ex *k8sExample) {
 		}
 		if p.probe.HTTPGet.Path != p.path {
 			t.Errorf("%s.path = %s, want %s", p.name, p.probe.HTTPGet.Path, p.path)
+		}
+		if p.probe.HTTPGet.Host != "" || slices.ContainsFunc(p.probe.HTTPGet.HTTPHeaders, func(h k8sHeader) bool { return strings.EqualFold(h.Name, "Host") }) {
+			t.Errorf("%s names a host: the admin listener answers only the address connected to, loopback and admin.hosts (421 otherwise)", p.name)
 		}
 		if n, ok := portNumber(gw, p.probe.HTTPGet.Port); !ok || n != adminPort {
 			t.Errorf("%s.port = %v, want the admin port %d", p.name, p.probe.HTTPGet.Port, adminPort)

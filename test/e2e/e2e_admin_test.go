@@ -81,7 +81,8 @@ type keyState struct {
 
 func peekKey(t *testing.T, admin, pol, key string) keyState {
 	t.Helper()
-	code, body := adminCall(t, http.MethodGet, admin+"/v1/keys/"+pol+"?key="+key, "", nil)
+	// A raw key's lookup needs the token (without a read token, the write token).
+	code, body := adminCall(t, http.MethodGet, admin+"/v1/keys/"+pol+"?key="+key, adminToken, nil)
 	if code != http.StatusOK {
 		t.Fatalf("GET key: %d %s", code, body)
 	}

@@ -132,3 +132,41 @@ func TestConsolePageInChromium(t *testing.T) {
 		t.Error("a raw API key or the token is on the page")
 	}
 }
+
+// TestConsolePageRebindingInChromium is DNS rebinding in a real browser: chromium resolves
+// rebind.example to 127.0.0.1 (--host-resolver-rules, what a re-pointed DNS name does) and loads
+// the console by that name. The page an attacker would read shows none of the console: the
+// listener answers 421. The same browser loading the listener by its address sees the page, so
+// the refusal is the Host's.
+func TestConsolePageRebindingInChromium(t *testing.T) {
+	chromium := chromiumPath(t)
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, adminPolicies, "ADMIN_TOKEN="+adminToken, "PSEUDO_SECRET="+adminPseudoKey)
+	sendAll(t, g.proxy+"/x", []string{adminKeyPrefix + "rebind"})
+	port := g.admin[strings.LastIndex(g.admin, ":")+1:]
+	rebound := headlessArgs(t, chromium, "http://rebind.example:"+port+"/", "--host-resolver-rules=MAP rebind.example 127.0.0.1")
+	if strings.Contains(rebound, "per-ip") || strings.Contains(rebound, "<svg") || !strings.Contains(rebound, "admin.hosts") {
+		t.Errorf("the console loaded by a rebound name shows the console or no 421 problem:\n%s", rebound)
+	}
+	own := headlessArgs(t, chromium, g.admin+"/", "--host-resolver-rules=MAP rebind.example 127.0.0.1")
+	if !strings.Contains(own, "per-ip") {
+		t.Errorf("the console loaded by its address lacks the page:\n%s", own)
+	}
+}
+
+// headlessArgs loads url in a fresh headless chromium with extra flags and returns the DOM.
+func headlessArgs(t *testing.T, chromium, url string, extra ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	args := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir=" + t.TempDir(), "--dump-dom"}, extra...)
+	cmd := exec.CommandContext(ctx, chromium, append(args, url)...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium: %v\n%s", err, errb.String())
+	}
+	return out.String()
+}

@@ -154,8 +154,14 @@ func TestRLSConsole(t *testing.T) {
 		t.Fatalf("admin exempt --domain: exit %d\n%s\n%s", code, out, errs)
 	}
 	answers.WriteString(out)
+	// A lookup by the descriptor's values needs the token (docs/operations.md, "Access").
 	code, out, errs = runBinary(t, func(c *exec.Cmd) {}, "admin", "get", consoleRule, "--domain", "edge", "--entry", "api_key="+light,
 		"--json", "--admin", g.admin)
+	if code == 0 || !strings.Contains(errs, "401") {
+		t.Fatalf("admin get --domain without the token: exit %d\n%s\n%s, want a 401", code, out, errs)
+	}
+	code, out, errs = runBinary(t, func(c *exec.Cmd) { c.Env = append(c.Environ(), "RATELIMIT_ADMIN_TOKEN="+adminToken) },
+		"admin", "get", consoleRule, "--domain", "edge", "--entry", "api_key="+light, "--json", "--admin", g.admin)
 	answers.WriteString(out)
 	if code != 0 || !strings.Contains(out, `"exempt": true`) || !strings.Contains(out, `"remaining": 7`) {
 		t.Fatalf("admin get --domain: exit %d\n%s\n%s, want exempt with 7 of 10 left (3 counted)", code, out, errs)
