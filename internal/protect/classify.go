@@ -103,23 +103,23 @@ func (c *Classifier) Classify(r *http.Request, t Trust) Class {
 				continue
 			}
 		}
-		if len(ru.headers) > 0 {
-			if trust == 0 {
-				trust = -1
-				if t != nil && t.Trusted(policy.PeerAddr(r.RemoteAddr)) {
-					trust = 1
-				}
-			}
-			if trust < 0 {
-				continue
-			}
-		}
 		ok := true
 		for _, h := range ru.headers {
 			if v := r.Header[h.name]; len(v) != 1 || v[0] != h.value {
 				ok = false
 				break
 			}
+		}
+		if ok && len(ru.headers) > 0 {
+			// The headers match: believe them only from a trusted peer (looked up once, and
+			// only here: most requests carry no priority header and cost no address parse).
+			if trust == 0 {
+				trust = -1
+				if t != nil && t.Trusted(policy.PeerAddr(r.RemoteAddr)) {
+					trust = 1
+				}
+			}
+			ok = trust > 0
 		}
 		if ok {
 			return ru.class
