@@ -9,10 +9,15 @@ package main
 //   - slow uploads: 16 connections that send a small body's headers and then 1 byte a second,
 //     and 4 that trickle a 10 MB body at 1 KB a second (past protect.max_buffered_body);
 //   - slow readers: 20 connections that ask for a 4 MB answer and never read it;
-//   - abandoned requests: 100 a second that the client gives up on after 3 ms;
-//   - a self-declared critical: 50 requests a second with X-Priority: critical.
+//   - abandoned requests: 25 a second that the client gives up on after 3 ms;
+//   - a self-declared critical: 10 requests a second with X-Priority: critical.
 //
-// Every hostile connection that the gateway closes is opened again at once.
+// Every hostile connection that the gateway closes is opened again at once. The honest load is
+// -hostile-load of the upstream's capacity (0.6 by default), and every client, the hostile one
+// included, has a per-ip budget of 20 requests a second: what the hostile client costs the
+// upstream by its own requests is bounded by that budget, as a rate limit is for; what this
+// measures is whether it can take more than that, by holding slots, by teaching the adaptive
+// limit a wrong latency, or by declaring its own priority.
 
 import (
 	"bufio"
@@ -67,13 +72,13 @@ type hostileCounts struct {
 const hostileConfig = `trusted_proxies: [127.0.0.1/32]
 server: {write_stall_timeout: 2s}
 policies:
-  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 200/s, burst: 200}
+  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 20/s, burst: 20}
 protect:
   concurrency: {adaptive: true, limit: %d, min_limit: 2, max_limit: 1000, queue_timeout: %s}
 ` + priorities
 
 func runHostile(o options) (*hostileReport, error) {
-	rep := &hostileReport{LoadPS: float64(o.capacity) / o.service.Seconds(), Seconds: o.hostile.Seconds()}
+	rep := &hostileReport{LoadPS: o.hostileLoad * float64(o.capacity) / o.service.Seconds(), Seconds: o.hostile.Seconds()}
 	var err error
 	if rep.Without, _, err = hostileRunOnce(o, false); err != nil {
 		return nil, err
@@ -189,7 +194,7 @@ func hostileRunOnce(o options, hostile bool) (hostileRun, hostileCounts, error) 
 		}
 	}()
 	rng := rand.New(rand.NewPCG(7, 11))
-	rate := float64(o.capacity) / o.service.Seconds()
+	rate := o.hostileLoad * float64(o.capacity) / o.service.Seconds()
 	sent := 0
 	tick := time.NewTicker(time.Millisecond)
 	for now := range tick.C {
@@ -377,7 +382,7 @@ func startHostile(ctx context.Context, wg *sync.WaitGroup, mu *sync.Mutex, hc *h
 		}()
 	}
 	// Abandoned requests: given up on after 3 ms.
-	every(100, func() {
+	every(25, func() {
 		actx, cancel := context.WithTimeout(ctx, 3*time.Millisecond)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(actx, http.MethodGet, "http://"+proxy+"/api/abandoned", nil)
@@ -387,7 +392,7 @@ func startHostile(ctx context.Context, wg *sync.WaitGroup, mu *sync.Mutex, hc *h
 		}
 	})
 	// A self-declared critical.
-	every(50, func() {
+	every(10, func() {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+proxy+"/api/vip", nil)

@@ -46,6 +46,7 @@ type options struct {
 	reserve       float64
 	hostile       time.Duration
 	hostileOnly   bool
+	hostileLoad   float64
 	bin, out      string
 }
 
@@ -68,11 +69,12 @@ func main() {
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", harness.Dur(envOr("BENCH_OVERLOAD_QUEUE_TIMEOUT", "10ms")), "protect.concurrency.queue_timeout of the protected runs (BENCH_OVERLOAD_QUEUE_TIMEOUT)")
 	fs.Float64Var(&o.reserve, "reserve", harness.Atof(envOr("BENCH_OVERLOAD_RESERVE", "0.2")), "critical's reserve in the protected runs (BENCH_OVERLOAD_RESERVE)")
 	fs.DurationVar(&o.hostile, "hostile", harness.Dur(envOr("BENCH_OVERLOAD_HOSTILE", "20s")), "length of each of the two hostile-clients runs, without and with them; 0s: skip (BENCH_OVERLOAD_HOSTILE)")
+	fs.Float64Var(&o.hostileLoad, "hostile-load", harness.Atof(envOr("BENCH_OVERLOAD_HOSTILE_LOAD", "0.6")), "the honest load of the hostile-clients runs, a multiple of the capacity (BENCH_OVERLOAD_HOSTILE_LOAD)")
 	fs.BoolVar(&o.hostileOnly, "hostile-only", false, "run only the hostile-clients comparison")
 	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
 	fs.StringVar(&o.out, "out", ".cache/bench/overload.json", "the report; the plot goes beside it (.svg)")
 	_ = fs.Parse(os.Args[1:])
-	if o.capacity < 1 || o.service <= 0 || o.step <= 0 || o.halved <= 0 || o.unloaded <= 0 || o.clientTimeout <= 0 || o.queueTimeout < 0 || o.reserve < 0 || o.reserve >= 1 || o.hostile < 0 || o.hostileOnly && o.hostile == 0 {
+	if o.capacity < 1 || o.service <= 0 || o.step <= 0 || o.halved <= 0 || o.unloaded <= 0 || o.clientTimeout <= 0 || o.queueTimeout < 0 || o.reserve < 0 || o.reserve >= 1 || o.hostile < 0 || o.hostileOnly && o.hostile == 0 || o.hostileLoad <= 0 {
 		fmt.Fprintln(os.Stderr, "overload: every knob must be positive (see -h)")
 		os.Exit(2)
 	}
