@@ -162,6 +162,9 @@ func validate(path string, getenv func(string) string, stdout, stderr io.Writer)
 			if r := set.RLS(); r != nil {
 				fmt.Fprintf(stdout, "  rls: %d rules in domains %s from %d files of %s\n", r.Len(), strings.Join(r.Domains(), ", "), len(r.Files()), cfg.RLS.ConfigDir)
 			}
+			for _, w := range policy.Warnings(cfg) {
+				fmt.Fprintln(stderr, "  warning: "+w)
+			}
 			return nil
 		}
 	}

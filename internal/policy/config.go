@@ -259,6 +259,13 @@ type ServerConfig struct {
 	// starts it again; a call's own deadline (grpc-timeout) still ends it sooner. (Optional)
 	// default 5m.
 	GRPCIdleTimeout time.Duration `mapstructure:"grpc_idle_timeout"`
+	// WriteStallTimeout bounds how long an answer may make no progress towards its client: a
+	// client that stops reading (a slow reader holding a large answer, on purpose or not)
+	// loses the request, its upstream concurrency slot and, over HTTP/1.1, its connection once
+	// a write has waited this long. Every write that goes through starts it again, so a long
+	// stream (SSE, gRPC streams, downloads) that is being read is never cut, however long it
+	// lasts or however long it stays silent. (Optional) default 30s, from 100ms to 1h.
+	WriteStallTimeout time.Duration `mapstructure:"write_stall_timeout"`
 	// IdleTimeout closes idle keep-alive connections. (Optional) default 120s.
 	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
 	// DrainTimeout is the upper bound on finishing in-flight requests at shutdown. (Optional) default 30s.
@@ -417,6 +424,19 @@ type ProtectConfig struct {
 	// Status is the HTTP status of a shed request: 503 or 429 (gRPC: UNAVAILABLE or
 	// RESOURCE_EXHAUSTED). (Optional) default 503.
 	Status int `mapstructure:"status"`
+	// MaxBufferedBody: a request body of at most this many bytes is read whole before the
+	// request takes a concurrency slot, so that the slot covers the upstream's time and not
+	// the client's upload (a client trickling its body holds no slot; server.read_timeout
+	// bounds it). Larger bodies, and gRPC calls, stream through their slot. The gateway
+	// holds at most this much per request in memory. (Optional) default 65536, from 0 (every
+	// body streams) to 67108864.
+	MaxBufferedBody int64 `mapstructure:"max_buffered_body"`
+	// StreamShare is the share of the limit that one client's requests with streaming bodies
+	// (past max_buffered_body) may hold at once, at least one slot: its further ones are shed,
+	// so that one client trickling large uploads cannot take the slots everyone else needs.
+	// The client is the one the policies see (trusted_proxies). (Optional) default 0.1, above
+	// 0 and at most 1.
+	StreamShare float64 `mapstructure:"stream_share"`
 }
 
 // ProtectConcurrencyConfig is protect.concurrency: how many requests may be in flight to the

@@ -62,6 +62,7 @@ var defaults = []struct {
 	{"server.read_header_timeout", 10 * time.Second},
 	{"server.read_timeout", 60 * time.Second},
 	{"server.grpc_idle_timeout", 5 * time.Minute},
+	{"server.write_stall_timeout", 30 * time.Second},
 	{"upgrade_protocols", []string{"websocket"}},
 	{"server.idle_timeout", 120 * time.Second},
 	{"server.drain_timeout", 30 * time.Second},

@@ -67,7 +67,7 @@ func TestParseDefaults(t *testing.T) {
 		Headers:          HeadersConfig{Reset: "unix"},
 		Store:            StoreConfig{Backend: "memory", OnError: "allow", Timeout: 50 * time.Millisecond, MaxKeys: 1000000},
 		Server: ServerConfig{
-			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, GRPCIdleTimeout: 5 * time.Minute, IdleTimeout: 120 * time.Second,
+			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, GRPCIdleTimeout: 5 * time.Minute, WriteStallTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 			DrainTimeout: 30 * time.Second, MaxHeaderBytes: 65536, MaxConcurrentStreams: 250,
 		},
 		Log:            LogConfig{Level: "info"},
@@ -265,6 +265,7 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_PROTECT_CONCURRENCY_ADAPTIVE", "RATELIMIT_PROTECT_CONCURRENCY_LIMIT",
 		"RATELIMIT_PROTECT_CONCURRENCY_MIN_LIMIT", "RATELIMIT_PROTECT_CONCURRENCY_MAX_LIMIT",
 		"RATELIMIT_PROTECT_CONCURRENCY_QUEUE_TIMEOUT", "RATELIMIT_PROTECT_STATUS",
+		"RATELIMIT_PROTECT_MAX_BUFFERED_BODY", "RATELIMIT_PROTECT_STREAM_SHARE", "RATELIMIT_SERVER_WRITE_STALL_TIMEOUT",
 		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
 		"RATELIMIT_ADMIN_MAX_EXEMPTIONS",
 		"RATELIMIT_ADMIN_HOSTS",
@@ -273,8 +274,8 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 67 {
-		t.Errorf("got %d overrides, want 67: a new field needs a line above", len(got))
+	if len(got) != 70 {
+		t.Errorf("got %d overrides, want 70: a new field needs a line above", len(got))
 	}
 }
 

@@ -476,6 +476,10 @@ func headerValue(h http.Header, canonical string) string {
 	return ""
 }
 
+// PeerAddr is peerAddr, for the other judges of a request's peer (the upstream protection's
+// priorities).
+func PeerAddr(remote string) netip.Addr { return peerAddr(remote) }
+
 // peerAddr parses http.Request.RemoteAddr. A RemoteAddr that is no address (a Unix socket) gives
 // the zero Addr, and all such requests share one ip bucket.
 func peerAddr(remote string) netip.Addr {

@@ -192,6 +192,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	positiveDuration(&es, "server.read_header_timeout", c.Server.ReadHeaderTimeout)
 	positiveDuration(&es, "server.read_timeout", c.Server.ReadTimeout)
 	positiveDuration(&es, "server.grpc_idle_timeout", c.Server.GRPCIdleTimeout)
+	if d := c.Server.WriteStallTimeout; d < 100*time.Millisecond || d > time.Hour {
+		es.add("server.write_stall_timeout", limitspec.ShortDuration(d), "must be from 100ms to 1h")
+	}
 	checkUpgrades(&es, c.UpgradeProtocols)
 	checkGRPCRoutes(&es, c.GRPCRoutes)
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)

@@ -28,6 +28,9 @@ const (
 	defaultProtectMinLimit = 2
 	defaultProtectMaxLimit = 1000
 	defaultProtectStatus   = http.StatusServiceUnavailable
+	defaultMaxBufferedBody = 64 << 10
+	maxMaxBufferedBody     = 64 << 20
+	defaultStreamShare     = 0.1
 	maxProtectLimit        = 100000
 	maxQueueTimeout        = time.Minute
 )
@@ -59,6 +62,12 @@ func defaultProtect(cfg *Config, v *viper.Viper) {
 	}
 	if !v.IsSet("protect.status") {
 		p.Status = defaultProtectStatus
+	}
+	if !v.IsSet("protect.max_buffered_body") {
+		p.MaxBufferedBody = defaultMaxBufferedBody
+	}
+	if !v.IsSet("protect.stream_share") {
+		p.StreamShare = defaultStreamShare
 	}
 }
 
@@ -99,6 +108,12 @@ func checkProtect(es *Errors, cfg *Config) {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 	default:
 		es.add("protect.status", strconv.Itoa(p.Status), "must be 503 or 429")
+	}
+	if b := p.MaxBufferedBody; b < 0 || b > maxMaxBufferedBody {
+		es.add("protect.max_buffered_body", strconv.FormatInt(b, 10), fmt.Sprintf("must be from 0 (every body streams) to %d bytes", maxMaxBufferedBody))
+	}
+	if r := p.StreamShare; !(r > 0 && r <= 1) {
+		es.add("protect.stream_share", strconv.FormatFloat(r, 'g', -1, 64), "must be above 0 and at most 1 (a share of the limit)")
 	}
 	reserved := map[string]int{} // class -> the entry with its reserve
 	var reserves float64
@@ -153,4 +168,23 @@ func checkProtect(es *Errors, cfg *Config) {
 	if reserves >= 1 {
 		es.add("protect.priorities", strconv.FormatFloat(reserves, 'g', -1, 64), "the reserves add up to 1 or more: some class would never get a slot")
 	}
+}
+
+// Warnings are what a valid configuration does that its author may not expect; `validate`
+// prints them and serve logs them at start.
+func Warnings(cfg *Config) []string {
+	var out []string
+	if cfg.Protect != nil && len(cfg.TrustedProxies) == 0 {
+		for i, pr := range cfg.Protect.Priorities {
+			names := make([]string, 0, len(pr.Match.Headers))
+			for name := range pr.Match.Headers {
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			for _, name := range names {
+				out = append(out, fmt.Sprintf("protect.priorities[%d].match.headers.%s: any client may send this header, so a priority is believed from it only from trusted_proxies, and none is set: this entry matches no request (match on a route, or list the proxy that sets the header in trusted_proxies)", i, name))
+			}
+		}
+	}
+	return out
 }

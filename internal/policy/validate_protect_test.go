@@ -15,7 +15,8 @@ func TestParseProtectOffUnlessPresent(t *testing.T) {
 
 func TestParseProtectDefaults(t *testing.T) {
 	cfg := mustParse(t, minimal+"protect: {}\n", noEnv)
-	want := ProtectConfig{Concurrency: ProtectConcurrencyConfig{Adaptive: true, Limit: 50, MinLimit: 2, MaxLimit: 1000}, Status: 503}
+	want := ProtectConfig{Concurrency: ProtectConcurrencyConfig{Adaptive: true, Limit: 50, MinLimit: 2, MaxLimit: 1000}, Status: 503,
+		MaxBufferedBody: 65536, StreamShare: 0.1}
 	if cfg.Protect == nil || !reflect.DeepEqual(*cfg.Protect, want) {
 		t.Errorf("got %+v, want %+v", cfg.Protect, want)
 	}
@@ -71,6 +72,17 @@ func TestValidateProtect(t *testing.T) {
 		{"fixed ignores bounds", "protect: {concurrency: {adaptive: false, limit: 2000, min_limit: 0}}", nil},
 		{"negative queue", "protect: {concurrency: {queue_timeout: -1ms}}",
 			[]string{`protect.concurrency.queue_timeout: "-1ms": must be from 0s (no waiting) to 1m`}},
+		{"buffered body", "protect: {max_buffered_body: -1}",
+			[]string{`protect.max_buffered_body: "-1": must be from 0 (every body streams) to 67108864 bytes`}},
+		{"buffered body too large", "protect: {max_buffered_body: 67108865}",
+			[]string{`protect.max_buffered_body: "67108865": must be from 0 (every body streams) to 67108864 bytes`}},
+		{"no buffering", "protect: {max_buffered_body: 0}", nil},
+		{"stream share zero", "protect: {stream_share: 0}",
+			[]string{`protect.stream_share: "0": must be above 0 and at most 1 (a share of the limit)`}},
+		{"stream share past 1", "protect: {stream_share: 1.5}",
+			[]string{`protect.stream_share: "1.5": must be above 0 and at most 1 (a share of the limit)`}},
+		{"write stall", "server: {write_stall_timeout: 10ms}",
+			[]string{`server.write_stall_timeout: "10ms": must be from 100ms to 1h`}},
 		{"status", "protect: {status: 500}",
 			[]string{`protect.status: "500": must be 503 or 429`}},
 		{"class name", "protect: {priorities: [{name: vip}, {match: {path_prefix: /x}}]}",
@@ -120,5 +132,25 @@ func TestEnvOverrideProtect(t *testing.T) {
 		if e.path == "protect.priorities" {
 			t.Errorf("got override %s, want none for a list of mappings", e.name)
 		}
+	}
+}
+
+// TestWarningsPriorityOnAnyClientsHeader: a priority that rests on a header warns when no
+// trusted_proxies are set (any client may send the header, so it is believed from none), and
+// not when they are, nor for a route.
+func TestWarningsPriorityOnAnyClientsHeader(t *testing.T) {
+	prio := "protect: {priorities: [{name: sheddable, match: {path_prefix: /batch}}, {name: critical, match: {headers: {X-Priority: critical}}}]}\n"
+	cfg := mustParse(t, minimal+prio, noEnv)
+	want := []string{"protect.priorities[1].match.headers.x-priority: any client may send this header, so a priority is believed from it only from trusted_proxies, and none is set: this entry matches no request (match on a route, or list the proxy that sets the header in trusted_proxies)"}
+	if got := Warnings(cfg); !slices.Equal(got, want) {
+		t.Errorf("without trusted_proxies: got %q\nwant %q", got, want)
+	}
+	cfg = mustParse(t, minimal+"trusted_proxies: [10.0.0.0/8]\n"+prio, noEnv)
+	if got := Warnings(cfg); len(got) != 0 {
+		t.Errorf("with trusted_proxies: got %q, want no warning", got)
+	}
+	cfg = mustParse(t, minimal+"protect: {priorities: [{name: critical, match: {path_prefix: /pay}}]}\n", noEnv)
+	if got := Warnings(cfg); len(got) != 0 {
+		t.Errorf("a route: got %q, want no warning", got)
 	}
 }

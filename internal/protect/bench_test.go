@@ -46,7 +46,7 @@ func BenchmarkClassify(b *testing.B) {
 	r := httptest.NewRequest("GET", "http://x/v1/items", nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		if c.Classify(r) != Default {
+		if c.Classify(r, nil) != Default {
 			b.Fatal("not default")
 		}
 	}

@@ -2,6 +2,7 @@ package protect
 
 import (
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -11,6 +12,12 @@ import (
 // Classifier sorts requests into classes by the entries of protect.priorities: the first entry
 // whose match matches decides; anything else is Default. It is immutable and safe for
 // concurrent use.
+//
+// A rule that names headers matches only a request whose TCP peer is trusted (one of
+// trusted_proxies, which set or strip such headers): any client can send X-Priority: critical,
+// and a priority it chose itself would let it skip the shedding that protects everyone else.
+// A header that arrives several times (several lines) never matches, whatever its values: it
+// is one a trusted proxy did not set alone.
 type Classifier struct {
 	rules []rule
 }
@@ -62,15 +69,23 @@ func ClassOf(name string) Class {
 	return Default
 }
 
+// Trust tells the classifier whose headers to believe; policy.Set (trusted_proxies) satisfies
+// it, and so does the proxy's Policies.
+type Trust interface {
+	Trusted(peer netip.Addr) bool
+}
+
 // Classify is r's class. Paths and methods are matched in their canonical form, as policies
 // match them (docs/algorithms.md, route matching), so no spelling moves a request to a class
-// it would not be in otherwise.
-func (c *Classifier) Classify(r *http.Request) Class {
+// it would not be in otherwise. Header rules match only when t trusts r's TCP peer (nil:
+// nobody is trusted); the peer is parsed only when a header rule is reached.
+func (c *Classifier) Classify(r *http.Request, t Trust) Class {
 	if c == nil || len(c.rules) == 0 {
 		return Default
 	}
 	method := policy.CanonicalMethod(r.Method)
 	var folded, exact string // computed on first need
+	trust := 0               // 0 not yet known, 1 trusted, -1 not
 	for i := range c.rules {
 		ru := &c.rules[i]
 		if len(ru.methods) > 0 && !contains(ru.methods, method) {
@@ -90,10 +105,21 @@ func (c *Classifier) Classify(r *http.Request) Class {
 		}
 		ok := true
 		for _, h := range ru.headers {
-			if !contains(r.Header[h.name], h.value) {
+			if v := r.Header[h.name]; len(v) != 1 || v[0] != h.value {
 				ok = false
 				break
 			}
+		}
+		if ok && len(ru.headers) > 0 {
+			// The headers match: believe them only from a trusted peer (looked up once, and
+			// only here: most requests carry no priority header and cost no address parse).
+			if trust == 0 {
+				trust = -1
+				if t != nil && t.Trusted(policy.PeerAddr(r.RemoteAddr)) {
+					trust = 1
+				}
+			}
+			ok = trust > 0
 		}
 		if ok {
 			return ru.class

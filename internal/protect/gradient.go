@@ -9,7 +9,11 @@ package protect
 //     than the whole window being that slow.
 //   - The baseline is the lowest window average seen, which drifts up slowly toward what the
 //     windows show (quickly while the limit is not in use, slowly while it is), so that a
-//     permanently slower upstream is learnt. The limit never collapses to a floor to
+//     permanently slower upstream is learnt. Near the floor (at most twice min_limit) it drifts
+//     quickly too: there the latency is hardly our own queueing (we send about the least we
+//     ever do), so a window slower than the baseline says the baseline is wrong (learnt from a
+//     moment that did not last, or from samples that lied), and the limit grows back once the
+//     baseline has caught up instead of staying at the floor for good. The limit never collapses to a floor to
 //     re-measure the baseline (Envoy's minRTT probe, which drops success rates every interval).
 //   - gradient = tolerance*baseline/window average, clamped to [0.5, 1]: while latency stays
 //     within tolerance of the baseline the limit grows by sqrt(limit)/2 per window (only when
@@ -61,7 +65,7 @@ func (g *gradient) update(avg float64, saturated bool, limit float64) float64 {
 	switch {
 	case g.baseline == 0 || avg < g.baseline:
 		g.baseline = avg
-	case saturated:
+	case saturated && limit > 2*g.min: // near the floor: as if idle (see above)
 		g.baseline += (avg - g.baseline) * driftSaturated
 	default:
 		g.baseline += (avg - g.baseline) * driftIdle

@@ -18,6 +18,9 @@ type sim struct {
 	rng      *rand.Rand
 	ends     []time.Time // completion instants of requests in flight
 	rtts     []time.Duration
+	// report, when set, is the latency handed to Release instead of the true one: a sample
+	// that lies (requests abandoned early, counted as measured).
+	report func(time.Duration) time.Duration
 }
 
 func (s *sim) run(d time.Duration, onStep func()) {
@@ -28,7 +31,11 @@ func (s *sim) run(d time.Duration, onStep func()) {
 				i++
 				continue
 			}
-			s.l.Release(Default, s.now, s.rtts[i], true)
+			rtt := s.rtts[i]
+			if s.report != nil {
+				rtt = s.report(rtt)
+			}
+			s.l.Release(Default, s.now, rtt, true)
 			last := len(s.ends) - 1
 			s.ends[i], s.rtts[i] = s.ends[last], s.rtts[last]
 			s.ends, s.rtts = s.ends[:last], s.rtts[:last]
@@ -86,6 +93,27 @@ func TestAdaptiveSettlesFollowsCapacityAndRecovers(t *testing.T) {
 	s.capacity = 40
 	if lo, hi := s.limitRange(20*time.Second, 5*time.Second); lo < 40 || hi > 80 {
 		t.Fatalf("capacity back to 40: limit ranged %d..%d from 5s on, want within 40..80", lo, hi)
+	}
+}
+
+// TestAdaptiveBaselineRecoversFromPoisoning: for 2 s the samples lie (3 ms, where the
+// upstream takes 20 ms: requests abandoned early and counted as measured), which teaches the
+// limit a baseline far below the upstream's and takes it to the floor. Once the samples are
+// true again the limit grows back to the upstream's capacity within 15 s: near the floor the
+// latency is hardly the gateway's own queueing, so the baseline is relearnt there. Before,
+// the baseline drifted up by 0.05% a window while saturated and the limit stayed at the floor.
+func TestAdaptiveBaselineRecoversFromPoisoning(t *testing.T) {
+	s := newSim(t, 40, 0.2)
+	s.run(10*time.Second, nil)
+	s.report = func(time.Duration) time.Duration { return 3 * time.Millisecond }
+	s.run(2*time.Second, nil)
+	s.report = nil
+	s.run(2*time.Second, nil)
+	if got := s.l.Limit(); got > 10 {
+		t.Logf("2 s after the lies the limit is %d (the poisoned baseline shrinks it first)", got)
+	}
+	if lo, hi := s.limitRange(30*time.Second, 15*time.Second); lo < 40 || hi > 80 {
+		t.Fatalf("after poisoned samples: limit ranged %d..%d from 15 s on, want within 40..80 (capacity 40)", lo, hi)
 	}
 }
 

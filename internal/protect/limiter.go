@@ -158,6 +158,10 @@ func (l *Limiter) limit() float64 { return math.Float64frombits(l.limitBits.Load
 // Limit is the current limit (whole slots).
 func (l *Limiter) Limit() int { return max(1, int(l.limit())) }
 
+// CountShed counts a request of class c that its caller shed without asking Acquire (the
+// proxy's per-client bound on streaming uploads), in ratelimit_upstream_shed_total.
+func (l *Limiter) CountShed(c Class) { l.m.shed(c) }
+
 // Inflight is how many slots are taken.
 func (l *Limiter) Inflight() int { return int(l.inflight.Load()) }
 

@@ -59,7 +59,11 @@ type forwardWriter struct {
 	http.ResponseWriter
 	fate  forwardFate
 	wrote bool        // a final status (or a body) was written
+	h2    bool        // the request came over HTTP/2: see arm
 	body  *clientBody // the request's body, nil without one: for the error handler
+	// stall is server.write_stall_timeout (0: none, or the writer has no deadlines): every
+	// write and flush must go through within it (see stallWrite).
+	stall time.Duration
 }
 
 func (w *forwardWriter) WriteHeader(code int) {
@@ -77,14 +81,77 @@ func (w *forwardWriter) Write(b []byte) (int, error) {
 	if w.fate == fateForwarded {
 		w.fate = fateAnswered
 	}
+	if w.stall > 0 {
+		return w.stallWrite(b)
+	}
 	return w.ResponseWriter.Write(b)
+}
+
+// stallChunk is the most one write hands on under one deadline: a client that reads, however
+// slowly, takes a piece this size within write_stall_timeout, or it has stopped (at the
+// default 30s, a client reading under 550 bytes a second is cut).
+const stallChunk = 16 << 10
+
+// stallWrite is Write under server.write_stall_timeout: each piece of b (stallChunk at most)
+// must go through within it, so an answer whose client stopped reading fails its write
+// within the timeout (and the reverse proxy ends the request, freeing its slot), while one
+// being read, however long it lasts or stays silent between writes, goes on.
+func (w *forwardWriter) stallWrite(b []byte) (n int, err error) {
+	for len(b) > 0 {
+		piece := b[:min(len(b), stallChunk)]
+		w.arm()
+		m, err := w.ResponseWriter.Write(piece)
+		n += m
+		if err != nil {
+			w.disarm()
+			return n, err
+		}
+		b = b[m:]
+	}
+	w.disarm()
+	return n, nil
+}
+
+// arm sets the write deadline for the next write or flush. A writer without deadlines (a test
+// recorder) turns the bound off for the rest of the request.
+func (w *forwardWriter) arm() {
+	if err := http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.stall)); err != nil {
+		w.stall = 0
+	}
+}
+
+// disarm clears an HTTP/2 stream's write deadline after a write went through: there it is a
+// timer that resets the stream when it fires, even with no write pending, which would cut a
+// stream that is silent between messages. An HTTP/1.1 deadline stays: it fails only a write
+// still (or newly) in progress past it, every later write arms its own, and it also covers
+// what net/http writes after the handler returns (the rest of its buffer, the chunked end).
+func (w *forwardWriter) disarm() {
+	if w.h2 && w.stall > 0 {
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Time{})
+	}
+}
+
+// FlushError flushes under the write deadline (see stallWrite); http.ResponseController finds
+// it before Unwrap.
+func (w *forwardWriter) FlushError() error {
+	if w.stall == 0 {
+		return http.NewResponseController(w.ResponseWriter).Flush()
+	}
+	w.arm()
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	w.disarm()
+	return err
 }
 
 func (w *forwardWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Hijack hands the connection over for a protocol switch: the reverse proxy writes the
-// upstream's 101 to it past WriteHeader, so the upstream's answer is recorded here.
+// upstream's 101 to it past WriteHeader, so the upstream's answer is recorded here. The
+// connection's write deadline is cleared first: a tunnel's writes are its own business.
 func (w *forwardWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.stall > 0 {
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Time{})
+	}
 	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil {
 		w.wrote = true
@@ -113,16 +180,26 @@ const bodySettle = time.Second
 // body (if any) through a clientBody, which records how reading it ended: a forward that fails
 // because the client's body failed is the client's fault (see clientError), not the upstream's.
 func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp *httputil.ReverseProxy) {
-	st.fw = forwardWriter{ResponseWriter: w, fate: fateForwarded}
+	st.fw = forwardWriter{ResponseWriter: w, fate: fateForwarded, stall: h.stall, h2: r.ProtoMajor == 2}
 	// Cleared also when the reverse proxy aborts the response with a panic: the pool must not
 	// keep the response or the body alive. The fate stays for giveBack.
-	defer func() { st.fw.ResponseWriter, st.fw.body = nil, nil }()
+	defer func() {
+		if st.fw.stall > 0 && !st.fw.h2 {
+			// What net/http writes once the handler returns (the rest of its buffer, the
+			// chunked end) is bounded too.
+			st.fw.arm()
+		}
+		st.fw.ResponseWriter, st.fw.body = nil, nil
+	}()
 	if r.Body == nil || r.Body == http.NoBody {
 		rp.ServeHTTP(&st.fw, r)
 		return
 	}
-	body := &clientBody{ReadCloser: r.Body}
-	r.Body = body
+	body, ok := r.Body.(*clientBody) // sendGuarded's, stamping the body's end
+	if !ok {
+		body = &clientBody{ReadCloser: r.Body}
+		r.Body = body
+	}
 	st.fw.body = body
 	rp.ServeHTTP(&st.fw, r)
 	if st.fw.wrote || r.Context().Err() == nil {
@@ -192,9 +269,11 @@ func (h *Handler) clientError(w http.ResponseWriter, r *http.Request, reason int
 // once the handler returned.
 type clientBody struct {
 	io.ReadCloser
-	mu   sync.Mutex
-	err  error         // the first read error; io.EOF: read to its end
-	wake chan struct{} // made by settle, closed when err is set
+	stamp bool // record when the body ended (ended), for the upstream's latency
+	mu    sync.Mutex
+	err   error         // the first read error; io.EOF: read to its end
+	wake  chan struct{} // made by settle, closed when err is set
+	ended time.Time     // with stamp, when Read returned io.EOF
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
@@ -203,6 +282,9 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		b.mu.Lock()
 		if b.err == nil {
 			b.err = err
+			if b.stamp && err == io.EOF {
+				b.ended = time.Now()
+			}
 			if b.wake != nil {
 				close(b.wake)
 			}
@@ -210,6 +292,14 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		b.mu.Unlock()
 	}
 	return n, err
+}
+
+// endedAt is when the body was read to its end (with stamp), zero while it has not (or when it
+// failed).
+func (b *clientBody) endedAt() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ended
 }
 
 // result is how reading the body ended: io.EOF when read to its end, another error when it

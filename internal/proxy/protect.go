@@ -1,20 +1,26 @@
 package proxy
 
 // Upstream protection in the forward path (internal/protect): the policies judge first; a
-// request about to be forwarded asks for a concurrency slot, waits for one up to the queue
-// timeout, and is shed when it gets none. The slot is held until the reverse proxy is done with
-// the request (the answer copied to its end, streams and upgrades included, or the client gone)
-// and given back with the upstream's latency, which moves an adaptive limit.
+// request about to be forwarded has its body read (when small: see bufferBody), asks for a
+// concurrency slot, waits for one up to the queue timeout, and is shed when it gets none. The
+// slot is held until the reverse proxy is done with the request (the answer copied to its end,
+// streams and upgrades included, or the client gone; a client that stops reading is cut by
+// server.write_stall_timeout) and given back with the upstream's latency, from the end of the
+// request's body to the answer's headers, which moves an adaptive limit.
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,8 +32,12 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/protect"
 )
+
+// DefaultStreamShare is Protection.StreamShare's default.
+const DefaultStreamShare = 0.1
 
 // shedRetryAfter is the Retry-After of a shed request, in seconds: overload is usually over
 // within seconds, and a longer wait would idle the upstream once it recovers.
@@ -45,6 +55,11 @@ type Slots interface {
 	// Sample reports whether this request's latency should be measured for Release: when
 	// not, no clock is read for it.
 	Sample() bool
+	// Limit is the limit in force (slots).
+	Limit() int
+	// CountShed counts a request of class c shed by the proxy itself (a client past its share
+	// of streaming uploads) where Acquire's sheds are counted.
+	CountShed(c protect.Class)
 }
 
 var _ Slots = (*protect.Limiter)(nil)
@@ -53,8 +68,16 @@ var _ Slots = (*protect.Limiter)(nil)
 type Protection struct {
 	// Slots hands out the upstream's concurrency slots. (Required)
 	Slots Slots
-	// Classify is a request's priority class. (Optional) default: every request is Default.
-	Classify func(*http.Request) protect.Class
+	// Classify is a request's priority class; t says whose headers to believe (a header rule
+	// matches only a request from a trusted peer). (Optional) default: every request is Default.
+	Classify func(r *http.Request, t protect.Trust) protect.Class
+	// MaxBufferedBody: a request body of at most this many bytes is read whole before the
+	// request takes a slot, so that a slow upload holds none; larger bodies stream through
+	// the slot, bounded by StreamShare. (Optional) 0: every body streams.
+	MaxBufferedBody int64
+	// StreamShare is the share of the limit one client's streaming-body requests may hold at
+	// once (at least one slot). (Optional) default 0.1.
+	StreamShare float64
 	// Status of a shed request: 503 (gRPC UNAVAILABLE) or 429 (RESOURCE_EXHAUSTED).
 	// (Optional) default 503.
 	Status int
@@ -63,7 +86,10 @@ type Protection struct {
 // protection is the handler's compiled Protection: the shed answers rendered once.
 type protection struct {
 	slots    Slots
-	classify func(*http.Request) protect.Class
+	classify func(*http.Request, protect.Trust) protect.Class
+	maxBody  int64
+	share    float64
+	streams  streams
 	status   int
 	body     []byte   // problem+json
 	retry    []string // Retry-After
@@ -83,9 +109,20 @@ func newProtection(p *Protection) (*protection, error) {
 	if st != http.StatusServiceUnavailable && st != http.StatusTooManyRequests {
 		return nil, errors.New("proxy: protect: status " + strconv.Itoa(st) + ": want 503 or 429")
 	}
-	pr := &protection{slots: p.Slots, classify: p.Classify, status: st, retry: answer.RetryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
+	if p.MaxBufferedBody < 0 {
+		return nil, errors.New("proxy: protect: max buffered body " + strconv.FormatInt(p.MaxBufferedBody, 10) + ": must not be negative")
+	}
+	share := p.StreamShare
+	if share == 0 {
+		share = DefaultStreamShare
+	}
+	if !(share > 0 && share <= 1) {
+		return nil, errors.New("proxy: protect: stream share " + strconv.FormatFloat(share, 'g', -1, 64) + ": want (0, 1]")
+	}
+	pr := &protection{slots: p.Slots, classify: p.Classify, maxBody: p.MaxBufferedBody, share: share, status: st,
+		retry: answer.RetryAfter(shedRetryAfter), grpcCode: grpcCode(st)}
 	if pr.classify == nil {
-		pr.classify = func(*http.Request) protect.Class { return protect.Default }
+		pr.classify = func(*http.Request, protect.Trust) protect.Class { return protect.Default }
 	}
 	const msg = "The upstream is overloaded; retry after 1 second."
 	pr.body = answer.AppendProblem(nil, answer.Problem{Type: answer.ProblemOverloaded, Status: st, Detail: msg, RetryAfter: shedRetryAfter})
@@ -102,12 +139,33 @@ func newProtection(p *Protection) (*protection, error) {
 	return pr, nil
 }
 
-// sendGuarded is send behind a concurrency slot: it waits for one, sheds the request when there
-// is none, and otherwise forwards it and gives the slot back when the forward is over (in a
-// defer: the reverse proxy aborts a response whose upstream body fails with a panic).
-func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqState, rp *httputil.ReverseProxy) {
+// sendGuarded is send behind a concurrency slot: it reads a small body whole first (so that the
+// slot covers the upstream's time, not the client's upload: see bufferBody), waits for a slot,
+// sheds the request when there is none, and otherwise forwards it and gives the slot back when
+// the forward is over (in a defer: the reverse proxy aborts a response whose upstream body
+// fails with a panic).
+func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqState, rp *httputil.ReverseProxy, pols Policies) {
 	p := h.prot
-	class := p.classify(r)
+	class := p.classify(r, pols)
+	streaming := false
+	if r.Body != nil && r.Body != http.NoBody && !st.grpc {
+		var ok bool
+		if streaming, ok = h.bufferBody(w, r); !ok {
+			return // answered (or the client left); nothing reached the upstream
+		}
+	}
+	if streaming {
+		// A body past max_buffered_body streams through the slot: one client's such requests
+		// hold at most its share of the limit, so that a client trickling large uploads
+		// cannot take the slots everyone else needs.
+		client := policy.ClientIP(policy.PeerAddr(r.RemoteAddr), r.Header, pols.Trusted)
+		if !p.streams.take(client, p.streamSlots(p.slots.Limit())) {
+			p.slots.CountShed(class)
+			h.shed(w, r, st, class)
+			return
+		}
+		defer p.streams.give(client)
+	}
 	if _, err := p.slots.Acquire(r.Context(), class); err != nil {
 		switch {
 		case errors.Is(err, protect.ErrShed):
@@ -129,22 +187,132 @@ func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqSta
 		h.send(w, r, st, rp)
 		return
 	}
-	st.pw = timingWriter{ResponseWriter: w, start: time.Now()}
+	// The sample runs from the end of the request's body to the answer's headers: the
+	// upstream's time alone. A buffered body (or none) is in now; one that streams (a large
+	// upload, a gRPC call) is stamped when it ends.
+	start := time.Now()
+	var body *clientBody
+	if r.Body != nil && r.Body != http.NoBody && (streaming || st.grpc) {
+		body = &clientBody{ReadCloser: r.Body, stamp: true}
+		r.Body = body
+	}
+	st.pw = timingWriter{ResponseWriter: w, start: start}
 	defer func() {
-		start, first := st.pw.start, st.pw.first
+		first := st.pw.first
 		st.pw = timingWriter{} // do not keep the response alive in the pool
+		sent := start
+		if body != nil {
+			sent = body.endedAt()
+		}
+		o := protect.Answered
 		switch st.fw.fate {
 		case fateNone, fateUndelivered:
-			// The upstream never saw it: its latency says nothing.
-			p.slots.Release(class, time.Time{}, 0, false)
-		default:
-			if first.IsZero() {
-				first = time.Now() // no answer (the client left, a reset): at least this long
+			o = protect.NotSent
+		case fateForwarded:
+			o = protect.Abandoned // the client left before the answer
+		case fateUnanswered:
+			o = protect.Failed
+			if r.Context().Err() != nil {
+				o = protect.Abandoned // the client left, or its body failed
 			}
-			p.slots.Release(class, first, first.Sub(start), true)
 		}
+		if first.IsZero() {
+			first = time.Now()
+		}
+		rtt, ok := protect.Latency(o, sent, first)
+		p.slots.Release(class, first, rtt, ok)
 	}()
 	h.send(&st.pw, r, st, rp)
+}
+
+// bufferBody reads r's body whole before a slot is taken, when it is no larger than
+// max_buffered_body, and puts it back as an in-memory body of known length: the time a client
+// takes to send it (a slow link, or a client trickling it on purpose) is then spent holding no
+// upstream capacity, and server.read_timeout still bounds it. A larger body streams
+// (streaming true): its first part read so far, then the rest from the client. ok is false
+// when reading failed; the client was then answered (408 for a body too slow, 400 for a
+// broken one) or had left.
+func (h *Handler) bufferBody(w http.ResponseWriter, r *http.Request) (streaming, ok bool) {
+	max := h.prot.maxBody
+	if max <= 0 || r.ContentLength > max {
+		return true, true
+	}
+	var buf []byte
+	var err error
+	if r.ContentLength >= 0 {
+		buf = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, buf)
+	} else {
+		// Unknown length (chunked): read one byte past the bound to learn whether it fits.
+		buf, err = io.ReadAll(io.LimitReader(r.Body, max+1))
+	}
+	if err != nil {
+		if reason, isFault := bodyFault(err); isFault && (reason == clientBodyTimeout || r.Context().Err() == nil) {
+			h.clientError(w, r, reason, err)
+		} else {
+			h.m.canceled[stageUpstream].Inc() // the client left mid-upload: nobody to answer
+		}
+		return false, false
+	}
+	if int64(len(buf)) > max {
+		r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), r.Body), body: r.Body}
+		return true, true
+	}
+	r.ContentLength = int64(len(buf))
+	r.TransferEncoding = nil
+	if len(buf) == 0 {
+		r.Body = http.NoBody
+	} else {
+		r.Body = &bufferedBody{Reader: bytes.NewReader(buf)}
+	}
+	return false, true
+}
+
+// bufferedBody is a request body read whole into memory.
+type bufferedBody struct{ *bytes.Reader }
+
+func (*bufferedBody) Close() error { return nil }
+
+// prefixedBody is a body whose first part was read already: that part, then the rest.
+type prefixedBody struct {
+	io.Reader
+	body io.Closer
+}
+
+func (b *prefixedBody) Close() error { return b.body.Close() }
+
+// streams counts the slots each client's streaming-body requests hold. It is touched only by
+// requests whose bodies stream (past max_buffered_body), so one mutex is enough.
+type streams struct {
+	mu   sync.Mutex
+	held map[netip.Addr]int
+}
+
+// take counts one more streaming request of client if it holds fewer than most.
+func (s *streams) take(client netip.Addr, most int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[client] >= most {
+		return false
+	}
+	if s.held == nil {
+		s.held = map[netip.Addr]int{}
+	}
+	s.held[client]++
+	return true
+}
+
+func (s *streams) give(client netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[client]--; s.held[client] <= 0 {
+		delete(s.held, client) // the map holds only clients with a stream open
+	}
+}
+
+// streamSlots is one client's share of a limit for its streaming-body requests: at least 1.
+func (p *protection) streamSlots(limit int) int {
+	return max(1, int(float64(limit)*p.share))
 }
 
 // shed answers a request that got no slot and gives back what the policies charged for it.
@@ -154,6 +322,12 @@ func (h *Handler) shed(w http.ResponseWriter, r *http.Request, st *reqState, cla
 		ce.Write(zap.String("priority", class.String()), zap.String("protocol", protocolNames[st.proto]))
 	}
 	hdr := w.Header()
+	if _, read := r.Body.(*bufferedBody); r.ProtoMajor == 1 && !read && r.Body != nil && r.Body != http.NoBody {
+		// The body was not read (it streams, and the request never got to send it): net/http
+		// would wait for it to discard it before the answer could go, as long as the client
+		// takes to send it. The connection cannot carry another request then anyway.
+		hdr.Set("Connection", "close")
+	}
 	if st.grpc {
 		hdr[answer.HeaderRetryAfter] = p.retry
 		writeGRPC(w, r, p.grpcCode, p.grpcMsg, p.grpcDet)

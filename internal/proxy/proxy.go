@@ -143,6 +143,12 @@ type Options struct {
 	// read that brings data starts it again, and the call's own deadline ends it sooner.
 	// (Optional) default 0: only the call's deadline.
 	GRPCIdleTimeout time.Duration
+	// WriteStallTimeout bounds how long a write (or flush) of a forwarded answer may take to
+	// go through: a client that stops reading loses the request (and its protection slot)
+	// within it, while one that reads, however slowly or long, does not. Over HTTP/1.1 it
+	// also bounds every other answer's writes (set as the connection's write deadline when a
+	// request starts). (Optional) 0: none.
+	WriteStallTimeout time.Duration
 	// Protect guards the upstream with a concurrency limit that requests take a slot of
 	// before they are forwarded, after the policies admitted them (protect.go). (Optional)
 	// default: none.
@@ -198,10 +204,11 @@ type Handler struct {
 	grpcAll  bool     // every path may carry gRPC calls (Options.GRPCRoutes nil)
 	grpcAt   []string // else the path prefixes that may
 	grpcIdle time.Duration
-	prot     *protection // nil without Options.Protect
-	states   sync.Pool   // *reqState
-	byPolicy sync.Map    // policy name -> *policyState
-	console  Console     // nil without one
+	stall    time.Duration // Options.WriteStallTimeout
+	prot     *protection   // nil without Options.Protect
+	states   sync.Pool     // *reqState
+	byPolicy sync.Map      // policy name -> *policyState
+	console  Console       // nil without one
 }
 
 // policyState is what the handler keeps per policy name: its counters, resolved once instead of
@@ -345,6 +352,10 @@ func New(o Options) (*Handler, error) {
 		return nil, fmt.Errorf("proxy: gRPC idle timeout %v: must not be negative", o.GRPCIdleTimeout)
 	}
 	h.grpcAll, h.grpcAt, h.grpcIdle = o.GRPCRoutes == nil, o.GRPCRoutes, o.GRPCIdleTimeout
+	if o.WriteStallTimeout < 0 {
+		return nil, fmt.Errorf("proxy: write stall timeout %v: must not be negative", o.WriteStallTimeout)
+	}
+	h.stall = o.WriteStallTimeout
 	if o.Protect != nil {
 		p, err := newProtection(o.Protect)
 		if err != nil {
@@ -388,6 +399,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var cancel context.CancelFunc
 		r, cancel = grpcDeadline(w, r, h.grpcIdle)
 		defer cancel()
+	}
+	if h.stall > 0 && r.ProtoMajor == 1 {
+		// Clear the write deadline a forward before on this connection left (see
+		// forwardWriter.disarm): this request may wait longer than it (a queue, a hold)
+		// before it answers.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	}
 	st := h.states.Get().(*reqState)
 	defer h.states.Put(st)
@@ -799,7 +816,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, st *reqState, 
 		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
 	}
 	if h.prot != nil {
-		h.sendGuarded(w, r, st, rp)
+		h.sendGuarded(w, r, st, rp, pols)
 		return
 	}
 	h.send(w, r, st, rp)

@@ -23,5 +23,6 @@ func newProtection(p *policy.ProtectConfig, reg prometheus.Registerer) (*proxy.P
 	if err != nil {
 		return nil, err
 	}
-	return &proxy.Protection{Slots: l, Classify: c.Classify, Status: p.Status}, nil
+	return &proxy.Protection{Slots: l, Classify: c.Classify, Status: p.Status,
+		MaxBufferedBody: p.MaxBufferedBody, StreamShare: p.StreamShare}, nil
 }

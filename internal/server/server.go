@@ -151,6 +151,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	var handler http.Handler
 	if proxyOn {
+		for _, w := range policy.Warnings(cfg) {
+			log.Warn("configuration: " + w)
+		}
 		prot, err := newProtection(cfg.Protect, reg) // protect.go
 		if err != nil {
 			return fmt.Errorf("protect: %w", err)
@@ -169,6 +172,7 @@ func Run(ctx context.Context, o Options) error {
 			UpgradeProtocols:    upgradeProtocols(cfg),
 			GRPCRoutes:          grpcRoutes(cfg, upProto),
 			GRPCIdleTimeout:     cfg.Server.GRPCIdleTimeout,
+			WriteStallTimeout:   cfg.Server.WriteStallTimeout,
 			Logger:              log,
 			AccessLog:           cfg.Log.Access,
 			Pseudonyms:          pseudonyms,

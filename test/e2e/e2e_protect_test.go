@@ -70,7 +70,10 @@ const protectPolicy = `policies:
 // the shed counts are per priority.
 func TestProtectShedsWithProblemAndPriorities(t *testing.T) {
 	up, entered, release := blockingUpstream(t)
-	g := startGateway(t, up.URL, `protect:
+	// The test client is the trusted proxy that sets X-Priority (a priority header is believed
+	// only from trusted_proxies: see e2e_protect_hostile_test.go).
+	g := startGateway(t, up.URL, `trusted_proxies: [127.0.0.1/32]
+protect:
   concurrency: {adaptive: false, limit: 2}
   priorities:
     - name: critical

@@ -44,6 +44,9 @@ type options struct {
 	clientTimeout time.Duration
 	queueTimeout  time.Duration
 	reserve       float64
+	hostile       time.Duration
+	hostileOnly   bool
+	hostileLoad   float64
 	bin, out      string
 }
 
@@ -65,10 +68,13 @@ func main() {
 	fs.DurationVar(&o.clientTimeout, "client-timeout", harness.Dur(envOr("BENCH_OVERLOAD_CLIENT_TIMEOUT", "2s")), "clients give up after this (BENCH_OVERLOAD_CLIENT_TIMEOUT)")
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", harness.Dur(envOr("BENCH_OVERLOAD_QUEUE_TIMEOUT", "10ms")), "protect.concurrency.queue_timeout of the protected runs (BENCH_OVERLOAD_QUEUE_TIMEOUT)")
 	fs.Float64Var(&o.reserve, "reserve", harness.Atof(envOr("BENCH_OVERLOAD_RESERVE", "0.2")), "critical's reserve in the protected runs (BENCH_OVERLOAD_RESERVE)")
+	fs.DurationVar(&o.hostile, "hostile", harness.Dur(envOr("BENCH_OVERLOAD_HOSTILE", "20s")), "length of each of the two hostile-clients runs, without and with them; 0s: skip (BENCH_OVERLOAD_HOSTILE)")
+	fs.Float64Var(&o.hostileLoad, "hostile-load", harness.Atof(envOr("BENCH_OVERLOAD_HOSTILE_LOAD", "0.6")), "the honest load of the hostile-clients runs, a multiple of the capacity (BENCH_OVERLOAD_HOSTILE_LOAD)")
+	fs.BoolVar(&o.hostileOnly, "hostile-only", false, "run only the hostile-clients comparison")
 	fs.StringVar(&o.bin, "bin", "bin/ratelimit-proxy", "the gateway binary")
 	fs.StringVar(&o.out, "out", ".cache/bench/overload.json", "the report; the plot goes beside it (.svg)")
 	_ = fs.Parse(os.Args[1:])
-	if o.capacity < 1 || o.service <= 0 || o.step <= 0 || o.halved <= 0 || o.unloaded <= 0 || o.clientTimeout <= 0 || o.queueTimeout < 0 || o.reserve < 0 || o.reserve >= 1 {
+	if o.capacity < 1 || o.service <= 0 || o.step <= 0 || o.halved <= 0 || o.unloaded <= 0 || o.clientTimeout <= 0 || o.queueTimeout < 0 || o.reserve < 0 || o.reserve >= 1 || o.hostile < 0 || o.hostileOnly && o.hostile == 0 || o.hostileLoad <= 0 {
 		fmt.Fprintln(os.Stderr, "overload: every knob must be positive (see -h)")
 		os.Exit(2)
 	}
@@ -130,6 +136,9 @@ func run(o options) error {
 	rep := report{Capacity: o.capacity, Reserve: o.reserve, ServiceMS: ms(o.service), QueueTimeoutMS: ms(o.queueTimeout),
 		ClientTimeoutMS: ms(o.clientTimeout), CapacityPerSecond: float64(o.capacity) / o.service.Seconds()}
 	for _, c := range configs(o) {
+		if o.hostileOnly {
+			break
+		}
 		fmt.Printf("== %s\n", c.Name)
 		res, err := runConfig(o, c)
 		if err != nil {
@@ -138,6 +147,14 @@ func run(o options) error {
 		rep.Configs = append(rep.Configs, res)
 	}
 	rep.evaluate(o)
+	if o.hostile > 0 {
+		fmt.Println("== hostile clients beside the honest ones (adaptive)")
+		h, err := runHostile(o)
+		if err != nil {
+			return fmt.Errorf("hostile: %w", err)
+		}
+		rep.Hostile = h
+	}
 	b, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return err
@@ -176,6 +193,12 @@ func (u *upstream) setCapacity(n int) {
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	u.work()
+	_, _ = io.WriteString(w, "ok")
+}
+
+// work waits for a server and does one request's work.
+func (u *upstream) work() {
 	u.mu.Lock()
 	if u.busy < u.cap {
 		u.busy++
@@ -195,7 +218,6 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		u.busy--
 	}
 	u.mu.Unlock()
-	_, _ = io.WriteString(w, "ok")
 }
 
 // sample is one request's fate.
@@ -235,6 +257,11 @@ func runConfig(o options, c config) (configResult, error) {
 	protect := c.Protect
 	if protect != "" {
 		protect += fmt.Sprintf(priorities, o.reserve)
+	}
+	if protect != "" {
+		// The load generator stands for the edge proxy that sets X-Priority: a priority
+		// header is believed only from trusted_proxies.
+		protect = "trusted_proxies: [127.0.0.1/32]\n" + protect
 	}
 	cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nupstream: %s\nupstream_timeout: 30s\npolicies:\n  - {name: lenient, key: global, algorithm: token_bucket, rate: 1000000/s, burst: 1000000}\n%s",
 		addrs[0], addrs[1], upURL, protect)

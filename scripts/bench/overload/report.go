@@ -20,6 +20,8 @@ type report struct {
 	ClientTimeoutMS   float64        `json:"client_timeout_ms"`
 	Configs           []configResult `json:"configs"`
 	Targets           []target       `json:"targets"` // the issue's targets, adaptive run
+	// Hostile compares the honest clients without and with hostile ones beside them.
+	Hostile *hostileReport `json:"hostile,omitempty"`
 }
 
 type configResult struct {
@@ -244,6 +246,9 @@ func (rep *report) print(w io.Writer) {
 		if c.SettleS != -1 {
 			fmt.Fprintf(w, "%-9s the limit settled %.1fs after the capacity halved\n", c.Name, c.SettleS)
 		}
+	}
+	if rep.Hostile != nil {
+		defer rep.Hostile.print(w)
 	}
 	fmt.Fprintln(w, "\ntargets (adaptive):")
 	for _, t := range rep.Targets {
