@@ -17,9 +17,9 @@ build:
 run: build
 	./scripts/run-demo.sh
 
-## test: formatting, vet, the static build, the race-enabled test suite, short fuzz runs; skipped
-## tests are listed.
-test: check build
+## test: formatting, vet, lint, the static build, the race-enabled test suite, short fuzz runs;
+## skipped tests are listed.
+test: check lint build
 	./scripts/test.sh
 
 check:

@@ -381,7 +381,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Class) (waited time.Duration, e
 		err = ctx.Err()
 	}
 	if err != nil && l.Cancel(w) {
-		if err == ErrShed {
+		if errors.Is(err, ErrShed) {
 			err = nil // granted just as the deadline passed: take it
 		} else {
 			l.Release(c, l.now(), 0, false) // nobody left to use it
@@ -389,7 +389,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Class) (waited time.Duration, e
 	}
 	waited = l.now().Sub(start)
 	l.m.waited(waited)
-	if err == ErrShed {
+	if errors.Is(err, ErrShed) {
 		l.m.shed(c)
 	}
 	return waited, err

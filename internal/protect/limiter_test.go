@@ -111,7 +111,8 @@ func TestDefaultReserveShedsSheddableFirst(t *testing.T) {
 	if n != 6 {
 		t.Fatalf("sheddable took %d slots, want 6 (10 less 2 for critical, 2 for default)", n)
 	}
-	if !l.TryAcquire(Default) || !l.TryAcquire(Default) || l.TryAcquire(Default) {
+	first, second, third := l.TryAcquire(Default), l.TryAcquire(Default), l.TryAcquire(Default)
+	if !first || !second || third {
 		t.Fatal("default did not get exactly the 2 slots above sheddable's share")
 	}
 }

@@ -51,7 +51,7 @@ func TestClientBodySettle(t *testing.T) {
 		t.Errorf("settle of a body nobody reads = %v, want nil", got)
 	}
 	_, _ = io.Copy(io.Discard, idle)
-	if got := idle.result(); got != io.EOF {
+	if got := idle.result(); !errors.Is(got, io.EOF) {
 		t.Errorf("result after reading to the end = %v, want io.EOF", got)
 	}
 }

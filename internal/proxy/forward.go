@@ -211,7 +211,7 @@ func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp 
 	// nothing, and net/http would then send an empty 200: the client is still there and owed
 	// a 408. Told apart from a client that left by the body's own error.
 	err := body.result()
-	if err == io.EOF {
+	if errors.Is(err, io.EOF) {
 		return // read to its end: a client that left, counted by upstreamError
 	}
 	if err == nil {
@@ -336,7 +336,7 @@ func (b *clientBody) settle(d time.Duration) error {
 // it as the connection's read deadline, HTTP/2 as a per-stream timer that fails the body with
 // os.ErrDeadlineExceeded. Anything else broke the body's framing or cut it short.
 func bodyFault(err error) (reason int, ok bool) {
-	if err == nil || err == io.EOF {
+	if err == nil || errors.Is(err, io.EOF) {
 		return 0, false
 	}
 	var ne net.Error

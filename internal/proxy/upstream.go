@@ -220,7 +220,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		body = fw.body
 	}
 	if errors.Is(r.Context().Err(), context.Canceled) {
-		if body != nil && body.result() != io.EOF {
+		if body != nil && !errors.Is(body.result(), io.EOF) {
 			// The body had not ended: send tells a body cut off at server.read_timeout (a
 			// client still there) from a client that left, once the body says which.
 			return

@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -420,14 +421,12 @@ func scrapeLimit(admin string) (limit, inflight float64) {
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	for _, line := range strings.Split(string(b), "\n") {
-		var v float64
+		// A line that does not parse leaves the figure at zero, which the report shows.
 		switch {
 		case strings.HasPrefix(line, "ratelimit_upstream_concurrency_limit "):
-			fmt.Sscanf(strings.TrimPrefix(line, "ratelimit_upstream_concurrency_limit "), "%g", &v)
-			limit = v
+			limit, _ = strconv.ParseFloat(strings.TrimPrefix(line, "ratelimit_upstream_concurrency_limit "), 64)
 		case strings.HasPrefix(line, "ratelimit_upstream_inflight "):
-			fmt.Sscanf(strings.TrimPrefix(line, "ratelimit_upstream_inflight "), "%g", &v)
-			inflight = v
+			inflight, _ = strconv.ParseFloat(strings.TrimPrefix(line, "ratelimit_upstream_inflight "), 64)
 		}
 	}
 	return
