@@ -5,12 +5,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -24,9 +20,9 @@ var (
 // newConsole builds the operators' console (package admin) on the store's primary: the admin
 // block's tokens, the log's pseudonyms, and on DynamoDB exemptions shared through the table. One
 // console serves both front ends (proxy and rate limit service), in every mode.
-func newConsole(cfg *policy.Config, rl *Reloader, st *fallback.Store, ps *policy.Pseudonyms, log *zap.Logger,
-	reg prometheus.Registerer, now func() time.Time, getenv func(string) string) (*admin.Console, error) {
-	write, read, err := policy.AdminTokens(cfg, getenv)
+func (g *gateway) newConsole() (*admin.Console, error) {
+	cfg, rl, st, ps, log, reg, now := g.cfg, g.rl, g.st, g.pseudonyms, g.log, g.reg, g.now
+	write, read, err := policy.AdminTokens(cfg, g.o.Getenv)
 	if err != nil {
 		return nil, err // validated already; only an environment changed since then gets here
 	}

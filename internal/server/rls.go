@@ -6,16 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
 )
 
@@ -27,10 +22,14 @@ type rlsServer struct {
 }
 
 // newRLS builds the rate limit service on the gateway's store, metrics and rules (the reloader's
-// set in force) and opens its listener. tlsCfg nil serves HTTP/2 cleartext; console (nil: none)
-// is the operators' console it feeds.
-func newRLS(ctx context.Context, cfg *policy.Config, rl *Reloader, st bucket.Store, reg prometheus.Registerer, log *zap.Logger,
-	now func() time.Time, tlsCfg *tls.Config, console rls.Console) (*rlsServer, error) {
+// set in force) and opens its listener. tlsCfg nil serves HTTP/2 cleartext; it feeds the
+// operators' console when there is one.
+func (g *gateway) newRLS(ctx context.Context, tlsCfg *tls.Config) (*rlsServer, error) {
+	cfg, rl, reg, log, now := g.cfg, g.rl, g.reg, g.log, g.now
+	var console rls.Console
+	if g.console != nil {
+		console = g.console
+	}
 	m, err := rls.NewMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -41,7 +40,7 @@ func newRLS(ctx context.Context, cfg *policy.Config, rl *Reloader, st bucket.Sto
 	}
 	svc, err := rls.New(rls.Options{
 		Rules:        func() *envoyrules.Rules { return rl.Set().RLS() },
-		Store:        st,
+		Store:        g.st,
 		Backend:      cfg.Store.Backend,
 		OnError:      onError,
 		StoreTimeout: cfg.Store.Timeout,

@@ -7,19 +7,15 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -78,7 +74,8 @@ func (h Hooks) store(s bucket.Store) bucket.Store {
 
 // Run serves the gateway until ctx ends, then drains in-flight requests (bounded by
 // server.drain_timeout) and returns nil. A config that does not validate is an error before any
-// listener opens.
+// listener opens. It runs in three phases, as Caddy's modules do: build every part from the
+// configuration (newGateway), serve, drain.
 func Run(ctx context.Context, o Options) error {
 	if o.Getenv == nil {
 		o.Getenv = os.Getenv
@@ -93,302 +90,19 @@ func Run(ctx context.Context, o Options) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	gcPercent := tuneGC(o.Getenv)
-	memLimit := tuneMemoryLimit(o.Getenv, cgroupMemoryMax)
-	reg := proxy.NewRegistry()
-	// A provisional logger reports load errors; the configured level applies once the file is read.
-	log := newLogger(o.Log, zapcore.InfoLevel)
-	rl, cfg, err := NewReloader(o.ConfigPath,
-		policy.LoadOptions{Getenv: o.Getenv},
-		policy.CompileOptions{Getenv: o.Getenv, Now: o.Now},
-		log, reg)
-	if err != nil {
-		return err
+	g, err := newGateway(ctx, o)
+	if g != nil {
+		defer func() { _ = g.log.Sync() }()
 	}
-	if lvl, err := zapcore.ParseLevel(cfg.Log.Level); err == nil {
-		log = newLogger(o.Log, lvl)
-		rl.log = log
-	}
-	defer func() { _ = log.Sync() }()
-
-	st, closeStore, now, clock, err := newStore(ctx, cfg, rl, reg, log, o.Now, o.Hooks)
 	if err != nil {
-		if stopped(ctx, err) {
-			log.Info("shut down before serving")
+		if g != nil && stopped(ctx, err) {
+			g.log.Info("shut down before serving")
 			return nil
 		}
 		return err
 	}
-	if clock != nil {
-		defer clock.stop() // whichever way Run returns
-	}
-	// Without upstream the gateway serves Envoy's rate limit service alone (validation
-	// guarantees the rls block then): no proxy handler, no proxy listener.
-	proxyOn := cfg.Upstream != ""
-	upstream, err := url.Parse(cfg.Upstream)
-	if err != nil {
-		return fmt.Errorf("upstream: %w", err)
-	}
-	// on_error local never reaches the proxy as an error: the fallback store decides locally.
-	upProto, err := proxy.ParseProtocol(cfg.UpstreamProtocol)
-	if err != nil {
-		return err
-	}
-	onError := proxy.Allow
-	if cfg.Store.OnError == "deny" {
-		onError = proxy.Deny
-	}
-	pseudonyms, err := policy.LogPseudonyms(cfg, o.Getenv)
-	if err != nil {
-		return err // validated already; only an environment changed since then gets here
-	}
-	routeGRPCLog(log, pseudonyms, o.Getenv) // grpclog.go: before any gRPC server or client
-	// The operators' console, fed by whichever front ends serve: the proxy, the rate limit
-	// service, or both.
-	console, err := newConsole(cfg, rl, st, pseudonyms, log, reg, now, o.Getenv)
-	if err != nil {
-		return err
-	}
-	var handler http.Handler
-	if proxyOn {
-		for _, w := range policy.Warnings(cfg) {
-			log.Warn("configuration: " + w)
-		}
-		prot, err := newProtection(cfg.Protect, reg) // protect.go
-		if err != nil {
-			return fmt.Errorf("protect: %w", err)
-		}
-		h, err := proxy.New(proxy.Options{
-			Protect:             prot,
-			Upstream:            upstream,
-			Policies:            rl.Current,
-			Limiter:             st,
-			Backend:             cfg.Store.Backend,
-			OnError:             onError,
-			StoreTimeout:        cfg.Store.Timeout,
-			UpstreamTimeout:     cfg.UpstreamTimeout,
-			GRPCUpstreamTimeout: cfg.GRPCUpstreamTimeout,
-			UpstreamProtocol:    upProto,
-			UpgradeProtocols:    upgradeProtocols(cfg),
-			GRPCRoutes:          grpcRoutes(cfg, upProto),
-			GRPCIdleTimeout:     cfg.Server.GRPCIdleTimeout,
-			WriteStallTimeout:   cfg.Server.WriteStallTimeout,
-			Logger:              log,
-			AccessLog:           cfg.Log.Access,
-			Pseudonyms:          pseudonyms,
-			Metrics:             proxy.NewMetrics(reg),
-			Now:                 now, // nil: time.Now, and the store timer's start doubles as the instant
-			Console:             console,
-		})
-		if err != nil {
-			return fmt.Errorf("proxy: %w", err)
-		}
-		handler = h
-	}
-
-	if ctx.Err() != nil { // stopped while the store was being built
-		log.Info("shut down before serving")
-		return nil
-	}
-	lc := net.ListenConfig{}
-	var pl net.Listener // nil without a proxy
-	if proxyOn {
-		pl, err = lc.Listen(ctx, "tcp", cfg.Listen)
-		if err != nil {
-			if stopped(ctx, err) {
-				log.Info("shut down before serving")
-				return nil
-			}
-			return fmt.Errorf("listen: %w", err)
-		}
-	}
-	closeListeners := func(ls ...net.Listener) {
-		for _, l := range ls {
-			if l != nil {
-				_ = l.Close()
-			}
-		}
-	}
-	al, err := lc.Listen(ctx, "tcp", cfg.AdminListen)
-	if err != nil {
-		closeListeners(pl)
-		return fmt.Errorf("admin_listen: %w", err)
-	}
-	var tc *tlsConfigs
-	if cfg.TLS != nil {
-		tc = &tlsConfigs{material: func() *policy.TLSMaterial { return rl.Set().TLS() }}
-	}
-	var rlsSrv *rlsServer
-	if cfg.RLS != nil {
-		var rlsTLS *tls.Config
-		if tc != nil {
-			rlsTLS = tc.serverTLS() // the tls block's certificate, rotated on reload like the proxy's
-		}
-		rlsSrv, err = newRLS(ctx, cfg, rl, st, reg, log, now, rlsTLS, console)
-		if err != nil {
-			closeListeners(pl, al)
-			return err
-		}
-	}
-	conns, err := newConnTracker(reg)
-	if err != nil {
-		closeListeners(pl, al)
-		if rlsSrv != nil {
-			rlsSrv.srv.Stop()
-		}
-		return fmt.Errorf("register connection metrics: %w", err)
-	}
-	errLog, _ := zap.NewStdLogAt(log.Named("http"), zapcore.WarnLevel)
-	// net/http's own lines (connection, HTTP/2 and TLS handshake errors) name the client's
-	// address: they reach the log with pseudonyms instead.
-	errLog = proxy.ScrubLog(errLog, pseudonyms)
-	proxySrv := &http.Server{
-		Handler:           conns.wrap(handler),
-		ConnContext:       conns.connContext,
-		ConnState:         conns.connState,
-		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
-		ReadTimeout:       cfg.Server.ReadTimeout,
-		IdleTimeout:       cfg.Server.IdleTimeout,
-		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
-		ErrorLog:          errLog,
-		Protocols:         listenerProtocols(cfg.TLS != nil),
-		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: cfg.Server.MaxConcurrentStreams},
-	}
-	// Once shutdown begins the proxy port refuses new connections: /readyz says so, so that a
-	// load balancer still probing stops sending them here.
-	var draining atomic.Bool
-	ready := func(ctx context.Context) error {
-		if draining.Load() {
-			return errors.New("shutting down")
-		}
-		if clock != nil {
-			if err := clock.monitor.Ready(); err != nil {
-				return err // store.dynamodb.clock.max_offset
-			}
-		}
-		return st.Ready(ctx)
-	}
-	adminSrv := &http.Server{
-		Handler:           adminGuard(cfg, adminHandler(console, proxy.AdminHandler(reg, ready))),
-		ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog:          errLog,
-	}
-
-	if tc != nil {
-		proxySrv.TLSConfig = tc.serverTLS()
-	}
-
-	// Watching before serving (and so before /readyz or the log says ready): a change made once
-	// the gateway serves is never missed.
-	watcher, err := rl.StartWatch()
-	if err != nil {
-		log.Error("config watcher not started; SIGHUP still reloads", zap.Error(err))
-	}
-	errc := make(chan error, 3)
-	if proxyOn {
-		go func() { errc <- serve(proxySrv, pl) }()
-	}
-	go func() { errc <- serve(adminSrv, al) }()
-	if rlsSrv != nil {
-		go func() { errc <- rlsSrv.serve() }()
-	}
-	consoleCtx, stopConsole := context.WithCancel(ctx)
-	defer stopConsole()
-	go runConsole(consoleCtx, console)
-
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		if watcher != nil {
-			watcher.Run(watchCtx, hup)
-			return
-		}
-		for {
-			select {
-			case <-watchCtx.Done():
-				return
-			case <-hup:
-				_ = rl.Reload()
-			}
-		}
-	}()
-
-	fields := []zap.Field{zap.String("admin_listen", al.Addr().String())}
-	var proxyAddr net.Addr
-	if proxyOn {
-		proxyAddr = pl.Addr()
-		fields = append(fields, zap.String("listen", proxyAddr.String()), zap.String("upstream", upstream.Redacted()),
-			zap.Int("policies", len(rl.Set().Policies())))
-	}
-	if rlsSrv != nil {
-		fields = append(fields, zap.String("rls_listen", rlsSrv.l.Addr().String()), zap.Int("rls_rules", rl.Set().RLS().Len()),
-			zap.Strings("rls_domains", rl.Set().RLS().Domains()))
-	}
-	fields = append(fields,
-		zap.String("store", cfg.Store.Backend),
-		zap.Bool("tls", cfg.TLS != nil),
-		zap.Int("gogc", gcPercent),
-		zap.Int64("memory_limit_bytes", memLimit))
-	log.Info("ratelimit-proxy serving", fields...)
-	if o.Ready != nil {
-		o.Ready(proxyAddr, al.Addr())
-	}
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-		draining.Store(true)
-		if rlsSrv != nil {
-			rlsSrv.notServing() // the gRPC health service says so, as /readyz does
-		}
-		if d := cfg.Server.ShutdownDelay; d > 0 {
-			// Lame duck: /readyz says 503 while the proxy still serves, so that whoever routes
-			// to this replica stops before its listener closes and refuses connections.
-			log.Info("shutting down: /readyz answers 503; still serving for server.shutdown_delay", zap.Duration("shutdown_delay", d))
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case runErr = <-errc:
-				t.Stop()
-				log.Error("listener failed", zap.Error(runErr))
-			}
-		}
-		log.Info("shutting down: draining in-flight requests", zap.Duration("drain_timeout", cfg.Server.DrainTimeout))
-	case runErr = <-errc:
-		log.Error("listener failed", zap.Error(runErr))
-	}
-	draining.Store(true)
-	stopWatch()
-	<-watchDone
-
-	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.Server.DrainTimeout)
-	defer cancel()
-	// The proxy and the rate limit service drain first: the admin port keeps answering
-	// /metrics and /readyz while they do.
-	rlsDrained := make(chan struct{})
-	go func() {
-		defer close(rlsDrained)
-		if rlsSrv != nil {
-			rlsSrv.drain(drainCtx)
-		}
-	}()
-	if err := proxySrv.Shutdown(drainCtx); err != nil {
-		log.Warn("drain timeout reached; closing remaining connections", zap.Error(err))
-		_ = proxySrv.Close()
-	}
-	<-rlsDrained
-	// Leased capacity this replica did not spend goes back to the shared pool, so the other
-	// replicas can use it at once rather than after the leases' TTL.
-	closeCtx, cancelClose := context.WithTimeout(context.Background(), closeStoreTimeout)
-	if err := closeStore(closeCtx); err != nil {
-		log.Warn("giving leased capacity back", zap.Error(err))
-	}
-	cancelClose()
-	_ = adminSrv.Shutdown(drainCtx)
-	log.Info("stopped")
-	return runErr
+	running := g.serve(ctx, hup)
+	return g.drain(ctx, running)
 }
 
 // closeStoreTimeout bounds giving the store's leases back at shutdown.

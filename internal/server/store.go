@@ -29,130 +29,170 @@ const evictionsHelp = "Keys the in-memory store forgot, by kind: idle (state equ
 // enough for the first decisions of a busy pod not to queue behind new connections.
 const warmConns = 4
 
-// newStore builds the configured backend and wraps it in the circuit breaker and on_error
-// policy of package fallback (every backend, so that readiness and metrics have one shape).
-// Its Ready method is the /readyz probe. closeStore gives back what the backend holds for this
-// replica (the DynamoDB store's unspent leases) at shutdown. now is the host's clock (nil:
-// time.Now); decide is the clock decisions must use: now, or with the DynamoDB backend the clock
-// corrected by the offset measured against DynamoDB's (store.dynamodb.clock). clock is nil
-// unless the backend is DynamoDB.
-func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometheus.Registerer, log *zap.Logger, now func() time.Time, hooks Hooks) (
-	_ *fallback.Store, closeStore func(context.Context) error, decide func() time.Time, clock *storeClock, _ error,
-) {
+// backend is a store as its builder made it, before the fallback wraps it.
+type backend struct {
+	primary bucket.Store
+	// healthy says which of the store's errors are the store working as designed: they follow
+	// on_error but do not open the circuit.
+	healthy func(error) bool
+	close   func(context.Context) error // gives back what the store holds at shutdown (nil: nothing)
+	decide  func() time.Time            // the clock decisions use (nil: the host's)
+	clock   *storeClock                 // nil unless the backend measures the clock
+	probe   func(context.Context) error // the clock's exchange with the reference (with clock)
+	// fallback is primary wrapped in the circuit breaker and on_error rule; its Ready method
+	// is the /readyz probe.
+	fallback *fallback.Store
+}
+
+// newBackend builds the configured backend and wraps it in the circuit breaker and on_error
+// rule of package fallback (every backend, so that readiness and metrics have one shape).
+func (g *gateway) newBackend(ctx context.Context) (backend, error) {
 	var (
-		primary bucket.Store
-		healthy func(error) bool
+		b   backend
+		err error
 	)
-	decide = now
-	closeStore = func(context.Context) error { return nil }
-	switch cfg.Store.Backend {
+	switch g.cfg.Store.Backend {
 	case "memory":
-		m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
-		// Every pool has its share of the store before the first request (a pool first seen
-		// during a flood would find the shares divided among fewer), and again after each reload.
-		rl.OnSet(func(set *policy.Set) { m.SetPools(poolNames(set)...) })
-		err := errors.Join(
-			reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "ratelimit_memory_keys",
-				Help: "Keys tracked by the in-memory store.",
-			}, func() float64 { return float64(m.Len()) })),
-			// One series per kind of what the store forgot: idle keys (their state was a fresh
-			// key's: nobody gains) and least-used live keys evicted at store.max_keys (never a key
-			// at its limit).
-			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name:        "ratelimit_memory_evictions_total",
-				Help:        evictionsHelp,
-				ConstLabels: prometheus.Labels{"kind": "idle"},
-			}, func() float64 { return float64(m.Evictions().Idle) })),
-			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name:        "ratelimit_memory_evictions_total",
-				Help:        evictionsHelp,
-				ConstLabels: prometheus.Labels{"kind": "least_used"},
-			}, func() float64 { return float64(m.Evictions().LeastUsed) })),
-			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "ratelimit_memory_overflow_total",
-				Help: "Charges decided on a pool's overflow bucket (one per policy or RLS domain and limit, at that limit) because they needed a new key while the pool's share of store.max_keys was full of keys it could not evict.",
-			}, func() float64 { return float64(m.Overflowed()) })),
-			reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "ratelimit_memory_keys_refused_total",
-				Help: "Charges (one per enforced policy of a request) rejected because they needed a new key while their pool's share of store.max_keys was full and every overflow bucket was in use.",
-			}, func() float64 { return float64(m.Evictions().Refused) })),
-		)
-		if err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("register store metrics: %w", err)
-		}
-		primary = m
-		// The memory store fails only for a request whose client has gone (it decides even past
-		// the deadline), never because it is down: its circuit never opens, or one failure would
-		// skip the limits of every request for the backoff.
-		healthy = func(error) bool { return true }
+		b, err = g.memoryBackend()
 	case "dynamodb":
-		d := cfg.Store.DynamoDB // Validate guarantees it with a table
-		sctx, cancel := context.WithTimeout(ctx, StartupTimeout)
-		defer cancel()
-		var err error
-		if clock, err = newStoreClock(d.Clock, now, log, reg); err != nil {
-			return nil, nil, nil, nil, err
+		b, err = g.dynamoBackend(ctx)
+	default:
+		err = fmt.Errorf("store.backend %q: not available in this build", g.cfg.Store.Backend)
+	}
+	if err != nil {
+		return backend{}, err
+	}
+	if b.decide == nil {
+		b.decide = g.o.Now
+	}
+	b.fallback, err = g.wrapFallback(b)
+	if err != nil {
+		if b.close != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), closeStoreTimeout)
+			defer cancel()
+			_ = b.close(ctx)
 		}
-		decide = clock.decide
-		client, err := newDynamoClient(sctx, d, clock.local, clock.est.Observe)
-		if err != nil {
-			return nil, nil, nil, nil, err
+		return backend{}, err
+	}
+	if b.clock != nil {
+		// Started last: nothing before it can fail and leave it running.
+		b.clock.start(b.probe)
+	}
+	return b, nil
+}
+
+// memoryBackend is the in-memory store, with its metrics.
+func (g *gateway) memoryBackend() (backend, error) {
+	cfg, rl, reg := g.cfg, g.rl, g.reg
+	m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
+	// Every pool has its share of the store before the first request (a pool first seen
+	// during a flood would find the shares divided among fewer), and again after each reload.
+	rl.OnSet(func(set *policy.Set) { m.SetPools(poolNames(set)...) })
+	err := errors.Join(
+		reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_memory_keys",
+			Help: "Keys tracked by the in-memory store.",
+		}, func() float64 { return float64(m.Len()) })),
+		// One series per kind of what the store forgot: idle keys (their state was a fresh
+		// key's: nobody gains) and least-used live keys evicted at store.max_keys (never a key
+		// at its limit).
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "ratelimit_memory_evictions_total",
+			Help:        evictionsHelp,
+			ConstLabels: prometheus.Labels{"kind": "idle"},
+		}, func() float64 { return float64(m.Evictions().Idle) })),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "ratelimit_memory_evictions_total",
+			Help:        evictionsHelp,
+			ConstLabels: prometheus.Labels{"kind": "least_used"},
+		}, func() float64 { return float64(m.Evictions().LeastUsed) })),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimit_memory_overflow_total",
+			Help: "Charges decided on a pool's overflow bucket (one per policy or RLS domain and limit, at that limit) because they needed a new key while the pool's share of store.max_keys was full of keys it could not evict.",
+		}, func() float64 { return float64(m.Overflowed()) })),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimit_memory_keys_refused_total",
+			Help: "Charges (one per enforced policy of a request) rejected because they needed a new key while their pool's share of store.max_keys was full and every overflow bucket was in use.",
+		}, func() float64 { return float64(m.Evictions().Refused) })),
+	)
+	if err != nil {
+		return backend{}, fmt.Errorf("register store metrics: %w", err)
+	}
+	// The memory store fails only for a request whose client has gone (it decides even past
+	// the deadline), never because it is down: its circuit never opens, or one failure would
+	// skip the limits of every request for the backoff.
+	return backend{primary: m, healthy: func(error) bool { return true }}, nil
+}
+
+// dynamoBackend is the DynamoDB store, with the clock it measures against DynamoDB's.
+func (g *gateway) dynamoBackend(ctx context.Context) (backend, error) {
+	cfg, reg, log := g.cfg, g.reg, g.log
+	d := cfg.Store.DynamoDB // Validate guarantees it with a table
+	sctx, cancel := context.WithTimeout(ctx, StartupTimeout)
+	defer cancel()
+	clock, err := newStoreClock(d.Clock, g.o.Now, log, reg)
+	if err != nil {
+		return backend{}, err
+	}
+	client, err := newDynamoClient(sctx, d, clock.local, clock.est.Observe)
+	if err != nil {
+		return backend{}, err
+	}
+	if d.CreateTable {
+		if err := dynamo.CreateTable(sctx, client, d.Table); err != nil {
+			return backend{}, fmt.Errorf("store.dynamodb.create_table: %w", err)
 		}
-		if d.CreateTable {
-			if err := dynamo.CreateTable(sctx, client, d.Table); err != nil {
-				return nil, nil, nil, nil, fmt.Errorf("store.dynamodb.create_table: %w", err)
-			}
-			log.Info("dynamodb table ready", zap.String("table", d.Table))
+		log.Info("dynamodb table ready", zap.String("table", d.Table))
+	}
+	mode := dynamo.Refund
+	if d.Mode == "transaction" {
+		mode = dynamo.Transaction
+	}
+	ds := dynamo.New(g.o.Hooks.dynamoDB(client), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
+		SlotLease: d.SlotLease, Now: clock.decide,
+		// A coalesced charge may wait one store.timeout in its item's queue and then ride a
+		// batch whose deadline is another waiter's: a write can land up to about twice the
+		// timeout after its decision.
+		LateWrites: max(5*time.Second, 2*cfg.Store.Timeout)})
+	// Connections and credentials before the first decision, not during it (see Warm);
+	// a store that does not answer is no reason not to start: on_error decides meanwhile.
+	wctx, wcancel := context.WithTimeout(ctx, min(StartupTimeout, max(time.Second, 5*cfg.Store.Timeout)))
+	if err := ds.Warm(wctx, warmConns); err != nil {
+		var missing *types.ResourceNotFoundException
+		if errors.As(err, &missing) {
+			// It answered: no such table there. Say which, where, and how to make it.
+			log.Error(fmt.Sprintf("table %s not found in region %s; decisions follow store.on_error until it exists", d.Table, client.Options().Region),
+				zap.String("endpoint", d.Endpoint), zap.String("hint", "store.dynamodb.create_table: true, or ratelimit-proxy table create --config FILE"))
+		} else {
+			log.Warn("dynamodb did not answer at startup; decisions follow store.on_error until it does",
+				zap.String("table", d.Table), zap.Error(err))
 		}
-		mode := dynamo.Refund
-		if d.Mode == "transaction" {
-			mode = dynamo.Transaction
-		}
-		ds := dynamo.New(hooks.dynamoDB(client), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
-			SlotLease: d.SlotLease, Now: decide,
-			// A coalesced charge may wait one store.timeout in its item's queue and then ride a
-			// batch whose deadline is another waiter's: a write can land up to about twice the
-			// timeout after its decision.
-			LateWrites: max(5*time.Second, 2*cfg.Store.Timeout)})
-		primary = hooks.store(ds)
-		// Connections and credentials before the first decision, not during it (see Warm);
-		// a store that does not answer is no reason not to start: on_error decides meanwhile.
-		wctx, wcancel := context.WithTimeout(ctx, min(StartupTimeout, max(time.Second, 5*cfg.Store.Timeout)))
-		if err := ds.Warm(wctx, warmConns); err != nil {
-			var missing *types.ResourceNotFoundException
-			if errors.As(err, &missing) {
-				// It answered: no such table there. Say which, where, and how to make it.
-				log.Error(fmt.Sprintf("table %s not found in region %s; decisions follow store.on_error until it exists", d.Table, client.Options().Region),
-					zap.String("endpoint", d.Endpoint), zap.String("hint", "store.dynamodb.create_table: true, or ratelimit-proxy table create --config FILE"))
-			} else {
-				log.Warn("dynamodb did not answer at startup; decisions follow store.on_error until it does",
-					zap.String("table", d.Table), zap.Error(err))
-			}
-		}
-		wcancel()
-		closeStore = func(ctx context.Context) error {
+	}
+	wcancel()
+	return backend{
+		primary: g.o.Hooks.store(ds),
+		// Contention on one hot key, or DynamoDB throttling one, is the store working as
+		// designed, not an outage: the decision follows on_error, the breaker stays closed.
+		healthy: func(err error) bool {
+			return errors.Is(err, dynamo.ErrContention) || errors.Is(err, dynamo.ErrThrottled)
+		},
+		close: func(ctx context.Context) error {
 			err := ds.CloseLeases(ctx)
 			_ = ds.Close() // stop renewing concurrency slots: the drain released them
 			clock.stop()
 			return err
-		}
+		},
+		decide: clock.decide,
+		clock:  clock,
 		// The clock's probe is the warm-up read: one item never written, no rights beyond the
-		// decisions'. Started last: nothing below can fail and leave it running.
-		defer func() {
-			if clock != nil {
-				clock.start(func(ctx context.Context) error { return ds.Warm(ctx, 1) })
-			}
-		}()
-		// Contention on one hot key, or DynamoDB throttling one, is the store working as
-		// designed, not an outage: the decision follows on_error, the breaker stays closed.
-		healthy = func(err error) bool {
-			return errors.Is(err, dynamo.ErrContention) || errors.Is(err, dynamo.ErrThrottled)
-		}
-	default:
-		return nil, nil, nil, nil, fmt.Errorf("store.backend %q: not available in this build", cfg.Store.Backend)
-	}
+		// decisions'.
+		probe: func(ctx context.Context) error { return ds.Warm(ctx, 1) },
+	}, nil
+}
 
+// wrapFallback wraps b's store in the circuit breaker and the on_error rule.
+func (g *gateway) wrapFallback(b backend) (*fallback.Store, error) {
+	cfg, log := g.cfg, g.log
 	onError := fallback.Allow
 	switch cfg.Store.OnError {
 	case "deny":
@@ -160,7 +200,7 @@ func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometh
 	case "local":
 		onError = fallback.Local
 	}
-	fb, err := fallback.New(primary, fallback.Options{
+	return fallback.New(b.primary, fallback.Options{
 		OnError:  onError,
 		Replicas: cfg.Store.Replicas,
 		MaxKeys:  cfg.Store.MaxKeys,
@@ -169,7 +209,7 @@ func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometh
 		ProbeTimeout: max(cfg.Store.Timeout, fallback.DefaultProbeTimeout),
 		// ... and then judge the store by what decisions need.
 		DecisionTimeout: cfg.Store.Timeout,
-		Healthy:         healthy,
+		Healthy:         b.healthy,
 		OnStateChange: func(ok bool, err error) {
 			if ok {
 				log.Info("rate-limit store recovered; circuit closed", zap.String("store", cfg.Store.Backend))
@@ -178,13 +218,8 @@ func newStore(ctx context.Context, cfg *policy.Config, rl *Reloader, reg prometh
 			log.Warn("rate-limit store failing; circuit open, decisions follow store.on_error",
 				zap.String("store", cfg.Store.Backend), zap.String("on_error", cfg.Store.OnError), zap.Error(err))
 		},
-		Registerer: reg,
+		Registerer: g.reg,
 	})
-	if err != nil {
-		clock = nil // not started: the deferred start sees nil
-		return nil, nil, nil, nil, err
-	}
-	return fb, closeStore, decide, clock, nil
 }
 
 // NewDynamoClient builds the DynamoDB client for the store.dynamodb block from the standard AWS
