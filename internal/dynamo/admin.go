@@ -16,6 +16,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/lease"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // The operators' console on the shared store (package admin): Peek reads a key's items without
@@ -78,7 +80,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucke
 	case leased(c) && isGCRA(l):
 		r = bucket.Result{Limit: l.Burst}
 		for i, pk := range pks {
-			tat, _, _ := number(items[pk], attrTat)
+			tat, _, _ := schema.Number(items[pk], schema.Tat)
 			t, tau := bucket.ShardGCRA(l, len(pks), i)
 			r.Remaining += max(tau-max(tat-n, 0), 0) / t
 			r.Reset = max(r.Reset, time.Duration(max(tat-n, 0)))
@@ -91,7 +93,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucke
 	case leased(c):
 		r = bucket.Result{Limit: l.Count, Reset: time.Duration(fixedEnd(l, n) - n)}
 		for i, pk := range pks {
-			used, _, _ := number(items[pk], attrCount)
+			used, _, _ := schema.Number(items[pk], schema.Count)
 			r.Remaining += max(bucket.ShardCapacity(l.Count, len(pks), i)-used, 0)
 		}
 		r.Allowed = r.Remaining > 0
@@ -102,7 +104,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucke
 	}
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		tat, _, err := number(items[pks[0]], attrTat)
+		tat, _, err := schema.Number(items[pks[0]], schema.Tat)
 		if err != nil {
 			return bucket.Result{}, fmt.Errorf("dynamo: peek: %w", err)
 		}
@@ -112,7 +114,7 @@ func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucke
 		}
 		r.Reset = time.Duration(max(tat-n, 0))
 	case bucket.FixedWindow, bucket.Quota:
-		used, _, _ := number(items[pks[0]], attrCount)
+		used, _, _ := schema.Number(items[pks[0]], schema.Count)
 		r = fixedResult(l, used, n, 1)
 		if r.Allowed {
 			r.Remaining++
@@ -120,14 +122,14 @@ func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucke
 	case bucket.SlidingWindow:
 		var counts slotCounts
 		for i, pk := range pks {
-			counts[i], _, _ = number(items[pk], attrCount)
+			counts[i], _, _ = schema.Number(items[pk], schema.Count)
 		}
 		r = slidingResult(l, slotOf(l, n), &counts, n, 1)
 		if r.Allowed {
 			r.Remaining++
 		}
 	case bucket.Concurrency:
-		used, _, _ := number(items[pks[0]], attrCount)
+		used, _, _ := schema.Number(items[pks[0]], schema.Count)
 		_, r = bucket.Concurrent(used, l)
 		if r.Allowed {
 			r.Remaining++
@@ -147,18 +149,13 @@ func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucke
 func peekItems(c bucket.Charge, n int64) []string {
 	key, l := c.Key.String(), c.Limit
 	if leased(c) {
-		p := &pool{base: key, gcra: l.Algorithm == bucket.TokenBucket, key: leaseKey{key: c.Key, limit: l, lease: c.Lease}}
-		pks := make([]string, max(c.Lease.Shards, 1))
-		for i := range pks {
-			pks[i] = p.itemKey(i, n)
-		}
-		return pks
+		return lease.Items(c, n)
 	}
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		return []string{key + "#g"}
+		return []string{schema.BucketKey(key)}
 	case bucket.FixedWindow:
-		return []string{key + "#w" + strconv.FormatInt(fixedEnd(l, n)-int64(l.Window), 10)}
+		return []string{schema.WindowKey(key, fixedEnd(l, n)-int64(l.Window))}
 	case bucket.Quota:
 		return []string{quotaItem(key, l, n)}
 	case bucket.SlidingWindow:
@@ -191,7 +188,7 @@ func (s *Store) Reset(ctx context.Context, now time.Time, c bucket.Charge) error
 		}
 	}
 	hexKey := c.Key.String()
-	if err := s.putMapEntry(ctx, resetsItem, attrResets, hexKey, num(n), n); err != nil {
+	if err := s.putMapEntry(ctx, resetsItem, attrResets, hexKey, schema.Num(n), n); err != nil {
 		return fmt.Errorf("dynamo: reset %s: %w", c.Key, err)
 	}
 	s.forgetKey(c.Key)
@@ -211,7 +208,7 @@ func (s *Store) emptyItem(ctx context.Context, pk string, c bucket.Charge) error
 	case strings.Contains(pk, "#g"):
 		// lv too: a lease give-back lands only while lv holds its own lease write's marker, so
 		// one in flight at the reset gives nothing to the emptied bucket.
-		u = update{expr: "REMOVE #tat, #lv", names: map[string]string{"#tat": attrTat, "#lv": attrLeaseWrite}}
+		u = update{expr: "REMOVE #tat, #lv", names: map[string]string{"#tat": schema.Tat, "#lv": schema.LeaseWrite}}
 		for i := 1; i <= chainLen; i++ {
 			w, cc := "#w"+strconv.Itoa(i), "#c"+strconv.Itoa(i)
 			u.expr += ", " + w + ", " + cc
@@ -220,8 +217,8 @@ func (s *Store) emptyItem(ctx context.Context, pk string, c bucket.Charge) error
 	case c.Limit.Algorithm == bucket.Concurrency:
 		return s.emptySlots(ctx, pk)
 	default: // a counter: fixed window, quota, sliding-window slot, leased window shard
-		u = update{expr: "SET #count = :zero", names: map[string]string{"#count": attrCount},
-			values: map[string]types.AttributeValue{":zero": num(0)}}
+		u = update{expr: "SET #count = :zero", names: map[string]string{"#count": schema.Count},
+			values: map[string]types.AttributeValue{":zero": schema.Num(0)}}
 	}
 	_, err := s.updateItem(ctx, opAdmin, pk, u, types.ReturnValueNone)
 	return err
@@ -286,8 +283,8 @@ func (s *Store) emptySlots(ctx context.Context, pk string) error {
 // while every one of them is still there.
 func removeSlots(names []string) update {
 	u := update{
-		names:  map[string]string{"#count": attrCount},
-		values: map[string]types.AttributeValue{":minus": num(-int64(len(names)))},
+		names:  map[string]string{"#count": schema.Count},
+		values: map[string]types.AttributeValue{":minus": schema.Num(-int64(len(names)))},
 	}
 	remove, cond := make([]string, len(names)), make([]string, len(names))
 	for i, name := range names {
@@ -321,8 +318,8 @@ const opAdmin = "admin"
 // item has none.
 func (s *Store) putMapEntry(ctx context.Context, pk, attr, name string, v types.AttributeValue, n int64) error {
 	u := update{expr: "SET #m.#k = :v, #ttl = :ttl", cond: "attribute_exists(#m)",
-		names:  map[string]string{"#m": attr, "#k": name, "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":v": v, ":ttl": ttlAt(n + int64(resetMemory))}}
+		names:  map[string]string{"#m": attr, "#k": name, "#ttl": schema.TTL},
+		values: map[string]types.AttributeValue{":v": v, ":ttl": schema.TTLAt(n + int64(resetMemory))}}
 	_, err := s.updateItem(ctx, opAdmin, pk, u, types.ReturnValueNone)
 	var cf *types.ConditionalCheckFailedException
 	if !errors.As(err, &cf) {
@@ -330,9 +327,9 @@ func (s *Store) putMapEntry(ctx context.Context, pk, attr, name string, v types.
 	}
 	// No map yet: create it with the entry, unless another replica just did.
 	u = update{expr: "SET #m = :m, #ttl = :ttl", cond: "attribute_not_exists(#m)",
-		names: map[string]string{"#m": attr, "#ttl": attrTTL},
+		names: map[string]string{"#m": attr, "#ttl": schema.TTL},
 		values: map[string]types.AttributeValue{":m": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{name: v}},
-			":ttl": ttlAt(n + int64(resetMemory))}}
+			":ttl": schema.TTLAt(n + int64(resetMemory))}}
 	_, err = s.updateItem(ctx, opAdmin, pk, u, types.ReturnValueNone)
 	if errors.As(err, &cf) {
 		return s.putMapEntry(ctx, pk, attr, name, v, n)
@@ -385,23 +382,7 @@ func (s *Store) forgetKey(key bucket.Key) {
 		}
 	}
 	s.slots.mu.Unlock()
-	s.ls.mu.Lock()
-	var pools []*pool
-	for lk, p := range s.ls.pools {
-		if lk.key == key {
-			pools = append(pools, p)
-		}
-	}
-	s.ls.mu.Unlock()
-	for _, p := range pools {
-		p.mu.Lock()
-		p.emptyUntil, p.resetAt, p.fails = 0, 0, 0
-		for i := range p.shards {
-			sh := &p.shards[i]
-			sh.emptyUntil, sh.tat, sh.used, sh.usedIn, sh.empty = 0, 0, 0, 0, false
-		}
-		p.mu.Unlock()
-	}
+	s.ls.Forget(key)
 }
 
 // Exemptions on the table. Each exemption is an item of its own, `ratelimit-proxy#exemption#<id>`
@@ -435,18 +416,18 @@ func (s *Store) PutExemption(ctx context.Context, id string, data []byte, expire
 	exp := expires.UnixNano()
 	// The exemption's own item first: an index entry always has its item, and an item whose
 	// index entry was refused (full) costs nothing and goes at its ttl. Re-sending it is harmless.
-	u := update{expr: "SET #d = :d, #ttl = :ttl", names: map[string]string{"#d": attrData, "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":d": &types.AttributeValueMemberS{Value: string(data)}, ":ttl": ttlAt(exp)}}
+	u := update{expr: "SET #d = :d, #ttl = :ttl", names: map[string]string{"#d": attrData, "#ttl": schema.TTL},
+		values: map[string]types.AttributeValue{":d": &types.AttributeValueMemberS{Value: string(data)}, ":ttl": schema.TTLAt(exp)}}
 	if _, err := s.updateItem(ctx, opAdmin, exemptionPrefix+id, u, types.ReturnValueNone); err != nil {
 		return false, fmt.Errorf("dynamo: exemption %s: %w", id, err)
 	}
-	names := map[string]string{"#i": attrIndex, "#k": id, "#ttl": attrTTL}
+	names := map[string]string{"#i": attrIndex, "#k": id, "#ttl": schema.TTL}
 	add := update{expr: "SET #i.#k = :x REMOVE #ttl", names: names,
 		cond:   "attribute_exists(#i) AND size(#i) < :max AND attribute_not_exists(#i.#k)",
-		values: map[string]types.AttributeValue{":x": num(exp), ":max": num(int64(most))}}
+		values: map[string]types.AttributeValue{":x": schema.Num(exp), ":max": schema.Num(int64(most))}}
 	create := update{expr: "SET #i = :m REMOVE #ttl", cond: "attribute_not_exists(#i)",
-		names:  map[string]string{"#i": attrIndex, "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":m": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{id: num(exp)}}}}
+		names:  map[string]string{"#i": attrIndex, "#ttl": schema.TTL},
+		values: map[string]types.AttributeValue{":m": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{id: schema.Num(exp)}}}}
 	for range maxRounds {
 		_, err := s.updateItem(ctx, opAdmin, exemptionsItem, add, types.ReturnValueNone)
 		var ccf *types.ConditionalCheckFailedException
@@ -522,7 +503,7 @@ func (s *Store) DeleteExemption(ctx context.Context, id string) (found bool, err
 		m, _ := out.Attributes[attrIndex].(*types.AttributeValueMemberM)
 		var exp int64
 		if m != nil {
-			exp, _, _ = number(m.Value, id)
+			exp, _, _ = schema.Number(m.Value, id)
 		}
 		return exp > s.now().UnixNano(), nil
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // maxBatch caps the charges of one weighted write, so that its arithmetic and the time a waiter
@@ -318,7 +319,7 @@ func (s *Store) runBatch(b *batch) {
 			fail(fmt.Errorf("dynamo: update %s: %w", b.pk, ErrContention))
 			break
 		}
-		wid := newMarker()
+		wid := schema.NewMarker()
 		// Sent once (noRetry): re-sent after a lost answer, the batch would be counted twice.
 		out, err := s.updateItem(b.ctx, opUpdate, b.pk, b.write(st, m, wid), types.ReturnValueAllNew, noRetry)
 		var ccf *types.ConditionalCheckFailedException
@@ -383,11 +384,11 @@ func (b *batch) unit() int64 {
 
 // state reads the item's value from a write's returned attributes (nil: the item is absent).
 func (b *batch) state(item map[string]types.AttributeValue) (itemState, error) {
-	name := attrCount
+	name := schema.Count
 	if isGCRA(b.l) {
-		name = attrTat
+		name = schema.Tat
 	}
-	v, ok, err := number(item, name)
+	v, ok, err := schema.Number(item, name)
 	_, sealed := item[attrSealed]
 	return itemState{v: v, present: ok, sealed: sealed}, err
 }
@@ -431,9 +432,9 @@ func (b *batch) write(st itemState, m int, wid uint64) update {
 		idle := (!st.present || st.v < b.n) && k <= b.tau/b.t
 		return gcraWrite(b.n, b.t, b.tau, k, !idle, wid)
 	case bucket.FixedWindow, bucket.Quota:
-		return countWrite(b.avail, k, ttlAt(fixedEnd(b.l, b.n)), false)
+		return countWrite(b.avail, k, schema.TTLAt(fixedEnd(b.l, b.n)), false)
 	default: // SlidingWindow
-		return countWrite(b.avail, k, ttlAt(leaves(b.l, b.cur)), true)
+		return countWrite(b.avail, k, schema.TTLAt(leaves(b.l, b.cur)), true)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // Concurrency limits: slots as leases.
@@ -130,9 +131,9 @@ func (s *Store) slotWrite(o *op, n int64) update {
 		expr: "ADD #count :one SET #l = :exp, #ttl = :ttl",
 		// Idempotent: a re-sent take that landed before finds its own slot and fails.
 		cond:  "(attribute_not_exists(#count) OR #count < :limit) AND attribute_not_exists(#l)",
-		names: map[string]string{"#count": attrCount, "#l": slotAttr(o.slot), "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":one": num(1), ":exp": num(exp), ":ttl": ttlAt(exp),
-			":limit": num(o.c.Limit.Count)},
+		names: map[string]string{"#count": schema.Count, "#l": slotAttr(o.slot), "#ttl": schema.TTL},
+		values: map[string]types.AttributeValue{":one": schema.Num(1), ":exp": schema.Num(exp), ":ttl": schema.TTLAt(exp),
+			":limit": schema.Num(o.c.Limit.Count)},
 	}
 }
 
@@ -141,8 +142,8 @@ func slotRelease(id uint64) update {
 	return update{
 		expr:   "ADD #count :minus REMOVE #l",
 		cond:   "attribute_exists(#l)",
-		names:  map[string]string{"#count": attrCount, "#l": slotAttr(id)},
-		values: map[string]types.AttributeValue{":minus": num(-1)},
+		names:  map[string]string{"#count": schema.Count, "#l": slotAttr(id)},
+		values: map[string]types.AttributeValue{":minus": schema.Num(-1)},
 	}
 }
 
@@ -188,7 +189,7 @@ func (s *Store) takeSlots(ctx context.Context, ops []op, n int64) (admitted, dec
 
 // tookSlot decides o from the item its slot take left (the count includes o's own slot).
 func (o *op) tookSlot(item map[string]types.AttributeValue) {
-	c, _, err := number(item, attrCount)
+	c, _, err := schema.Number(item, schema.Count)
 	if err != nil {
 		o.err = fmt.Errorf("dynamo: update %s: %w", o.pk, err)
 		return
@@ -219,7 +220,7 @@ func (s *Store) applySlot(ctx context.Context, o *op, n int64) {
 				return
 			}
 			if !reaped {
-				c, _, _ := number(ccf.Item, attrCount)
+				c, _, _ := schema.Number(ccf.Item, schema.Count)
 				o.done = true
 				_, o.result = bucket.Concurrent(max(c, o.c.Limit.Count), o.c.Limit)
 				return
@@ -265,14 +266,14 @@ func (s *Store) reap(ctx context.Context, pk string, item map[string]types.Attri
 	sort.Slice(expired, func(i, j int) bool { return expired[i].exp < expired[j].exp })
 	expired = expired[:min(len(expired), maxReap)]
 	u := update{
-		names:  map[string]string{"#count": attrCount},
-		values: map[string]types.AttributeValue{":minus": num(-int64(len(expired)))},
+		names:  map[string]string{"#count": schema.Count},
+		values: map[string]types.AttributeValue{":minus": schema.Num(-int64(len(expired)))},
 	}
 	var remove, cond []string
 	for i, sl := range expired {
 		nk, vk := "#l"+strconv.Itoa(i), ":e"+strconv.Itoa(i)
 		u.names[nk] = sl.name
-		u.values[vk] = num(sl.exp)
+		u.values[vk] = schema.Num(sl.exp)
 		remove = append(remove, nk)
 		cond = append(cond, nk+" = "+vk)
 	}
@@ -345,8 +346,8 @@ func (s *Store) RenewLeases(ctx context.Context, now time.Time) error {
 // its own and the gone ones are forgotten.
 func (s *Store) renew(ctx context.Context, pk string, ids []uint64, exp int64) error {
 	u := update{
-		names:  map[string]string{"#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":exp": num(exp), ":ttl": ttlAt(exp)},
+		names:  map[string]string{"#ttl": schema.TTL},
+		values: map[string]types.AttributeValue{":exp": schema.Num(exp), ":ttl": schema.TTLAt(exp)},
 	}
 	set, cond := []string{"#ttl = :ttl"}, make([]string, 0, len(ids))
 	for i, id := range ids {

@@ -10,29 +10,19 @@ func SetLiveness(s *Store, grace time.Duration, now func() time.Time) {
 
 // SetLeaseShift makes every token-bucket renewal of s place its first unit d past its instant,
 // whatever the store's wall-clock round trip, for tests on simulated time.
-func SetLeaseShift(s *Store, d time.Duration) { s.ls.forceShift, s.ls.forced = int64(d), true }
+func SetLeaseShift(s *Store, d time.Duration) { s.ls.SetShift(d) }
 
 // SetLeaseSlow makes every pool of s take rtt and dev as its store's round trip and its mean
 // deviation, whatever it measures, and treat the store as slow (several renewals in flight,
 // renewals placed ahead, edge drains): the slow-store paths on simulated time.
-func SetLeaseSlow(s *Store, rtt, dev time.Duration) {
-	s.ls.slowRTT, s.ls.slowDev, s.ls.slowForced = int64(rtt), int64(dev), true
-}
+func SetLeaseSlow(s *Store, rtt, dev time.Duration) { s.ls.SetSlow(rtt, dev) }
 
 // Settle waits until none of s's pools has a renewal in flight: a test that counts the store's
 // writes, or needs a pool's units to stay as they are, must not race the background renewal a
 // spent unit may have started (prefetch).
 func Settle(s *Store) {
 	for {
-		var done []chan struct{}
-		// ls.mu is not held while taking p.mu: a renewal's start takes them in the other order.
-		for _, p := range s.ls.list() {
-			p.mu.Lock()
-			for _, r := range p.inflight {
-				done = append(done, r.done)
-			}
-			p.mu.Unlock()
-		}
+		done := s.ls.InFlight()
 		if len(done) == 0 {
 			return
 		}
@@ -44,12 +34,4 @@ func Settle(s *Store) {
 
 // LeaseRenewals is the renewals of s's pools in flight now, as the pools count them: a test
 // that watches their calls at a gated store waits until every one of them has reached it.
-func LeaseRenewals(s *Store) int {
-	n := 0
-	for _, p := range s.ls.list() {
-		p.mu.Lock()
-		n += len(p.inflight)
-		p.mu.Unlock()
-	}
-	return n
-}
+func LeaseRenewals(s *Store) int { return len(s.ls.InFlight()) }

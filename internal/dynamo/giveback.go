@@ -12,6 +12,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"go.uber.org/zap"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // Give-backs: what goes back when a group is rejected (refund.go), when a charge_on answer
@@ -58,11 +60,11 @@ func gcraRefund(d, g int64, pos int, wid, gid uint64) update {
 	u := update{
 		expr:   "SET #tat = #tat - :t, #wp = :gid",
 		cond:   "#wp = :w",
-		names:  map[string]string{"#tat": attrTat, "#wp": chainW(pos)},
-		values: map[string]types.AttributeValue{":t": num(g), ":w": unum(wid), ":gid": unum(gid)},
+		names:  map[string]string{"#tat": schema.Tat, "#wp": chainW(pos)},
+		values: map[string]types.AttributeValue{":t": schema.Num(g), ":w": schema.Unum(wid), ":gid": schema.Unum(gid)},
 	}
 	if pos > 1 {
-		u.values[":d"] = num(d)
+		u.values[":d"] = schema.Num(d)
 	}
 	for i := 1; i < pos; i++ {
 		c := "#" + chainC(i)
@@ -78,10 +80,10 @@ func gcraRefund(d, g int64, pos int, wid, gid uint64) update {
 func refundable(item map[string]types.AttributeValue, wid uint64, d int64) (pos int, g int64, ok bool) {
 	g = d
 	for i := 1; i <= chainLen; i++ {
-		if w, _, err := number(item, chainW(i)); err == nil && w != 0 && uint64(w) == wid {
+		if w, _, err := schema.Number(item, chainW(i)); err == nil && w != 0 && uint64(w) == wid {
 			return i, g, g > 0
 		}
-		c, present, err := number(item, chainC(i))
+		c, present, err := schema.Number(item, chainC(i))
 		if err != nil || !present {
 			return 0, 0, false
 		}
@@ -96,7 +98,7 @@ func refundable(item map[string]types.AttributeValue, wid uint64, d int64) (pos 
 // (ours, and the SDK's copies of them) carries the same id, which a landed attempt leaves in
 // the chain in place of wid; an attempt that finds wid no longer in the chain can never land.
 func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid uint64) bool {
-	gid := newMarker()
+	gid := schema.NewMarker()
 	pos, g := 1, d
 	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
 		for round := 0; round < maxRounds; round++ {
@@ -146,19 +148,19 @@ const giveBackIDs = 64
 // id gid: it adds gid to g, or (reset) starts epoch e+1 with g = {gid} when g is full.
 func countRefund(c int64, cond string, gid uint64, e int64, reset bool) update {
 	u := update{
-		names: map[string]string{"#count": attrCount, "#g": attrGiven, "#e": attrEpoch},
+		names: map[string]string{"#count": schema.Count, "#g": attrGiven, "#e": attrEpoch},
 		values: map[string]types.AttributeValue{
-			":minus": num(-c), ":gid": unum(gid), ":k": num(giveBackIDs),
+			":minus": schema.Num(-c), ":gid": schema.Unum(gid), ":k": schema.Num(giveBackIDs),
 			":gs": &types.AttributeValueMemberNS{Value: []string{strconv.FormatUint(gid, 10)}},
 		},
 	}
 	if strings.Contains(cond, ":n") {
-		u.values[":n"] = num(c)
+		u.values[":n"] = schema.Num(c)
 	}
 	epoch := "attribute_not_exists(#e)"
 	if e != 0 {
 		epoch = "#e = :e"
-		u.values[":e"] = num(e)
+		u.values[":e"] = schema.Num(e)
 	}
 	u.cond = "(" + cond + ") AND " + epoch
 	if !reset {
@@ -167,7 +169,7 @@ func countRefund(c int64, cond string, gid uint64, e int64, reset bool) update {
 		return u
 	}
 	u.expr = "ADD #count :minus SET #g = :gs, #e = :next"
-	u.values[":next"] = num(e + 1)
+	u.values[":next"] = schema.Num(e + 1)
 	u.cond += " AND size(#g) >= :k AND NOT contains(#g, :gid)"
 	return u
 }
@@ -196,7 +198,7 @@ type countGive struct {
 
 func (s *Store) newCountGive(op, pk string, c int64, cond string) *countGive {
 	e, _ := s.epochs.get(pk, 0)
-	return &countGive{s: s, op: op, pk: pk, c: c, cond: cond, gid: newMarker(), e: e}
+	return &countGive{s: s, op: op, pk: pk, c: c, cond: cond, gid: schema.NewMarker(), e: e}
 }
 
 // attempt sends the give-back until its outcome is known: done with landed when it applied,
@@ -227,7 +229,7 @@ func (g *countGive) attempt(ctx context.Context) (done, landed bool, err error) 
 		if ids != nil && slices.Contains(ids.Value, strconv.FormatUint(g.gid, 10)) {
 			return true, true, nil // an earlier attempt landed
 		}
-		ie, _, _ := number(ccf.Item, attrEpoch)
+		ie, _, _ := schema.Number(ccf.Item, attrEpoch)
 		s.epochs.put(g.pk, ie, math.MaxInt64, 0)
 		switch {
 		case ie != g.e && g.unsure:

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -57,38 +56,6 @@ func (s *Store) readItems(ctx context.Context, pks []string) (map[string]map[str
 		}
 	}
 	return out, nil
-}
-
-// number returns the numeric attribute name of item, and whether it is there.
-func number(item map[string]types.AttributeValue, name string) (int64, bool, error) {
-	av, ok := item[name]
-	if !ok {
-		return 0, false, nil
-	}
-	nv, ok := av.(*types.AttributeValueMemberN)
-	if !ok {
-		return 0, false, fmt.Errorf("attribute %s is %T, want a number", name, av)
-	}
-	v, err := strconv.ParseInt(nv.Value, 10, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("attribute %s: %w", name, err)
-	}
-	return v, true, nil
-}
-
-func num(v int64) types.AttributeValue {
-	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
-}
-
-// unum is a marker's attribute value.
-func unum(v uint64) types.AttributeValue {
-	return &types.AttributeValueMemberN{Value: strconv.FormatUint(v, 10)}
-}
-
-// ttlAt is the ttl attribute for an item that can affect decisions until instant ns.
-func ttlAt(ns int64) types.AttributeValue {
-	sec := (ns + int64(time.Second) - 1) / int64(time.Second)
-	return num(sec + int64(ttlMargin/time.Second))
 }
 
 // update is one conditional write, in the parts UpdateItem and TransactWriteItems share.
@@ -226,4 +193,16 @@ func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err 
 	// Give up while there is still time to say why: a decision that ends on its deadline
 	// reads as a store timeout (an outage, to the circuit breaker) rather than as throttling.
 	return backoff(ctx, attempt, took)
+}
+
+// sleepCtx waits d, or until ctx ends: false then.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -25,7 +25,7 @@ type liveAPI struct {
 	// has been waiting since.
 	asked atomic.Int64
 	// rtt is the smoothed time the service took to answer (ns), over every call: a new lease
-	// pool starts from it (see pool.shift).
+	// pool starts from it (see lease.Table.RTT).
 	rtt   atomic.Int64
 	grace time.Duration
 	now   func() time.Time // wall clock, whatever the decisions' instants

@@ -21,35 +21,17 @@ const (
 	opLeaseRefund = "lease_refund"
 )
 
-// The result label's values of ratelimit_dynamodb_leases_total.
-const (
-	leaseGranted = "granted" // a lease write took units
-	leaseEmpty   = "empty"   // every shard was empty
-	leaseError   = "error"   // the write failed (the waiting requests follow on_error)
-)
-
-// The outcome label's values of ratelimit_dynamodb_lease_units_total.
-const (
-	unitsLeased   = "leased"   // taken from the table by lease writes
-	unitsSpent    = "spent"    // admitted requests
-	unitsRefunded = "refunded" // given back to the table unspent
-	unitsExpired  = "expired"  // unspent and not given back: capacity the pool lost
-	// unitsUnanswered is not part of leased: the units a lease write asked for whose answer
-	// never came (a lost connection, a timeout). It may have taken them; held by no one, they
-	// come back as their places pass (token bucket) or when the window ends.
-	unitsUnanswered = "unanswered"
-)
-
 type metrics struct {
 	requests, errors *prometheus.CounterVec
 	denyHits         prometheus.Counter
 	batchCharges     prometheus.Histogram
 	reaped           prometheus.Counter
-	leases           *prometheus.CounterVec
-	leaseLocal       prometheus.Histogram
-	leaseUnits       *prometheus.CounterVec
-	leaseHeld        prometheus.Gauge
 	throttled        *prometheus.CounterVec
+	// The lease pools' (lease.Metrics), which create their label values.
+	leases     *prometheus.CounterVec
+	leaseLocal prometheus.Histogram
+	leaseUnits *prometheus.CounterVec
+	leaseHeld  prometheus.Gauge
 	// giveBackFailed counts non-lease give-backs that did not land after every attempt.
 	giveBackFailed *prometheus.CounterVec
 }
@@ -112,12 +94,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.giveBackFailed.WithLabelValues(opRefund)
 	m.giveBackFailed.WithLabelValues(opRelease)
-	for _, r := range []string{leaseGranted, leaseEmpty, leaseError} {
-		m.leases.WithLabelValues(r)
-	}
-	for _, o := range []string{unitsLeased, unitsSpent, unitsRefunded, unitsExpired, unitsUnanswered} {
-		m.leaseUnits.WithLabelValues(o)
-	}
 	if reg != nil {
 		m.requests = register(reg, m.requests)
 		m.errors = register(reg, m.errors)

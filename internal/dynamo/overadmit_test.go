@@ -78,7 +78,7 @@ func (f *memAPI) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, _
 	defer f.mu.Unlock()
 	f.calls++
 	item := f.items[pk]
-	// A write to a leased token bucket's shard leaves its marker in lv (see refundGrant).
+	// A write to a leased token bucket's shard leaves its marker in lv (see lease/giveback.go).
 	if e, found := strings.CutSuffix(expr, ", #lv = :lv"); found {
 		expr = e
 		defer func() {

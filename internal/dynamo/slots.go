@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // Sliding-window slots: a closed slot's count is learnt once per Store, sealed while writes
@@ -49,7 +50,7 @@ func (s *Store) loadClosedSlots(ctx context.Context, ops []op, n int64) error {
 			}
 			seen[pk] = true
 			if (slot+1)*w > n-s.lateWrites { // closed less than lateWrites ago
-				seals = append(seals, seal{pk: pk, ttl: ttlAt(leaves(o.c.Limit, slot))})
+				seals = append(seals, seal{pk: pk, ttl: schema.TTLAt(leaves(o.c.Limit, slot))})
 			} else {
 				pks = append(pks, pk)
 			}
@@ -83,7 +84,7 @@ func (s *Store) loadClosedSlots(ctx context.Context, ops []op, n int64) error {
 		}
 	}
 	for _, m := range misses {
-		v, _, err := number(items[m.pk], attrCount)
+		v, _, err := schema.Number(items[m.pk], schema.Count)
 		if err != nil {
 			return fmt.Errorf("dynamo: read %s: %w", m.pk, err)
 		}
@@ -113,7 +114,7 @@ func (s *Store) sealSlots(ctx context.Context, seals []seal) {
 	one := func(sl *seal) {
 		out, err := s.updateItem(ctx, opSeal, sl.pk, update{
 			expr:   "SET #sealed = :true, #ttl = if_not_exists(#ttl, :ttl)",
-			names:  map[string]string{"#sealed": attrSealed, "#ttl": attrTTL},
+			names:  map[string]string{"#sealed": attrSealed, "#ttl": schema.TTL},
 			values: map[string]types.AttributeValue{":true": &types.AttributeValueMemberBOOL{Value: true}, ":ttl": sl.ttl},
 		}, types.ReturnValueAllNew)
 		if err != nil {

@@ -14,26 +14,21 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/lease"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // Attribute names. count and ttl are DynamoDB reserved words, so expressions name every
 // attribute through ExpressionAttributeNames.
 const (
-	attrPK    = "pk"
-	attrTat   = "tat"
-	attrCount = "count"
-	attrTTL   = "ttl"
-	// attrLeaseWrite is the marker of the last write to a leased token bucket's shard: a
-	// random id per lease write, and a give-back's own id (see refundGrant).
-	attrLeaseWrite = "lv"
+	// The attributes the lease pools write too are package schema's (schema.Tat, schema.Count,
+	// schema.TTL, schema.LeaseWrite).
+	attrPK = "pk"
 	// A GCRA item also keeps the chain of its last charge writes, w1..wN and c1..cN (chainW,
 	// chainC): what a give-back needs to be exact (see refund.go).
 	// attrSealed marks a closed sliding-window slot whose count is final (see sealSlots).
 	attrSealed = "sealed"
 )
-
-// ttlMargin is how long an item is kept after it can no longer affect a decision.
-const ttlMargin = time.Hour
 
 // maxRounds bounds the rounds of one decision's conditional writes (a GCRA form switch, a
 // transaction conflict, a batch learning how many of its charges fit); the context deadline
@@ -124,7 +119,7 @@ type Store struct {
 	hints *boundedCache[bucket.Key, int64]  // GCRA keys whose tat is in the future: try form (b) first
 	slots *boundedCache[slotKey, int64]     // closed sliding-window slot counts
 	co    coalescer                         // Refund mode: one write in flight per item
-	ls    *leasePools                       // leased charges' pools
+	ls    *lease.Pools                      // leased charges' pools
 	m     *metrics
 	// lateWrites is Options.LateWrites in ns.
 	lateWrites int64
@@ -195,14 +190,21 @@ func New(api API, o Options) *Store {
 	if o.DenyCache {
 		s.deny = newBoundedCache[bucket.Key, denial](size)
 	}
-	s.ls = newLeasePools(s, o.Now)
+	s.ls = lease.NewPools(lease.Config{
+		Table: leaseTable{s},
+		Metrics: lease.Metrics{
+			Renewals: s.m.leases, Local: s.m.leaseLocal, Units: s.m.leaseUnits, Held: s.m.leaseHeld,
+		},
+		Throttled: ErrThrottled,
+		Now:       o.Now,
+	})
 	return s
 }
 
 // CloseLeases gives the unspent units of every capacity lease back to the table and stops the
 // lease sweeper, within ctx. Leased charges fail after it; others are unaffected. A Store that
 // never leased has nothing to give back. (Close, for concurrency slots, is another matter.)
-func (s *Store) CloseLeases(ctx context.Context) error { return s.ls.close(ctx) }
+func (s *Store) CloseLeases(ctx context.Context) error { return s.ls.Close(ctx) }
 
 // warmKey is the item Warm reads: no decision ever writes it.
 const warmKey = "ratelimit-proxy#warm"
@@ -248,7 +250,7 @@ func (s *Store) TakeLocal(now time.Time, charges []bucket.Charge, results []buck
 		case denied:
 			o.result = bucket.Result{Allowed: true, Limit: limitValue(o.c.Limit)} // not reached
 			continue
-		case leased(o.c) && s.ls.takeLocal(o, n):
+		case leased(o.c) && s.takeLocalLease(o, n):
 		default:
 			r, ok := s.cachedDenial(o.c, n)
 			if !ok {
@@ -268,6 +270,16 @@ func (s *Store) TakeLocal(now time.Time, charges []bucket.Charge, results []buck
 		results[i] = ops[i].result
 	}
 	return !denied, true
+}
+
+// takeLocalLease decides leased charge o from its pool's grants alone (see lease.TakeLocal):
+// false when that needs a call.
+func (s *Store) takeLocalLease(o *op, n int64) bool {
+	spent, r, ok := s.ls.TakeLocal(o.c, n)
+	if ok {
+		o.lease, o.result, o.done, o.pooled = spent, r, true, true
+	}
+	return ok
 }
 
 // leased reports whether c is served from leases.
@@ -299,11 +311,10 @@ type op struct {
 	result    bucket.Result
 	err       error
 
-	// Lease mode: the pool that decided the charge and, when it spent a unit, the unit's grant
-	// and instant (to give it back if the group is rejected).
-	pool    *pool
-	spent   []taken
-	spentAt int64
+	// Lease mode: pooled when its pool decided the charge, and what it spent there (given
+	// back if the group is rejected).
+	pooled bool
+	lease  lease.Spent
 }
 
 // Take implements bucket.Store.
@@ -329,11 +340,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 		if denied || o.done || !leased(o.c) {
 			continue
 		}
-		s.ls.take(ctx, o, n)
-		if o.err != nil {
+		spent, r, err := s.ls.Take(ctx, o.c, n)
+		if err != nil {
 			giveBack(ops)
-			return false, o.err
+			return false, err
 		}
+		o.lease, o.result, o.done, o.pooled = spent, r, true, true
 		denied = !o.result.Allowed && !o.c.Shadow
 	}
 	if denied {
@@ -396,9 +408,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 // giveBack returns the units that the group's leased charges spent: the group was rejected.
 func giveBack(ops []op) {
 	for i := range ops {
-		if o := &ops[i]; o.spent != nil {
-			o.pool.giveBack(o.spent, o.spentAt)
-			o.spent = nil
+		if o := &ops[i]; o.lease.GiveBack() {
 			o.result = bucket.Result{Allowed: true, Limit: o.result.Limit}
 		}
 	}
@@ -407,9 +417,7 @@ func giveBack(ops []op) {
 // spent counts the units of an admitted group's leased charges.
 func spent(ops []op) {
 	for i := range ops {
-		if o := &ops[i]; o.spent != nil {
-			o.pool.ls.s.m.leaseUnits.WithLabelValues(unitsSpent).Add(float64(o.c.N()))
-		}
+		ops[i].lease.Keep()
 	}
 }
 
@@ -439,7 +447,7 @@ func (s *Store) cachedDenial(c bucket.Charge, n int64) (bucket.Result, bool) {
 
 // remember feeds the local caches with what a decision learned.
 func (s *Store) remember(o *op, n int64) {
-	if o.cached || !o.done || o.pool != nil {
+	if o.cached || !o.done || o.pooled {
 		return
 	}
 	r := o.result
@@ -465,7 +473,7 @@ func (s *Store) prepare(o *op, n int64) {
 	key := o.c.Key.String()
 	switch l := o.c.Limit; l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		o.pk = key + "#g"
+		o.pk = schema.BucketKey(key)
 		o.t, o.tau = bucket.GCRAParams(l)
 		_, o.formB = s.hints.get(o.c.Key, n)
 		if w := o.c.N(); w > 1 {
@@ -476,7 +484,7 @@ func (s *Store) prepare(o *op, n int64) {
 			}
 		}
 	case bucket.FixedWindow:
-		o.pk = key + "#w" + strconv.FormatInt(fixedEnd(l, n)-int64(l.Window), 10)
+		o.pk = schema.WindowKey(key, fixedEnd(l, n)-int64(l.Window))
 	case bucket.Quota:
 		o.pk = quotaItem(key, l, n)
 	case bucket.SlidingWindow:

@@ -9,6 +9,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // TableAPI is the part of the DynamoDB client that CreateTable calls.
@@ -52,7 +54,7 @@ func CreateTable(ctx context.Context, api TableAPI, table string) error {
 	_, err = api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName: aws.String(table),
 		TimeToLiveSpecification: &types.TimeToLiveSpecification{
-			AttributeName: aws.String(attrTTL),
+			AttributeName: aws.String(schema.TTL),
 			Enabled:       aws.Bool(true),
 		},
 	})
@@ -79,6 +81,6 @@ func ttlEnabled(ctx context.Context, api TableAPI, table string) (bool, error) {
 		return false, nil
 	}
 	st := desc.TimeToLiveStatus
-	return aws.ToString(desc.AttributeName) == attrTTL &&
+	return aws.ToString(desc.AttributeName) == schema.TTL &&
 		(st == types.TimeToLiveStatusEnabled || st == types.TimeToLiveStatusEnabling), nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // Transaction mode: the non-shadow charges of a group in one TransactWriteItems.
@@ -68,7 +69,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 		items := make([]types.TransactWriteItem, len(group))
 		wids := make([]uint64, len(group))
 		for i, o := range group {
-			wids[i] = newMarker()
+			wids[i] = schema.NewMarker()
 			u := o.write(n, wids[i])
 			items[i].Update = &types.Update{
 				TableName:                           aws.String(s.table),
@@ -175,7 +176,7 @@ func (s *Store) readBack(ctx context.Context, group []*op, n int64) error {
 	for _, o := range group {
 		item := items[o.pk]
 		if isGCRA(o.c.Limit) && !o.formB {
-			item = map[string]types.AttributeValue{attrTat: num(n + o.c.N()*o.t)}
+			item = map[string]types.AttributeValue{schema.Tat: schema.Num(n + o.c.N()*o.t)}
 		}
 		if err := o.admit(item, n); err != nil {
 			return fmt.Errorf("dynamo: read %s: %w", o.pk, err)
@@ -201,7 +202,7 @@ func (o *op) committed(item map[string]types.AttributeValue, n int64) (bucket.Re
 	if !isGCRA(l) {
 		return bucket.Result{Allowed: true, Limit: limitValue(l), Reset: o.result.Reset}, nil
 	}
-	tat, _, err := number(item, attrTat)
+	tat, _, err := schema.Number(item, schema.Tat)
 	if err != nil {
 		return bucket.Result{}, err
 	}

@@ -4,20 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // The conditional writes of a charge: GCRA (token and leaky bucket) and counters (fixed and
 // sliding window), and what their outcome says.
-
-// newMarker draws the marker of a write (attrWrite): never zero (Result.Token's "none"), top two
-// bits clear (the fallback store marks its own tokens with the top bit).
-func newMarker() uint64 { return rand.Uint64()>>2 | 1 }
 
 // write returns the charge's conditional write in its current form; a GCRA write leaves the
 // marker wid.
@@ -27,9 +23,9 @@ func (o *op) write(n int64, wid uint64) update {
 	case bucket.TokenBucket, bucket.LeakyBucket:
 		return gcraWrite(n, o.t, o.tau, c, o.formB, wid)
 	case bucket.FixedWindow, bucket.Quota:
-		return countWrite(l.Count, c, ttlAt(fixedEnd(l, n)), false)
+		return countWrite(l.Count, c, schema.TTLAt(fixedEnd(l, n)), false)
 	default: // SlidingWindow
-		return countWrite(l.Count-o.counts.closed(), c, ttlAt(leaves(l, o.cur)), true)
+		return countWrite(l.Count-o.counts.closed(), c, schema.TTLAt(leaves(l, o.cur)), true)
 	}
 }
 
@@ -41,14 +37,14 @@ func (o *op) write(n int64, wid uint64) update {
 // w1 and, in c1, how far the bucket was busy past n before it (tat - n; -1 for form (a), which
 // found it idle), the older entries moving down one place.
 func gcraWrite(n, t, tau, m int64, formB bool, wid uint64) update {
-	names := map[string]string{"#tat": attrTat, "#ttl": attrTTL}
-	ttl := ttlAt(n + tau) // tat never passes now + tau
+	names := map[string]string{"#tat": schema.Tat, "#ttl": schema.TTL}
+	ttl := schema.TTLAt(n + tau) // tat never passes now + tau
 	if !formB {
 		u := update{
 			expr:   "SET #tat = :next, #ttl = :ttl",
 			cond:   "attribute_not_exists(#tat) OR #tat < :now",
 			names:  names,
-			values: map[string]types.AttributeValue{":next": num(n + m*t), ":now": num(n), ":ttl": ttl},
+			values: map[string]types.AttributeValue{":next": schema.Num(n + m*t), ":now": schema.Num(n), ":ttl": ttl},
 		}
 		pushChain(&u, wid, false)
 		return u
@@ -57,7 +53,7 @@ func gcraWrite(n, t, tau, m int64, formB bool, wid uint64) update {
 		expr:   "SET #tat = #tat + :t, #ttl = :ttl",
 		cond:   "#tat >= :now AND #tat <= :last",
 		names:  names,
-		values: map[string]types.AttributeValue{":t": num(m * t), ":now": num(n), ":last": num(n + tau - m*t), ":ttl": ttl},
+		values: map[string]types.AttributeValue{":t": schema.Num(m * t), ":now": schema.Num(n), ":last": schema.Num(n + tau - m*t), ":ttl": ttl},
 	}
 	pushChain(&u, wid, true)
 	return u
@@ -67,7 +63,7 @@ func gcraWrite(n, t, tau, m int64, formB bool, wid uint64) update {
 // it is not there.
 func chainPos(item map[string]types.AttributeValue, wid uint64) int {
 	for i := 1; i <= chainLen; i++ {
-		if w, _, err := number(item, chainW(i)); err == nil && w != 0 && uint64(w) == wid {
+		if w, _, err := schema.Number(item, chainW(i)); err == nil && w != 0 && uint64(w) == wid {
 			return i
 		}
 	}
@@ -92,9 +88,9 @@ const idleCert = -1
 // entries (nothing before it can be given back).
 func pushChain(u *update, wid uint64, busy bool) {
 	u.names["#w1"], u.names["#c1"] = chainW(1), chainC(1)
-	u.values[":w"] = unum(wid)
+	u.values[":w"] = schema.Unum(wid)
 	if !busy {
-		u.values[":idle"] = num(idleCert)
+		u.values[":idle"] = schema.Num(idleCert)
 		u.expr += ", #w1 = :w, #c1 = :idle REMOVE "
 		for i := 2; i <= chainLen; i++ {
 			w, c := "#"+chainW(i), "#"+chainC(i)
@@ -106,7 +102,7 @@ func pushChain(u *update, wid uint64, busy bool) {
 		}
 		return
 	}
-	u.values[":none"], u.values[":idle"] = num(0), num(idleCert)
+	u.values[":none"], u.values[":idle"] = schema.Num(0), schema.Num(idleCert)
 	for i := chainLen; i >= 2; i-- {
 		w, c, pw, pc := "#"+chainW(i), "#"+chainC(i), "#"+chainW(i-1), "#"+chainC(i-1)
 		u.names[w], u.names[c] = chainW(i), chainC(i)
@@ -116,30 +112,6 @@ func pushChain(u *update, wid uint64, busy bool) {
 	u.expr += ", #w1 = :w, #c1 = #tat - :now"
 }
 
-// leaseGCRA is a lease's token-bucket write at instant n: m units placed at or above the floor
-// f (f >= n), the last of them at most n + tauL. Form (a) (formB false), for a bucket idle at the
-// floor: tat = f + m*T. Form (b): tat += m*T while tat >= f. With f = n these are gcraWrite's
-// forms. Exact for any f in [n, n + tauL - m*T]: a unit at place θ <= n + tauL spent at s >= n
-// has θ <= s + tauL, and it is spent by θ - T + ttl; a higher floor only skips places (the
-// bucket is left as if they had been taken) and moves each unit's deadline later with its place.
-func leaseGCRA(n, f, t, tauL, m int64, formB bool) update {
-	ttl := ttlAt(n + tauL) // tat never passes n + tauL
-	if !formB {
-		return update{
-			expr:   "SET #tat = :next, #ttl = :ttl",
-			cond:   "attribute_not_exists(#tat) OR #tat < :floor",
-			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
-			values: map[string]types.AttributeValue{":next": num(f + m*t), ":floor": num(f), ":ttl": ttl},
-		}
-	}
-	return update{
-		expr:   "SET #tat = #tat + :t, #ttl = :ttl",
-		cond:   "#tat >= :floor AND #tat <= :last",
-		names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":t": num(m * t), ":floor": num(f), ":last": num(n + tauL - m*t), ":ttl": ttl},
-	}
-}
-
 // countWrite adds m to a counter while it stays at most limit. With limit < m the condition
 // always fails, so the write still reports the current count without changing it. A sliding
 // window's slot (sealable) takes the write only while it is not sealed.
@@ -147,8 +119,8 @@ func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update 
 	u := update{
 		expr:   "ADD #count :m SET #ttl = :ttl",
 		cond:   "attribute_not_exists(#count) OR #count <= :last",
-		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":m": num(m), ":last": num(limit - m), ":ttl": ttl},
+		names:  map[string]string{"#count": schema.Count, "#ttl": schema.TTL},
+		values: map[string]types.AttributeValue{":m": schema.Num(m), ":last": schema.Num(limit - m), ":ttl": ttl},
 	}
 	if limit < m {
 		u.cond = "#count <= :last"
@@ -163,7 +135,7 @@ func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update 
 // apply makes o's conditional write until it is applied or the charge is known not to conform.
 func (s *Store) apply(ctx context.Context, o *op, n int64) {
 	for round := 0; round < maxRounds; round++ {
-		wid := newMarker()
+		wid := schema.NewMarker()
 		// Sent once (noRetry): re-sent after a lost answer, a charge would be counted twice.
 		out, err := s.updateItem(ctx, opUpdate, o.pk, o.write(n, wid), types.ReturnValueAllNew, noRetry)
 		var ccf *types.ConditionalCheckFailedException
@@ -210,7 +182,7 @@ func (o *op) admit(item map[string]types.AttributeValue, n int64) error {
 	o.done = true
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		tat, ok, err := number(item, attrTat)
+		tat, ok, err := schema.Number(item, schema.Tat)
 		if err != nil {
 			return err
 		}
@@ -219,13 +191,13 @@ func (o *op) admit(item map[string]types.AttributeValue, n int64) error {
 		}
 		o.result = gcraResult(l, tat-w*o.t, n, w)
 	case bucket.FixedWindow, bucket.Quota:
-		c, _, err := number(item, attrCount)
+		c, _, err := schema.Number(item, schema.Count)
 		if err != nil {
 			return err
 		}
 		o.result = fixedResult(l, c-w, n, w)
 	default:
-		c, _, err := number(item, attrCount)
+		c, _, err := schema.Number(item, schema.Count)
 		if err != nil {
 			return err
 		}
@@ -242,7 +214,7 @@ func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (agai
 	l, w := o.c.Limit, o.c.N()
 	switch l.Algorithm {
 	case bucket.TokenBucket, bucket.LeakyBucket:
-		tat, ok, err := number(old, attrTat)
+		tat, ok, err := schema.Number(old, schema.Tat)
 		if err != nil {
 			return false, err
 		}
@@ -259,14 +231,14 @@ func (o *op) conditionFailed(old map[string]types.AttributeValue, n int64) (agai
 	case bucket.FixedWindow, bucket.Quota:
 		// The condition count <= Count-w failed: more than Count-w are counted. The count
 		// returned makes Remaining exact for a weighted charge.
-		c, _, err := number(old, attrCount)
+		c, _, err := schema.Number(old, schema.Count)
 		if err != nil {
 			return false, err
 		}
 		o.done = true
 		o.result = fixedResult(l, max(c, l.Count-w+1), n, w)
 	default:
-		c, _, err := number(old, attrCount)
+		c, _, err := schema.Number(old, schema.Count)
 		if err != nil {
 			return false, err
 		}

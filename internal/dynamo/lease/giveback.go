@@ -1,4 +1,4 @@
-package dynamo
+package lease
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // Give-back: the unspent units of a grant returned to its item where that is exact.
@@ -31,7 +33,7 @@ func (p *pool) refundLater(gs ...grant) {
 		defer cancel()
 		p.refundAll(ctx, gs)
 	}) {
-		p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(units))
+		p.ls.m.Units.WithLabelValues(unitsExpired).Add(float64(units))
 	}
 }
 
@@ -50,7 +52,7 @@ func (p *pool) refundAll(ctx context.Context, gs []grant) {
 		if chained {
 			g.mark = mark
 		} else if !g.last {
-			p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
+			p.ls.m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 			continue
 		}
 		if gid, ok := p.refundGrant(ctx, g); ok && p.gcra && g.units == g.size {
@@ -70,7 +72,7 @@ const (
 // refundGrant gives g's unspent units back to its item, exactly or not at all, and counts them
 // refunded or expired; for a token bucket it also returns the give-back's id, which it leaves in
 // lv. A window's units are taken off its count (a counter's give-back, exact at any time: see
-// countGive). A token bucket's units are the last m places before g.end: they are given back
+// Table.CountGiveBack). A token bucket's units are the last m places before g.end: they are given back
 // only while lv still holds g.mark, the marker of our lease write (or of the give-back of the
 // chunk after g), so that nothing wrote after us (GCRA forgets idle time, so after any other
 // write, moving tat back could return refill the bucket had already lost to its cap, or hand out
@@ -91,39 +93,36 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 	}
 	p.giveMu.Lock()
 	defer p.giveMu.Unlock()
-	m := p.ls.s.m
+	m := p.ls.m
 	if !p.gcra {
-		cg := p.ls.s.newCountGive(opLeaseRefund, g.pk, g.units, "attribute_exists(#count)")
+		cg := p.ls.t.CountGiveBack(g.pk, g.units, "attribute_exists(#count)")
 		for attempt := 1; ; attempt++ {
-			done, landed, err := cg.attempt(ctx)
+			done, landed, again := cg.Attempt(ctx)
 			if done && landed {
-				m.leaseUnits.WithLabelValues(unitsRefunded).Add(float64(g.units))
+				m.Units.WithLabelValues(unitsRefunded).Add(float64(g.units))
 				return 0, true
 			}
-			if !done {
-				m.errors.WithLabelValues(opLeaseRefund).Inc()
-			}
-			if done || errors.Is(err, errGiveBackUnknown) || attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
-				m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
+			if done || !again || attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
+				m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 				return 0, false
 			}
 		}
 	}
 	t := p.shards[g.shard].t // immutable after newPool
 	to := g.tail - g.units*t
-	gid := newMarker()
-	u := update{
-		expr:   "SET #tat = :to, #lv = :gid",
-		cond:   "#tat = :end AND #lv = :lv",
-		names:  map[string]string{"#tat": attrTat, "#lv": attrLeaseWrite},
-		values: map[string]types.AttributeValue{":to": num(to), ":end": num(g.end), ":lv": unum(g.mark), ":gid": unum(gid)},
+	gid := schema.NewMarker()
+	u := Update{
+		Expr:   "SET #tat = :to, #lv = :gid",
+		Cond:   "#tat = :end AND #lv = :lv",
+		Names:  map[string]string{"#tat": schema.Tat, "#lv": schema.LeaseWrite},
+		Values: map[string]types.AttributeValue{":to": schema.Num(to), ":end": schema.Num(g.end), ":lv": schema.Unum(g.mark), ":gid": schema.Unum(gid)},
 	}
 	for attempt := 1; ; attempt++ {
-		_, err := p.ls.s.updateItem(ctx, opLeaseRefund, g.pk, u, types.ReturnValueNone, noRetry)
+		err := p.ls.t.GiveBack(ctx, g.pk, u)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil || errors.As(err, &ccf) && leaseMark(ccf.Item) == gid:
-			m.leaseUnits.WithLabelValues(unitsRefunded).Add(float64(g.units))
+			m.Units.WithLabelValues(unitsRefunded).Add(float64(g.units))
 			p.mu.Lock()
 			if sh := &p.shards[g.shard]; sh.tat == g.end {
 				sh.tat = to
@@ -131,14 +130,13 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 			p.mu.Unlock()
 			return gid, true
 		case errors.As(err, &ccf):
-			m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
+			m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 			return 0, false
 		}
-		m.errors.WithLabelValues(opLeaseRefund).Inc()
 		if attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
 			// Never lost silently: counted as expired (it may have landed: then the table is
 			// roomier than we count, never the other way).
-			m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
+			m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 			return 0, false
 		}
 	}
@@ -146,7 +144,7 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 
 // leaseMark is the marker in a shard item's lv (0 when there is none).
 func leaseMark(item map[string]types.AttributeValue) uint64 {
-	v, _, _ := number(item, attrLeaseWrite)
+	v, _, _ := schema.Number(item, schema.LeaseWrite)
 	return uint64(v)
 }
 

@@ -1,4 +1,4 @@
-package dynamo
+package lease
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // Grants: the conditional write that takes units from one shard, and the grant it yields.
@@ -41,12 +43,12 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, least, shift int6
 		// would find least units, before one is sent. Not on a slow store (see slow): there a
 		// read's round trip costs more places than the write it may save.
 		sent := time.Now()
-		item, err := p.ls.s.readItems(ctx, []string{pk})
+		item, err := p.ls.t.Read(ctx, pk)
 		p.sampled(sent)
 		if err != nil {
 			return nil, err
 		}
-		a, err := p.learn(&sh, item[pk], n, f)
+		a, err := p.learn(&sh, item, n, f)
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", pk, err)
 		}
@@ -60,22 +62,22 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, least, shift int6
 		if p.gcra {
 			// Every write to a token bucket's shard leaves its own marker: a give-back of
 			// its units lands only while it is still there (see refundGrant).
-			fm.mark = newMarker()
-			fm.u.expr += ", #lv = :lv"
-			fm.u.names["#lv"] = attrLeaseWrite
-			fm.u.values[":lv"] = unum(fm.mark)
+			fm.mark = schema.NewMarker()
+			fm.u.Expr += ", #lv = :lv"
+			fm.u.Names["#lv"] = schema.LeaseWrite
+			fm.u.Values[":lv"] = schema.Unum(fm.mark)
 		}
 		// Sent once (noRetry): a lease write is not idempotent (form (b) and a window's ADD take
 		// again; form (a) and a drain fail their condition and the units are lost), so the
 		// SDK must not re-send one whose answer was lost. A throttled write was not applied and
-		// is retried (updateItem).
+		// is retried (Table.Lease).
 		sent := time.Now()
-		out, err := p.ls.s.updateItem(ctx, opLease, pk, fm.u, fm.rv, noRetry)
+		out, err := p.ls.t.Lease(ctx, pk, fm.u, fm.rv)
 		p.sampled(sent)
 		var ccf *types.ConditionalCheckFailedException
 		switch {
 		case err == nil:
-			return p.granted(i, pk, n, fm, out.Attributes)
+			return p.granted(i, pk, n, fm, out)
 		case errors.As(err, &ccf):
 			a, ferr := p.learn(&sh, ccf.Item, n, f)
 			if ferr != nil {
@@ -87,11 +89,10 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, least, shift int6
 			p.emptied(i, &sh, n, least)
 			return nil, nil
 		default:
-			p.ls.s.m.errors.WithLabelValues(opLease).Inc()
 			if !answered(err) {
 				// It may have been applied: up to what it asked for is held by no one until
 				// its places pass or the window ends.
-				p.ls.s.m.leaseUnits.WithLabelValues(unitsUnanswered).Add(float64(fm.most()))
+				p.ls.m.Units.WithLabelValues(unitsUnanswered).Add(float64(fm.most()))
 			}
 			return nil, fmt.Errorf("update %s: %w", pk, err)
 		}
@@ -104,15 +105,15 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, least, shift int6
 func (p *pool) itemKey(i int, n int64) string {
 	sfx := "#l" + strconv.Itoa(i)
 	if p.gcra {
-		return p.base + "#g" + sfx
+		return schema.BucketKey(p.base) + sfx
 	}
 	l := p.key.limit
-	return p.base + "#w" + strconv.FormatInt(fixedEnd(l, n)-int64(l.Window), 10) + sfx
+	return schema.WindowKey(p.base, windowEnd(l, n)-int64(l.Window)) + sfx
 }
 
 // form is one lease write: its update, what it returns, and how to read the units it took.
 type form struct {
-	u     update
+	u     Update
 	rv    types.ReturnValue
 	drain bool  // took everything up to target: units = target - old (ALL_OLD)
 	edge  bool  // a token bucket's drain from the higher of tat and floor, whatever tat was
@@ -161,25 +162,25 @@ func (sh *shard) known(p *pool, n int64) int64 {
 		}
 		return max(0, (n+sh.tauL-sh.tat)/sh.t)
 	}
-	if start := fixedEnd(p.key.limit, n); sh.usedIn != start {
+	if start := windowEnd(p.key.limit, n); sh.usedIn != start {
 		return unknown
 	}
 	return max(0, sh.count-sh.used)
 }
 
-// refilled is when the shard will hold u units again if nobody else leasePools from it: for a
+// refilled is when the shard will hold u units again if nobody else leases from it: for a
 // window, when it ends, or sooner if another replica gives units back, which a poll after a
 // short wait finds (the wait then grows while the window stays full).
 func (sh *shard) refilled(p *pool, n, u int64) int64 {
 	if p.gcra {
 		return max(n+1, sh.tat+u*sh.t-sh.tauL)
 	}
-	return min(fixedEnd(p.key.limit, n), n+p.horizon/16)
+	return min(windowEnd(p.key.limit, n), n+p.horizon/16)
 }
 
 // leaseForm picks the write for a shard holding avail units (or unknown). A token bucket's
 // units must sit within n + tauL, so that each can be held ttl after the write and still conform
-// when spent (see the package documentation); a window's within the shard's count.
+// when spent (see docs/dynamodb-internals.md, "Leases"); a window's within the shard's count.
 //
 //   - want fits, or nothing is known: exactly want units (GCRA form (a) when idle, (b) when
 //     not; window ADD want);
@@ -201,11 +202,11 @@ func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64, slow bool) f
 			// (lost to everyone), and taken they serve whatever requests come before they
 			// die, however late the lease lands.
 			floor := onGrid(n-p.ttl+sh.t, sh.t, true)
-			return form{drain: true, edge: true, target: edge, floor: floor, want: (edge - floor) / sh.t, rv: types.ReturnValueAllOld, u: update{
-				expr:   "SET #tat = :target, #ttl = :ttl",
-				cond:   "attribute_not_exists(#tat) OR #tat <= :most",
-				names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
-				values: map[string]types.AttributeValue{":target": num(edge), ":most": num(edge - least*sh.t), ":ttl": ttlAt(n + sh.tau)},
+			return form{drain: true, edge: true, target: edge, floor: floor, want: (edge - floor) / sh.t, rv: types.ReturnValueAllOld, u: Update{
+				Expr:   "SET #tat = :target, #ttl = :ttl",
+				Cond:   "attribute_not_exists(#tat) OR #tat <= :most",
+				Names:  map[string]string{"#tat": schema.Tat, "#ttl": schema.TTL},
+				Values: map[string]types.AttributeValue{":target": schema.Num(edge), ":most": schema.Num(edge - least*sh.t), ":ttl": schema.TTLAt(n + sh.tau)},
 			}}
 		}
 		if sh.tat < f || !drain && avail != unknown {
@@ -215,30 +216,72 @@ func (p *pool) leaseForm(sh *shard, n, f, want, least, avail int64, slow bool) f
 		// too) or is less than want: the places from tat to the edge, while they are from
 		// least to want (a tat below the floor, lagging, fails and is learnt).
 		target := onGrid(n+sh.tauL, sh.t, false)
-		return form{drain: true, target: target, want: want, rv: types.ReturnValueAllOld, u: update{
-			expr:   "SET #tat = :target, #ttl = :ttl",
-			cond:   "#tat >= :fewest AND #tat <= :most",
-			names:  map[string]string{"#tat": attrTat, "#ttl": attrTTL},
-			values: map[string]types.AttributeValue{":target": num(target), ":most": num(target - least*sh.t), ":fewest": num(max(f, target-want*sh.t)), ":ttl": ttlAt(n + sh.tau)},
+		return form{drain: true, target: target, want: want, rv: types.ReturnValueAllOld, u: Update{
+			Expr:   "SET #tat = :target, #ttl = :ttl",
+			Cond:   "#tat >= :fewest AND #tat <= :most",
+			Names:  map[string]string{"#tat": schema.Tat, "#ttl": schema.TTL},
+			Values: map[string]types.AttributeValue{":target": schema.Num(target), ":most": schema.Num(target - least*sh.t), ":fewest": schema.Num(max(f, target-want*sh.t)), ":ttl": schema.TTLAt(n + sh.tau)},
 		}}
 	}
-	ttl := ttlAt(fixedEnd(p.key.limit, n))
+	ttl := schema.TTLAt(windowEnd(p.key.limit, n))
 	if !drain {
-		return form{u: countWrite(sh.count, want, ttl, false), rv: types.ReturnValueAllNew, m: want}
+		return form{u: windowAdd(sh.count, want, ttl), rv: types.ReturnValueAllNew, m: want}
 	}
-	return form{drain: true, target: sh.count, want: want, rv: types.ReturnValueAllOld, u: update{
-		expr:   "SET #count = :target, #ttl = :ttl",
-		cond:   "#count <= :most AND #count >= :fewest",
-		names:  map[string]string{"#count": attrCount, "#ttl": attrTTL},
-		values: map[string]types.AttributeValue{":target": num(sh.count), ":most": num(sh.count - least), ":fewest": num(sh.count - want), ":ttl": ttl},
+	return form{drain: true, target: sh.count, want: want, rv: types.ReturnValueAllOld, u: Update{
+		Expr:   "SET #count = :target, #ttl = :ttl",
+		Cond:   "#count <= :most AND #count >= :fewest",
+		Names:  map[string]string{"#count": schema.Count, "#ttl": schema.TTL},
+		Values: map[string]types.AttributeValue{":target": schema.Num(sh.count), ":most": schema.Num(sh.count - least), ":fewest": schema.Num(sh.count - want), ":ttl": ttl},
 	}}
+}
+
+// leaseGCRA is a lease's token-bucket write at instant n: m units placed at or above the floor
+// f (f >= n), the last of them at most n + tauL. Form (a) (formB false), for a bucket idle at the
+// floor: tat = f + m*T. Form (b): tat += m*T while tat >= f. With f = n these are the store's
+// GCRA forms (without its chain of writes). Exact for any f in [n, n + tauL - m*T]: a unit at
+// place θ <= n + tauL spent at s >= n has θ <= s + tauL, and it is spent by θ - T + ttl; a
+// higher floor only skips places (the bucket is left as if they had been taken) and moves each
+// unit's deadline later with its place.
+func leaseGCRA(n, f, t, tauL, m int64, formB bool) Update {
+	ttl := schema.TTLAt(n + tauL) // tat never passes n + tauL
+	if !formB {
+		return Update{
+			Expr:   "SET #tat = :next, #ttl = :ttl",
+			Cond:   "attribute_not_exists(#tat) OR #tat < :floor",
+			Names:  map[string]string{"#tat": schema.Tat, "#ttl": schema.TTL},
+			Values: map[string]types.AttributeValue{":next": schema.Num(f + m*t), ":floor": schema.Num(f), ":ttl": ttl},
+		}
+	}
+	return Update{
+		Expr:   "SET #tat = #tat + :t, #ttl = :ttl",
+		Cond:   "#tat >= :floor AND #tat <= :last",
+		Names:  map[string]string{"#tat": schema.Tat, "#ttl": schema.TTL},
+		Values: map[string]types.AttributeValue{":t": schema.Num(m * t), ":floor": schema.Num(f), ":last": schema.Num(n + tauL - m*t), ":ttl": ttl},
+	}
+}
+
+// windowAdd is a lease's fixed-window write, the store's counter write (countWrite) of m at
+// once: it adds m to the shard's count while that stays at most limit, the shard's part of the
+// window's count. With limit < m (a shard whose part is 0) the condition always fails, so the
+// write still reports the current count without changing it.
+func windowAdd(limit, m int64, ttl types.AttributeValue) Update {
+	u := Update{
+		Expr:   "ADD #count :m SET #ttl = :ttl",
+		Cond:   "attribute_not_exists(#count) OR #count <= :last",
+		Names:  map[string]string{"#count": schema.Count, "#ttl": schema.TTL},
+		Values: map[string]types.AttributeValue{":m": schema.Num(m), ":last": schema.Num(limit - m), ":ttl": ttl},
+	}
+	if limit < m {
+		u.Cond = "#count <= :last"
+	}
+	return u
 }
 
 // learn reads a failed lease condition's item (as it was) into sh and returns how many units
 // a lease at n can take from it above the floor f.
 func (p *pool) learn(sh *shard, old map[string]types.AttributeValue, n, f int64) (int64, error) {
 	if p.gcra {
-		tat, ok, err := number(old, attrTat)
+		tat, ok, err := schema.Number(old, schema.Tat)
 		if err != nil {
 			return 0, err
 		}
@@ -249,11 +292,11 @@ func (p *pool) learn(sh *shard, old map[string]types.AttributeValue, n, f int64)
 		}
 		return max(0, (n+sh.tauL-max(tat, f))/sh.t), nil
 	}
-	c, _, err := number(old, attrCount)
+	c, _, err := schema.Number(old, schema.Count)
 	if err != nil {
 		return 0, err
 	}
-	sh.used, sh.usedIn = c, fixedEnd(p.key.limit, n)
+	sh.used, sh.usedIn = c, windowEnd(p.key.limit, n)
 	return max(sh.count-c, 0), nil
 }
 
@@ -304,7 +347,7 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 	p.nextID++
 	g := &grant{id: p.nextID, shard: i, at: n, pk: pk, mark: f.mark}
 	if p.gcra {
-		tat, ok, err := number(item, attrTat)
+		tat, ok, err := schema.Number(item, schema.Tat)
 		if err != nil || !ok && !f.edge {
 			return nil, fmt.Errorf("update %s: no tat in the write's answer (%v)", pk, err) //nolint:errorlint // err may be nil: the answer lacked the attribute
 		}
@@ -333,8 +376,8 @@ func (p *pool) granted(i int, pk string, n int64, f form, item map[string]types.
 		g.expires = base + p.ttl
 		p.resetAt = max(p.resetAt, g.end)
 	} else {
-		end := fixedEnd(p.key.limit, n)
-		c, _, err := number(item, attrCount)
+		end := windowEnd(p.key.limit, n)
+		c, _, err := schema.Number(item, schema.Count)
 		if err != nil {
 			return nil, fmt.Errorf("update %s: %w", pk, err)
 		}

@@ -1,4 +1,4 @@
-package dynamo
+package lease
 
 import (
 	"cmp"
@@ -89,7 +89,7 @@ func (p *pool) startRenewal(ctx context.Context, n int64, ahead bool) *renewal {
 		budget = max(renewSlack*time.Until(d), renewFloor, renewSlack*time.Duration(p.rto()))
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), budget)
-	rctx = context.WithValue(rctx, throttleCounter{}, &p.throttled)
+	rctx = p.ls.t.CountThrottles(rctx, &p.throttled)
 	if !p.ls.goTracked(func() {
 		defer cancel()
 		p.renew(rctx, r, shift)
@@ -118,18 +118,18 @@ func (p *pool) renew(ctx context.Context, r *renewal, shift int64) {
 	switch {
 	case err != nil:
 		err = fmt.Errorf("dynamo: lease %s: %w", p.base, err)
-		p.ls.s.m.leases.WithLabelValues(leaseError).Inc()
+		p.ls.m.Renewals.WithLabelValues(leaseError).Inc()
 	case g == nil:
 		p.fails++
 		p.lastEmpty = max(p.lastEmpty, n)
-		p.ls.s.m.leases.WithLabelValues(leaseEmpty).Inc()
+		p.ls.m.Renewals.WithLabelValues(leaseEmpty).Inc()
 	default:
 		got = g.units
 		p.grants = append(p.grants, p.chunks(*g)...)
 		p.hold(g.units)
 		p.emptyUntil, p.fails = 0, 0
-		p.ls.s.m.leases.WithLabelValues(leaseGranted).Inc()
-		p.ls.s.m.leaseUnits.WithLabelValues(unitsLeased).Add(float64(g.units))
+		p.ls.m.Renewals.WithLabelValues(leaseGranted).Inc()
+		p.ls.m.Units.WithLabelValues(unitsLeased).Add(float64(g.units))
 	}
 	// What a renewal brings, smoothed: the renewals in flight are counted at that much (see
 	// prefetch), not at what they asked for, which a contended shard seldom has.
@@ -261,7 +261,7 @@ func (p *pool) emptied(i int, sh *shard, n, least int64) {
 	spread := min(max(at-n, p.horizon/16)<<min(p.fails, 10), most)
 	until := at + rand.Int64N(max(spread, 1))
 	if !p.gcra {
-		until = min(until, fixedEnd(p.key.limit, n))
+		until = min(until, windowEnd(p.key.limit, n))
 	}
 	s := &p.shards[i]
 	s.tat, s.used, s.usedIn = sh.tat, sh.used, sh.usedIn

@@ -1,4 +1,4 @@
-package dynamo
+package lease
 
 import (
 	"context"
@@ -157,7 +157,7 @@ func (p *pool) want(n int64) int64 {
 func (p *pool) lifetime(n int64) int64 {
 	if !p.gcra {
 		// A window's units die with it: near its end a lease is sized for what is left.
-		return max(min(p.ttl, fixedEnd(p.key.limit, n)-n), 1)
+		return max(min(p.ttl, windowEnd(p.key.limit, n)-n), 1)
 	}
 	return max(p.shards[p.home].tat-n, 0) + p.ttl
 }
@@ -239,7 +239,7 @@ func (p *pool) shift(ahead int64) int64 {
 // its shift, and the places above its reach refill while it is on its way. 0 on a store that is
 // not slow (see slow), where it buys little and would leave a lease that lands early
 // unspendable for a while; 0 for a window (its units are its own
-// window's), and for tests on simulated time (SetLeaseShift).
+// window's), and for tests on simulated time (SetShift).
 func (p *pool) leadTime() int64 {
 	if !p.slow() {
 		return 0

@@ -1,4 +1,4 @@
-package dynamo
+package lease
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func (p *pool) expire(n int64) {
 			// A chunk with later ones of its write still live: their places follow its
 			// own, so its units cannot go back.
 			p.hold(-g.units)
-			p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(g.units))
+			p.ls.m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 		case g.units > 0:
 			p.hold(-g.units)
 			p.refundLater(g)
@@ -38,7 +38,7 @@ func (p *pool) expire(n int64) {
 
 // sweeper gives back the units of pools that stopped seeing demand (a policy reloaded away, a
 // client gone quiet) before their grants expire, and forgets pools idle for long.
-func (ls *leasePools) sweeper() {
+func (ls *Pools) sweeper() {
 	tick := time.NewTicker(sweepEvery)
 	defer tick.Stop()
 	for {
@@ -55,7 +55,7 @@ func (ls *leasePools) sweeper() {
 const sweepEvery = 25 * time.Millisecond
 
 // sweep is one pass of the sweeper at instant n.
-func (ls *leasePools) sweep(n int64) {
+func (ls *Pools) sweep(n int64) {
 	for _, p := range ls.list() {
 		p.mu.Lock()
 		p.expire(n)
@@ -81,7 +81,7 @@ func (ls *leasePools) sweep(n int64) {
 }
 
 // list returns the pools as they are now.
-func (ls *leasePools) list() []*pool {
+func (ls *Pools) list() []*pool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	pools := make([]*pool, 0, len(ls.pools))
@@ -105,9 +105,9 @@ func (p *pool) releaseAll() {
 	p.grants = p.grants[:0]
 }
 
-// close stops the sweeper, waits for the renewals in flight and gives every unspent unit back,
+// Close stops the sweeper, waits for the renewals in flight and gives every unspent unit back,
 // bounded by ctx. Leased charges after it fail.
-func (ls *leasePools) close(ctx context.Context) error {
+func (ls *Pools) Close(ctx context.Context) error {
 	ls.mu.Lock()
 	if ls.closed {
 		ls.mu.Unlock()
@@ -164,6 +164,6 @@ func (ls *leasePools) close(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("dynamo: close: giving leasePools back: %w", ctx.Err())
+		return fmt.Errorf("dynamo: close: giving Pools back: %w", ctx.Err())
 	}
 }

@@ -1,4 +1,4 @@
-package dynamo
+package lease
 
 import (
 	"context"
@@ -19,16 +19,81 @@ const leaseWaitMargin = 5 * time.Millisecond
 // so far (none yet, or a fast store's).
 const leaseWaitFloor = 50 * time.Millisecond
 
+// decision is one leased charge on its way through take: what it spent, and what was decided.
+type decision struct {
+	c      bucket.Charge
+	result bucket.Result
+	err    error
+	// pool decided the charge; spent is what it took from each grant, at spentAt (to give it
+	// back if the group is rejected).
+	pool    *pool
+	spent   []taken
+	spentAt int64
+}
+
+// Spent is what a leased charge took from its pool's grants: given back when its group is
+// rejected, kept when it is admitted. The zero Spent holds nothing.
+type Spent struct {
+	p    *pool
+	from []taken
+	at   int64
+}
+
+// GiveBack returns the units to the grants they came from (the group was rejected) and
+// reports whether there were any. The Spent holds nothing after it.
+func (s *Spent) GiveBack() bool {
+	if s.from == nil {
+		return false
+	}
+	s.p.giveBack(s.from, s.at)
+	*s = Spent{}
+	return true
+}
+
+// Keep counts the units spent for good: the group was admitted.
+func (s Spent) Keep() {
+	if s.from == nil {
+		return
+	}
+	var u int64
+	for _, t := range s.from {
+		u += t.units
+	}
+	s.p.ls.m.Units.WithLabelValues(unitsSpent).Add(float64(u))
+}
+
+// Take decides leased charge c at n: from a grant when one has units, else by waiting for one
+// renewal that asked for them, else rejected. An error is on_error's to decide.
+func (ls *Pools) Take(ctx context.Context, c bucket.Charge, n int64) (Spent, bucket.Result, error) {
+	o := decision{c: c}
+	ls.take(ctx, &o, n)
+	if o.err != nil {
+		return Spent{}, bucket.Result{}, o.err
+	}
+	return Spent{p: o.pool, from: o.spent, at: o.spentAt}, o.result, nil
+}
+
+// TakeLocal decides leased charge c at n from its pool's grants alone, with no call and no
+// renewal: decided when it could (spent from a grant, or rejected while the pool is known to be
+// empty at n).
+func (ls *Pools) TakeLocal(c bucket.Charge, n int64) (s Spent, r bucket.Result, decided bool) {
+	o := decision{c: c}
+	if !ls.takeLocal(&o, n) {
+		return Spent{}, bucket.Result{}, false
+	}
+	return Spent{p: o.pool, from: o.spent, at: o.spentAt}, o.result, true
+}
+
 // take decides a leased charge: from a grant when one has a unit, else by waiting for one
 // renewal that asked for its units, else rejected.
-func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
+func (ls *Pools) take(ctx context.Context, o *decision, n int64) {
 	// Decisions made here without a round trip (from a grant, or rejected while the pool is
 	// empty) are timed on their own: the store's decision histogram mixes them with the ones
 	// that waited for a renewal.
 	start, waited := time.Now(), false
 	defer func() {
 		if !waited && o.err == nil {
-			ls.s.m.leaseLocal.Observe(time.Since(start).Seconds())
+			ls.m.Local.Observe(time.Since(start).Seconds())
 		}
 	}()
 	var p *pool
@@ -55,14 +120,14 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 	if cost > p.capacity() {
 		// More than any lease can hold: validation refuses such a cost; a limit from elsewhere
 		// is rejected rather than left waiting.
-		o.result, o.done = bucket.Result{Limit: limitValue(p.key.limit), RetryAfter: time.Duration(p.ttl)}, true
+		o.result = bucket.Result{Limit: limitValue(p.key.limit), RetryAfter: time.Duration(p.ttl)}
 		p.mu.Unlock()
 		return
 	}
 	for again := false; ; again = true {
 		p.expire(n)
 		if from, left, ok := p.spend(n, cost); ok {
-			o.result, o.done, o.spent, o.spentAt = p.admitted(n, left), true, from, n
+			o.result, o.spent, o.spentAt = p.admitted(n, left), from, n
 			p.prefetch(ctx, n)
 			p.mu.Unlock()
 			return
@@ -72,7 +137,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			// A request waits for one renewal at most: one that came back without a unit for
 			// it (the shard had fewer than asked, or later requests spent them first) means
 			// the pool is short, as one exact bucket would be.
-			o.result, o.done = p.rejected(n), true
+			o.result = p.rejected(n)
 			p.mu.Unlock()
 			return
 		}
@@ -86,7 +151,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			} else {
 				p.prefetch(ctx, n) // more in flight on a slow store, gap apart
 			}
-			o.result, o.done = p.rejected(n), true
+			o.result = p.rejected(n)
 			p.mu.Unlock()
 			return
 		}
@@ -105,11 +170,11 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 			// Renewals are in flight and none asked for this request: they serve the
 			// requests after it, and more may start ahead of need. Unless the store has
 			// stopped answering them: that is on_error's to decide, not a rejection's.
-			if p.ls.s.live.silent() {
+			if p.ls.t.Silent() {
 				o.err = p.noAnswer()
 			} else {
 				p.prefetch(ctx, n)
-				o.result, o.done = p.rejected(n), true
+				o.result = p.rejected(n)
 			}
 			p.mu.Unlock()
 			return
@@ -139,7 +204,7 @@ func (ls *leasePools) take(ctx context.Context, o *op, n int64) {
 		defer t.Stop()
 		late := t.C
 		if p.ls.forced {
-			// Simulated time (SetLeaseShift): a wall-clock wait means nothing there, and on a
+			// Simulated time (SetShift): a wall-clock wait means nothing there, and on a
 			// loaded machine it would reject requests whose renewal the scheduler merely ran
 			// late. The context still bounds the wait.
 			late = nil
@@ -184,24 +249,24 @@ func (p *pool) noAnswer() error {
 // late decides a charge whose deadline came while it waited for a renewal: rejected (the pool
 // had nothing for it in time) while the store answers, an error (on_error decides) when the
 // renewal was throttled or the store has left a call without an answer for over a second.
-func (p *pool) late(o *op, n, cost, throttledBefore int64) {
+func (p *pool) late(o *decision, n, cost, throttledBefore int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.waiting -= cost
 	switch {
 	case p.throttled.Load() > throttledBefore:
-		o.err = fmt.Errorf("dynamo: lease %s: %w: the renewal was throttled", p.base, ErrThrottled)
-	case p.ls.s.live.silent():
+		o.err = fmt.Errorf("dynamo: lease %s: %w: the renewal was throttled", p.base, p.ls.errThrottled)
+	case p.ls.t.Silent():
 		// The store may be down or hung, which is on_error's to decide, not a rejection's.
 		o.err = p.noAnswer()
 	default:
-		o.result, o.done = p.rejected(n), true
+		o.result = p.rejected(n)
 	}
 }
 
 // takeLocal decides leased charge o from its pool's grants alone, with no call and no renewal:
 // true when it could (spent from a grant, or rejected while the pool is known to be empty at n).
-func (ls *leasePools) takeLocal(o *op, n int64) bool {
+func (ls *Pools) takeLocal(o *decision, n int64) bool {
 	ls.mu.Lock()
 	p, ok := ls.pools[leaseKey{o.c.Key, o.c.Limit, o.c.Lease}]
 	ls.mu.Unlock()
@@ -218,11 +283,11 @@ func (ls *leasePools) takeLocal(o *op, n int64) bool {
 	p.lastUse = max(p.lastUse, n)
 	p.expire(n)
 	if from, left, ok := p.spend(n, cost); ok {
-		o.pool, o.result, o.done, o.spent, o.spentAt = p, p.admitted(n, left), true, from, n
+		o.pool, o.result, o.spent, o.spentAt = p, p.admitted(n, left), from, n
 		return true
 	}
 	if p.emptyUntil > n {
-		o.pool, o.result, o.done = p, p.rejected(n), true
+		o.pool, o.result = p, p.rejected(n)
 		return true
 	}
 	return false
@@ -287,8 +352,23 @@ func (p *pool) giveBack(from []taken, n int64) {
 		}
 	}
 	if lost > 0 {
-		p.ls.s.m.leaseUnits.WithLabelValues(unitsExpired).Add(float64(lost))
+		p.ls.m.Units.WithLabelValues(unitsExpired).Add(float64(lost))
 	}
+}
+
+// limitValue is Result.Limit for a leased limit: a token bucket's burst, a window's count.
+func limitValue(l bucket.Limit) int64 {
+	if l.Algorithm == bucket.TokenBucket {
+		return l.Burst
+	}
+	return l.Count
+}
+
+// windowEnd returns the end (exclusive, Unix ns) of the fixed window holding n (leases serve
+// fixed windows, never quota periods: see bucket.LeaseSupported).
+func windowEnd(l bucket.Limit, n int64) int64 {
+	s, _ := bucket.Fixed(bucket.FixedState{}, n, l)
+	return s.End
 }
 
 // admitted is the result of a charge spent at n, left the units this Store still holds that a
@@ -319,7 +399,7 @@ func (p *pool) rejected(n int64) bucket.Result {
 	wait := time.Duration(max(p.emptyUntil-n, int64(time.Millisecond)))
 	if !p.gcra {
 		// Every shard was full: one exact window would say "when it ends" too.
-		wait = time.Duration(max(fixedEnd(p.key.limit, n)-n, int64(wait)))
+		wait = time.Duration(max(windowEnd(p.key.limit, n)-n, int64(wait)))
 	}
 	return bucket.Result{
 		Limit:      limitValue(p.key.limit),
