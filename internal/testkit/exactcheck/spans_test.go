@@ -75,7 +75,9 @@ func TestSpansTakeTheLimitInForce(t *testing.T) {
 // A fourth admitted after the reset (a slot left behind released into the emptied count) is
 // over it; a request admitted while the reset may be landing counts in no epoch.
 func TestConcurrencyAfterAReset(t *testing.T) {
-	adm := func(sent, enter, exit float64) Admission { return Admission{Sent: at(sent), Enter: at(enter), Exit: at(exit)} }
+	adm := func(sent, enter, exit float64) Admission {
+		return Admission{Sent: at(sent), Enter: at(enter), Exit: at(exit)}
+	}
 	as := []Admission{adm(0, 0.1, 5), adm(0, 0.1, 5), adm(0, 0.1, 5)}
 	reset := []Window{win(1, 1.1)}
 	after := append(as, adm(2, 2.1, 4), adm(2, 2.1, 4), adm(2, 2.1, 4))
