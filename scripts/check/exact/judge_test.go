@@ -1,11 +1,13 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactcheck"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
@@ -29,7 +31,7 @@ ratelimit_dynamodb_leases_total{result="granted"} 4
 
 func TestVerdictFailsOnEachClass(t *testing.T) {
 	kinds := append(ddbrelay.FaultKinds, faultKill, faultClockOffset)
-	ok := Summary{FaultsInjected: map[ddbrelay.FaultKind]int64{}}
+	ok := Summary{FaultsInjected: map[ddbrelay.FaultKind]int64{}, Console: consoleStats{Resets: 3, ResetsFailed: 1, ExemptionsExpired: 1, ExemptionsDeleted: 1}}
 	for _, k := range kinds {
 		ok.FaultsInjected[k] = 1
 	}
@@ -46,11 +48,14 @@ func TestVerdictFailsOnEachClass(t *testing.T) {
 	unknown.UnknownUpstream = 2
 	light := ok
 	light.OfferedVsBound = map[string]float64{"tb": 2.5, "sw": 1.9}
+	idle := ok
+	idle.Console.ExemptionsDeleted = 0
 	for _, tc := range []struct {
 		s    Summary
 		want string
 	}{{over, "over_admits 1"}, {lost, "units_unaccounted 3"}, {missing, "fault drop_response was never injected"},
-		{unknown, "unknown_upstream 2"}, {light, "policy sw was offered 1.90x its bound"}} {
+		{unknown, "unknown_upstream 2"}, {light, "policy sw was offered 1.90x its bound"},
+		{idle, "0 deleted"}} {
 		if err := tc.s.verdict(kinds); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("verdict got %v, want one saying %q", err, tc.want)
 		}
@@ -78,7 +83,7 @@ func TestJudgeCatchesAnOverAdmissionInARecordedHistory(t *testing.T) {
 	reps := []*replica{{offset: 0}, {offset: 100 * time.Millisecond}, {offset: -100 * time.Millisecond}}
 	var res runResult
 	res.Other = map[int]int{}
-	judge(&res, ps, recs, reps)
+	judge(&res, ps, recs, reps, noConsole())
 	if len(res.Checks) != 1 || res.Checks[0].Excess != 1 || res.Checks[0].Admitted != 11 {
 		t.Fatalf("checks got %+v, want fw with 11 admitted, excess 1", res.Checks)
 	}
@@ -89,7 +94,7 @@ func TestJudgeCatchesAnOverAdmissionInARecordedHistory(t *testing.T) {
 	// skew the checker cannot place it, and says nothing.
 	recs[0].sent, recs[0].enter = base.Add(50*time.Millisecond), base.Add(60*time.Millisecond)
 	res = runResult{Other: map[int]int{}}
-	judge(&res, ps, recs, reps)
+	judge(&res, ps, recs, reps, noConsole())
 	if res.Checks[0].Excess != 0 {
 		t.Errorf("with one decision in the skew margin: excess %d, want 0", res.Checks[0].Excess)
 	}
@@ -110,7 +115,8 @@ func TestOfferedVsBound(t *testing.T) {
 	send("sw", 11, 1, s10)   // 11 units in 10 s: 5 windows of 10
 	send("q", 30, 1, s10)    // 30 against one day's 10
 	send("cc", 500, 1, s10)  // 50/s held 100 ms: 5 in flight against 2
-	got := offeredVsBound(policies(), recs)
+	spans, _, _ := spansOf(policies(), recs, noConsole(), 0, 0)
+	got := offeredVsBound(policies(), recs, spans)
 	want := map[string]loadRatio{
 		"tb":  {Offered: 300, Bound: 105, Ratio: 2.857},
 		"fw":  {Offered: 40, Bound: 50, Ratio: 0.8},
@@ -167,5 +173,100 @@ func TestSelfTestVerdict(t *testing.T) {
 		if s.verdict() == nil {
 			t.Errorf("%s: the verdict passed", name)
 		}
+	}
+}
+
+func noConsole() *bounds {
+	return &bounds{windows: map[string][]exactcheck.Window{}, live: map[string][]exactcheck.Window{}}
+}
+
+// TestJudgeCutsAtResets: 10 admitted before a reset and 10 after it, inside one window of fw,
+// pass (the reset made the key full where it landed); the same 20 with the reset not seen
+// land are 10 over. The reset's landing comes from the relay's watch, attributed to the
+// reset in flight by its items' key.
+func TestJudgeCutsAtResets(t *testing.T) {
+	base := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return base.Add(d) }
+	var recs []*record
+	for i := range 20 {
+		sent := at(200*time.Millisecond + time.Duration(i)*80*time.Millisecond)
+		if i >= 10 {
+			sent = sent.Add(200 * time.Millisecond) // after the reset at [1.0 s, 1.1 s]
+		}
+		recs = append(recs, &record{id: int64(i), policy: "fw", cost: 1, sent: sent, recv: sent.Add(5 * time.Millisecond),
+			status: 200, enter: sent.Add(2 * time.Millisecond), exit: sent.Add(3 * time.Millisecond)})
+	}
+	var ps []policy
+	for _, p := range policies() {
+		if p.name == "fw" {
+			ps = append(ps, p)
+		}
+	}
+	reps := []*replica{{offset: 0}}
+	cl := &consoleLog{resets: []resetRec{{Policy: "fw", Sent: at(time.Second), Answered: at(1100 * time.Millisecond), Status: 200}}}
+	cl.watch(ddbrelay.Write{Op: "UpdateItem", Items: []ddbrelay.Item{{Table: "t", Key: "abcd#w123"}},
+		Body: []byte(`{"UpdateExpression":"SET #count = :zero"}`), Sent: at(1010 * time.Millisecond), Answered: at(1020 * time.Millisecond)})
+	cl.watch(ddbrelay.Write{Op: "UpdateItem", Items: []ddbrelay.Item{{Table: "t", Key: "abcd#w123"}},
+		Body: []byte(`{"UpdateExpression":"ADD #count :one"}`), Sent: at(1010 * time.Millisecond), Answered: at(1020 * time.Millisecond)})
+	b, st, err := consoleBounds(cl, false, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Resets != 1 || st.ResetWrites != 1 || len(b.windows["fw"]) != 1 {
+		t.Fatalf("got stats %+v, windows %v; want one reset, one reset write (the take is none)", st, b.windows)
+	}
+	res := runResult{Other: map[int]int{}}
+	judge(&res, ps, recs, reps, b)
+	if res.Checks[0].Excess != 0 || res.Console.DecisionsJudged != 20 {
+		t.Errorf("10 and 10 around a reset: checks %+v, judged %d; want no excess, 20 judged", res.Checks, res.Console.DecisionsJudged)
+	}
+	res = runResult{Other: map[int]int{}}
+	judge(&res, ps, recs, reps, noConsole())
+	if res.Checks[0].Excess != 10 {
+		t.Errorf("without the reset: checks %+v, want excess 10", res.Checks)
+	}
+	// A reset that answered 200 with no reset write seen: the judge would miss it.
+	cl = &consoleLog{resets: []resetRec{{Policy: "fw", Sent: at(time.Second), Answered: at(1100 * time.Millisecond), Status: 200}}}
+	if _, _, err := consoleBounds(cl, false, 0, 0); err == nil || !strings.Contains(err.Error(), "resetWrite") {
+		t.Errorf("a reset without its write: got %v, want an error naming resetWrite", err)
+	}
+}
+
+// TestConsoleBoundsOfExemptions: an expired exemption's limit applies from when every replica
+// listed it to its expiry's window (widened by the clock offsets); a deleted one's until its
+// delete was sent; a failed one is judged nowhere in its life.
+func TestConsoleBoundsOfExemptions(t *testing.T) {
+	base := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	cl := &consoleLog{exempts: []*exemptRec{
+		{Policy: "fx", Created: 201, CreateSent: at(1), LiveFrom: at(2), ExpiresAt: at(4), Outcome: "expired"},
+		{Policy: "fx", Created: 201, CreateSent: at(5), LiveFrom: at(6), ExpiresAt: at(9), DeleteSent: at(7), GoneAt: at(8), Deleted: 200, Outcome: "deleted"},
+		{Policy: "fx", Created: 503, CreateSent: at(10), ExpiresAt: at(12), Outcome: "failed"},
+	}}
+	off := 100 * time.Millisecond
+	b, st, err := consoleBounds(cl, false, -off, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ExemptionsCreated != 2 || st.ExemptionsExpired != 1 || st.ExemptionsDeleted != 1 || st.ExemptionsFailed != 1 {
+		t.Errorf("stats got %+v", st)
+	}
+	wantLive := []exactcheck.Window{{From: at(2), To: at(4).Add(-off - expiryMargin)}, {From: at(6), To: at(7)}}
+	if len(b.live["fx"]) != 2 || b.live["fx"][0] != wantLive[0] || b.live["fx"][1] != wantLive[1] {
+		t.Errorf("live got %v, want %v", b.live["fx"], wantLive)
+	}
+	var fx policy
+	for _, p := range policies() {
+		if p.name == "fx" {
+			fx = p
+		}
+	}
+	spans := exactcheck.Spans(at(0), at(14), b.windowsOf("fx"), b.limitAt(fx, fx.limit), 0)
+	var limits []int64
+	for _, sp := range spans {
+		limits = append(limits, sp.Limit.Limit)
+	}
+	if want := []int64{10, 15, 10, 15, 10, 10}; !slices.Equal(limits, want) {
+		t.Errorf("span limits got %v (%+v), want %v", limits, spans, want)
 	}
 }

@@ -32,20 +32,23 @@ type record struct {
 
 // upstream records each request it serves, by the X-Check-Id the generator put on it.
 type upstream struct {
+	ps    []policy // the concurrency policies' holds
 	mu    sync.Mutex
 	seen  map[int64][2]time.Time
 	extra int64 // requests without a known id: must stay 0
 }
 
-func newUpstream() *upstream { return &upstream{seen: make(map[int64][2]time.Time)} }
+func newUpstream(ps []policy) *upstream {
+	return &upstream{ps: ps, seen: make(map[int64][2]time.Time)}
+}
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	enter := time.Now()
 	id, err := strconv.ParseInt(r.Header.Get("X-Check-Id"), 10, 64)
-	if strings.HasPrefix(r.URL.Path, "/cc/") {
+	if hold := holdOf(u.ps, r.URL.Path); hold > 0 {
 		// A concurrency policy's request holds its slot this long. The upstream's own timing,
 		// not a test's wait.
-		t := time.NewTimer(concurrencyHold)
+		t := time.NewTimer(hold)
 		<-t.C
 	}
 	w.Header().Set("Content-Type", "text/plain")
@@ -174,8 +177,8 @@ func newClient() *http.Client {
 		Timeout: 5 * time.Second,
 		Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
-			MaxIdleConns:        64,
-			MaxIdleConnsPerHost: 64,
+			MaxIdleConns:        512, // cr keeps about 120 requests in flight to each replica
+			MaxIdleConnsPerHost: 512,
 			IdleConnTimeout:     time.Minute,
 			DisableCompression:  true,
 		},
