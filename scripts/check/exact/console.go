@@ -160,7 +160,7 @@ func (c *console) resets(ctx context.Context, ps []policy) {
 // seed's parity, so that consecutive runs, whose seeds follow each other, see both).
 func (c *console) exemptions(ctx context.Context, p policy) {
 	rng := rand.New(rand.NewPCG(c.seed, 3)) // the resets draw from c.rng meanwhile
-	for i := int(c.seed % 2); ; i++ { // consecutive runs (seeds) begin with either kind
+	for i := int(c.seed % 2); ; i++ {       // consecutive runs (seeds) begin with either kind
 		gap := exemptGap
 		if i < 2 {
 			gap = exemptFirst
