@@ -6,13 +6,15 @@
 // gave up, copies applied after other writes landed, two writes of one replica reordered), kills
 // one replica with SIGKILL mid-load and restarts it, runs the replicas with offset clocks (the
 // test gateway's RATELIMIT_TEST_CLOCK_OFFSET), and drives every algorithm with leases on and off, in each
-// group mode, each offered at least twice its bound. It records every decision on one clock (the
+// group mode, each offered at least twice its bound, while the console resets keys and gives
+// one exemptions (console.go; the judge cuts each history where those writes landed), then
+// runs the memory store on one replica. It records every decision on one clock (the
 // load generator's, shared with the test upstream) and checks the exact bound of every bucket
 // over every interval of the history (internal/testkit/exactcheck). It writes .cache/check/exact.json:
 //
 //	runs, decisions, faults_injected{kind: n} (the relay's kinds, kill, clock_offset),
 //	over_admits, units_unaccounted, under_admit_ratio, unknown_upstream,
-//	offered_vs_bound{policy: ratio}, duration_s
+//	offered_vs_bound{policy: ratio}, console{resets, exemptions...}, duration_s
 //
 // and .cache/check/exact-runs.json, the details of every run: its seed, each bucket's worst
 // interval, the faults, how wide the decisions' intervals were. It exits non-zero when
@@ -118,7 +120,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&kill, "kill", envOr("CHECK_EXACT_KILL", "1"), "1: SIGKILL replica 0 mid-load and restart it (CHECK_EXACT_KILL)")
 	fs.Float64Var(&o.load, "load", harness.Atof(envOr("CHECK_EXACT_LOAD", "1")), "offered load as a multiple of the base rates (1: about 3 times each policy's bound; below about 0.7 the check fails, as a gateway that limits nothing could pass) (CHECK_EXACT_LOAD)")
 	fs.DurationVar(&o.storeTimeout, "store-timeout", harness.Dur(envOr("CHECK_EXACT_STORE_TIMEOUT", "2s")), "the replicas' store.timeout (CHECK_EXACT_STORE_TIMEOUT)")
-	fs.StringVar(&exclude, "exclude", envOr("CHECK_EXACT_EXCLUDE", ""), "policies left out, of tb, tbl, lb, fw, fwl, sw, co, q, cc and gate (gate: no group is ever rejected by a second policy); name@mode leaves it out in one group mode only, e.g. gate@refund (CHECK_EXACT_EXCLUDE)")
+	fs.StringVar(&exclude, "exclude", envOr("CHECK_EXACT_EXCLUDE", ""), "policies left out, of tb, tbl, lb, fw, fwl, sw, co, q, cc, cr, fx and gate (gate: no group is ever rejected by a second policy); name@mode leaves it out in one group mode only, e.g. gate@refund (CHECK_EXACT_EXCLUDE)")
 	fs.StringVar(&self, "selftest", envOr("CHECK_EXACT_SELFTEST", "0"), "1: instead of the check, its self-test: one run against each mutant ("+strings.Join(mutants, ", ")+"), in the first mode; writes selftest.json and fails unless every mutant is caught and every policy over-admits under admit-everything (CHECK_EXACT_SELFTEST)")
 	var ms string
 	fs.StringVar(&ms, "mutants", envOr("CHECK_EXACT_MUTANTS", strings.Join(mutants, ",")), "the mutants the self-test runs (CHECK_EXACT_MUTANTS)")
