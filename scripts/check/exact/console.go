@@ -32,9 +32,9 @@ const (
 	// exemptGap: no exemption between two, for more than a window: an exemption that outlives
 	// its expiry over-admits there.
 	exemptGap    = 2500 * time.Millisecond
-	exemptFirst  = 500 * time.Millisecond // the first exemption's creation, after the load starts
-	exemptDelete = time.Second            // a deleted exemption lives this long once applied everywhere
-	pollEvery    = 20 * time.Millisecond  // polling the replicas' lists (processes, with deadlines)
+	exemptFirst  = time.Second           // the first exemption's creation, after the load starts
+	exemptDelete = time.Second           // a deleted exemption lives this long once applied everywhere
+	pollEvery    = 20 * time.Millisecond // polling the replicas' lists (processes, with deadlines)
 	// applyWithin is how long every replica gets to apply a change of the exemptions (one read
 	// period of 1 s, plus faults): past it the exemption's state is unknown, and its whole life
 	// is judged by no span.

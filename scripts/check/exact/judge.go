@@ -113,6 +113,12 @@ func judge(res *runResult, ps []policy, recs []*record, reps []*replica, b *boun
 // the load is measured against (each would add a whole window's limit).
 const minSpan = 200 * time.Millisecond
 
+// ratioSpan is the shortest span whose load enters offered_vs_bound. A shorter one (between a
+// reset and an exemption's change, say) is judged like the others, but its bound is at least a
+// whole window's limit however short it is, so no steady load is twice it there: counted, they
+// would make the ratio say more about the console's pace than about the load.
+const ratioSpan = 2 * time.Second
+
 // spansOf cuts each policy's history (from the first request sent to the last answer) at the
 // console's writes.
 func spansOf(ps []policy, recs []*record, b *bounds, minOff, maxOff time.Duration) (map[string][]exactcheck.Span, time.Time, time.Time) {
@@ -185,6 +191,9 @@ func offeredVsBound(ps []policy, recs []*record, spans map[string][]exactcheck.S
 			lr = loadRatio{Offered: float64(len(byPolicy[p.name])) * p.hold.Seconds() / span, Bound: float64(p.concurrency)}
 		} else {
 			for _, sp := range spans[p.name] {
+				if sp.To.Sub(sp.From) < ratioSpan {
+					continue // judged, but too short for any load to be twice its bound
+				}
 				for _, s := range byPolicy[p.name] {
 					if !s.at.Before(sp.From) && !s.at.After(sp.To) {
 						lr.Offered += float64(s.cost)
