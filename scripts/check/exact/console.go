@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"regexp"
@@ -78,14 +79,29 @@ type consoleLog struct {
 	landings []ddbrelay.Write
 }
 
-// resetWrite matches the body of a write that empties an item for a reset (internal/dynamo
-// admin.go: a bucket's tat, a concurrency item's count and slots, a counter). The run fails
-// when a reset answered 200 without one of these landing within it: then this list is stale.
-var resetWrite = regexp.MustCompile(`"UpdateExpression":"(REMOVE #tat|REMOVE #count|SET #count = :zero)`)
+// The bodies of the writes that empty an item for a reset (internal/dynamo admin.go): a bucket's
+// tat, a counter's count, a concurrency item's count and slots (removed all at once, or, since
+// issue 32 item 1, in writes that each take their own slots off the count while they are all
+// there: attribute_exists, where a release names its one slot #l and a reap conditions on the
+// slots' expiries). The run fails when a reset answered 200 without one of these landing
+// within it: then this list is stale.
+var (
+	resetWrite     = regexp.MustCompile(`"UpdateExpression":"(REMOVE #tat|REMOVE #count|SET #count = :zero)`)
+	slotResetWrite = regexp.MustCompile(`"UpdateExpression":"ADD #count :minus REMOVE #l0[,"]`)
+	slotResetCond  = regexp.MustCompile(`attribute_exists\(#l0\)`)
+	// concurrencyReset matches a concurrency item's reset write, in either form (the relay's
+	// targeted delay: Item #c$ leaves the other items out).
+	concurrencyReset = regexp.MustCompile(`"UpdateExpression":"REMOVE #count|attribute_exists\(#l0\)`)
+)
+
+// isResetWrite reports whether body is a reset's write.
+func isResetWrite(body []byte) bool {
+	return resetWrite.Match(body) || (slotResetWrite.Match(body) && slotResetCond.Match(body))
+}
 
 // watch is the relay's Options.Watch: it keeps the reset writes.
 func (cl *consoleLog) watch(w ddbrelay.Write) {
-	if !resetWrite.Match(w.Body) {
+	if !isResetWrite(w.Body) {
 		return
 	}
 	w.Body = nil
@@ -346,7 +362,7 @@ func consoleBounds(cl *consoleLog, memory bool, minOff, maxOff time.Duration) (*
 	b := &bounds{windows: map[string][]exactcheck.Window{}, live: map[string][]exactcheck.Window{}}
 	var st consoleStats
 	resetPolicies := map[string]bool{}
-	keyOf := map[string]string{} // an item's key digest (its pk before '#') -> policy
+	keyOf := map[string]map[string]bool{} // an item's key digest (its pk before '#') -> policies
 	for _, r := range cl.resets {
 		resetPolicies[r.Policy] = true
 		st.Resets++
@@ -361,7 +377,11 @@ func consoleBounds(cl *consoleLog, memory bool, minOff, maxOff time.Duration) (*
 		for _, w := range cl.landings {
 			if !w.Sent.Before(r.Sent) && !w.Answered.After(r.Answered) {
 				for _, it := range w.Items {
-					keyOf[digestOf(it.Key)] = r.Policy
+					d := digestOf(it.Key)
+					if keyOf[d] == nil {
+						keyOf[d] = map[string]bool{}
+					}
+					keyOf[d][r.Policy] = true
 				}
 				found = true
 			}
@@ -373,17 +393,14 @@ func consoleBounds(cl *consoleLog, memory bool, minOff, maxOff time.Duration) (*
 	for _, w := range cl.landings {
 		st.ResetWrites++
 		win := exactcheck.Window{From: w.Sent, To: w.Answered}
-		owner := ""
+		owners := map[string]bool{}
 		for _, it := range w.Items {
-			if p, ok := keyOf[digestOf(it.Key)]; ok {
-				owner = p
-			}
+			maps.Copy(owners, keyOf[digestOf(it.Key)])
 		}
-		if owner != "" {
-			b.windows[owner] = append(b.windows[owner], win)
-			continue
+		if len(owners) == 0 {
+			owners = resetPolicies // whose it is is unknown: it may have reset any of them
 		}
-		for p := range resetPolicies { // whose it is is unknown: it may have reset any of them
+		for p := range owners { // (more than one: a write of another policy's item landed in a reset's call)
 			b.windows[p] = append(b.windows[p], win)
 		}
 	}

@@ -117,7 +117,7 @@ const minSpan = 200 * time.Millisecond
 // reset and an exemption's change, say) is judged like the others, but its bound is at least a
 // whole window's limit however short it is, so no steady load is twice it there: counted, they
 // would make the ratio say more about the console's pace than about the load.
-const ratioSpan = 2 * time.Second
+const ratioSpan = time.Second
 
 // spansOf cuts each policy's history (from the first request sent to the last answer) at the
 // console's writes.
@@ -191,6 +191,9 @@ func offeredVsBound(ps []policy, recs []*record, spans map[string][]exactcheck.S
 			lr = loadRatio{Offered: float64(len(byPolicy[p.name])) * p.hold.Seconds() / span, Bound: float64(p.concurrency)}
 		} else {
 			for _, sp := range spans[p.name] {
+				// The load's span: the answers that came after the last request was sent
+				// (a concurrency policy's held 2 s) are judged, but nothing was offered then.
+				sp.From, sp.To = maxTime(sp.From, sentFirst), minTime(sp.To, sentLast)
 				if sp.To.Sub(sp.From) < ratioSpan {
 					continue // judged, but too short for any load to be twice its bound
 				}
@@ -226,6 +229,13 @@ func capacity(l exactcheck.Limit, span time.Duration) float64 {
 	default:
 		return float64(l.Limit) * (math.Floor(span.Seconds()/l.Window.Seconds()) + 1)
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }

@@ -270,3 +270,27 @@ func TestConsoleBoundsOfExemptions(t *testing.T) {
 		t.Errorf("span limits got %v (%+v), want %v", limits, spans, want)
 	}
 }
+
+// TestResetWritesRecognised: the reset writes of internal/dynamo in both forms are reset
+// writes; a take, a release and a reap of a concurrency item, and a counter's take, are not.
+func TestResetWritesRecognised(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"Key":{"pk":{"S":"ab#g"}},"UpdateExpression":"REMOVE #tat, #lv, #w1, #c1"}`:                                                      true,
+		`{"Key":{"pk":{"S":"ab#c"}},"UpdateExpression":"REMOVE #count, #l0, #l1"}`:                                                         true,
+		`{"Key":{"pk":{"S":"ab#w9"}},"UpdateExpression":"SET #count = :zero"}`:                                                             true,
+		`{"ConditionExpression":"attribute_exists(#l0) AND attribute_exists(#l1)","UpdateExpression":"ADD #count :minus REMOVE #l0, #l1"}`: true,
+		`{"ConditionExpression":"attribute_exists(#l0)","UpdateExpression":"ADD #count :minus REMOVE #l0"}`:                                true,
+		`{"ConditionExpression":"attribute_exists(#l)","UpdateExpression":"ADD #count :minus REMOVE #l"}`:                                  false,
+		`{"ConditionExpression":"#l0 = :e0 AND #l1 = :e1","UpdateExpression":"ADD #count :minus REMOVE #l0, #l1"}`:                         false,
+		`{"UpdateExpression":"ADD #count :one SET #l = :exp, #ttl = :ttl"}`:                                                                false,
+		`{"UpdateExpression":"ADD #count :one SET #ttl = :ttl"}`:                                                                           false,
+	} {
+		if got := isResetWrite([]byte(body)); got != want {
+			t.Errorf("isResetWrite(%s) got %t, want %t", body, got, want)
+		}
+		conc := want && (strings.Contains(body, "REMOVE #count") || strings.Contains(body, "attribute_exists(#l0)"))
+		if got := concurrencyReset.MatchString(body); got != conc {
+			t.Errorf("concurrencyReset(%s) got %t, want %t", body, got, conc)
+		}
+	}
+}

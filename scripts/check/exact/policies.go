@@ -140,9 +140,9 @@ func policies() []policy {
 		{name: "cr", reset: true, concurrency: 120, hold: 2 * time.Second, offered: 150, yaml: `
     algorithm: concurrency
     limit: 120`},
-		// The console's exemptions: 20/s against 10 per window, and against the 15 of an
-		// exemption (exemptLimit) while one is live.
-		{name: "fx", exempt: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 20, yaml: `
+		// The console's exemptions: 30/s against 10 per window, and against the 15 of an
+		// exemption (exemptLimit) while one is live, in spans as short as a second.
+		{name: "fx", exempt: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 30, yaml: `
     algorithm: fixed_window
     limit: 10
     window: 2s`},

@@ -130,7 +130,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		// wait a while, during which other replicas take and release slots (issue 32 item 2:
 		// a reset that writes what it read, unconditionally, races them).
 		faults = append(faults, ddbrelay.Fault{Kind: ddbrelay.FaultDelay, Op: "UpdateItem", Item: regexp.MustCompile(`#c$`),
-			Body: resetWrite, Rate: resetDelayRate, Delay: resetDelay})
+			Body: concurrencyReset, Rate: resetDelayRate, Delay: resetDelay})
 	}
 	for _, k := range o.faultKinds {
 		f := ddbrelay.Fault{Kind: k, Rate: o.faultRate, Delay: o.faultDelay}
@@ -230,6 +230,9 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	}
 	con := &console{reps: reps, ps: ps, token: token, seed: seed, rng: mrand.New(mrand.NewPCG(seed, 2)), log: cl,
 		minOff: minOff, maxOff: maxOff, storeTimeout: o.storeTimeout, client: newClient()}
+	if memory {
+		con.storeTimeout = 0 // exemptions are the replica's own: no read puts a deleted one back
+	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, o.duration)
 	defer stopLoad()
 	done, consoleDone := make(chan struct{}), make(chan struct{})
