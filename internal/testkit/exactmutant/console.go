@@ -7,8 +7,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
@@ -29,6 +31,25 @@ import (
 type consoleMutant struct {
 	dynamo.API
 	name string
+	// seen are the expiries of the exemptions written lately: a write that stores one's expiry
+	// apart from its JSON (an index entry) is rewritten too.
+	seen *expiries
+}
+
+type expiries struct {
+	mu sync.Mutex
+	ts []time.Time
+}
+
+// add remembers ts (the last 64) and returns every expiry remembered.
+func (e *expiries) add(ts ...time.Time) []time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ts = append(e.ts, ts...)
+	if len(e.ts) > 64 {
+		e.ts = e.ts[len(e.ts)-64:]
+	}
+	return append([]time.Time(nil), e.ts...)
 }
 
 func (m consoleMutant) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
@@ -39,30 +60,40 @@ func (m consoleMutant) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemIn
 		c := *in
 		c.ConditionExpression = nil
 		in = prune(&c)
-	case m.name == ExemptionOutlivesExpiry:
-		in = outlive(in)
+	case m.name == ExemptionOutlivesExpiry && exemptionItem(in):
+		in = m.outlive(in)
 	}
 	return m.API.UpdateItem(ctx, in, optFns...)
 }
 
 // slotReset reports whether in is a reset's write of a concurrency item (internal/dynamo: the
-// item's key ends in #c; a reset removes its count, which no take or release does).
+// item's key ends in #c). A reset either removes the count with the slots (which no take or
+// release does), or takes its slots' units off the count and removes them while they all
+// exist: its slots' names are #l0, #l1, ... and it conditions on their existence, where a
+// release names its one slot #l and a reap conditions on the slots' expiries.
 func slotReset(in *dynamodb.UpdateItemInput) bool {
 	pk, ok := in.Key["pk"].(*types.AttributeValueMemberS)
 	if !ok || !strings.HasSuffix(pk.Value, "#c") || in.UpdateExpression == nil {
 		return false
 	}
-	rm, ok := clauses(*in.UpdateExpression)["REMOVE"]
-	if !ok {
-		return false
-	}
-	for _, n := range rm {
+	cs := clauses(*in.UpdateExpression)
+	for _, n := range cs["REMOVE"] {
 		if in.ExpressionAttributeNames[strings.TrimSpace(n)] == "count" {
+			return true
+		}
+	}
+	cond := aws.ToString(in.ConditionExpression)
+	for _, n := range cs["REMOVE"] {
+		n = strings.TrimSpace(n)
+		if numbered.MatchString(n) && strings.Contains(cond, "attribute_exists("+n+")") && slotName.MatchString(in.ExpressionAttributeNames[n]) {
 			return true
 		}
 	}
 	return false
 }
+
+// numbered matches the names a reset gives its slots (#l0, #l1, ...).
+var numbered = regexp.MustCompile(`^#l[0-9]+$`)
 
 // slotName matches a concurrency slot's attribute (internal/dynamo: "l" and the slot id in hex).
 var slotName = regexp.MustCompile(`^l[0-9a-f]+$`)
@@ -168,9 +199,17 @@ func prune(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
 // outlivedBy is how much longer the mutant's exemptions live.
 const outlivedBy = time.Hour
 
+// exemptionItem reports whether in writes an item of the exemptions (internal/dynamo: the
+// shared exemptions item, its index, or an exemption's own item), and no other console item
+// (the resets item holds instants too).
+func exemptionItem(in *dynamodb.UpdateItemInput) bool {
+	pk, ok := in.Key["pk"].(*types.AttributeValueMemberS)
+	return ok && strings.HasPrefix(pk.Value, "ratelimit-proxy#exemption")
+}
+
 // outlive is in with every exemption it stores living outlivedBy longer.
-func outlive(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
-	vs, ok := outliveValues(in.ExpressionAttributeValues)
+func (m consoleMutant) outlive(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
+	vs, ok := outliveValues(in.ExpressionAttributeValues, m.seen)
 	if !ok {
 		return in
 	}
@@ -183,7 +222,7 @@ func outlive(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
 // expires_at and bucket_key, alone or in a map) to expire outlivedBy later, and every number
 // beside them that is that expiry (in seconds, milliseconds or nanoseconds, give or take the
 // store's own margin of up to an hour: a TTL, a per-entry expiry) likewise. ok: some was.
-func outliveValues(vs map[string]types.AttributeValue) (map[string]types.AttributeValue, bool) {
+func outliveValues(vs map[string]types.AttributeValue, seen *expiries) (map[string]types.AttributeValue, bool) {
 	var expiries []time.Time
 	var walk func(av types.AttributeValue) types.AttributeValue
 	walk = func(av types.AttributeValue) types.AttributeValue {
@@ -215,27 +254,35 @@ func outliveValues(vs map[string]types.AttributeValue) (map[string]types.Attribu
 	for k, v := range vs {
 		out[k] = walk(v)
 	}
-	if len(expiries) == 0 {
-		return vs, false
+	known := seen.add(expiries...)
+	changed := len(expiries) > 0
+	var shift func(av types.AttributeValue) types.AttributeValue
+	shift = func(av types.AttributeValue) types.AttributeValue {
+		switch v := av.(type) {
+		case *types.AttributeValueMemberN:
+			x, err := strconv.ParseInt(v.Value, 10, 64)
+			if err != nil {
+				return av
+			}
+			for _, unit := range []time.Duration{time.Second, time.Millisecond, time.Nanosecond} {
+				if near(time.Unix(0, x*int64(unit)), known) {
+					changed = true
+					return &types.AttributeValueMemberN{Value: strconv.FormatInt(x+int64(outlivedBy/unit), 10)}
+				}
+			}
+		case *types.AttributeValueMemberM:
+			m := make(map[string]types.AttributeValue, len(v.Value))
+			for k, x := range v.Value {
+				m[k] = shift(x)
+			}
+			return &types.AttributeValueMemberM{Value: m}
+		}
+		return av
 	}
 	for k, v := range out {
-		n, ok := v.(*types.AttributeValueMemberN)
-		if !ok {
-			continue
-		}
-		x, err := strconv.ParseInt(n.Value, 10, 64)
-		if err != nil {
-			continue
-		}
-		for _, unit := range []time.Duration{time.Second, time.Millisecond, time.Nanosecond} {
-			at := time.Unix(0, x*int64(unit))
-			if near(at, expiries) {
-				out[k] = &types.AttributeValueMemberN{Value: strconv.FormatInt(x+int64(outlivedBy/unit), 10)}
-				break
-			}
-		}
+		out[k] = shift(v)
 	}
-	return out, true
+	return out, changed
 }
 
 func near(at time.Time, ts []time.Time) bool {

@@ -15,12 +15,36 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 )
 
-// console is what the console needs of the store (internal/admin's Keys and Shared).
+// console is what the console needs of the store (internal/admin's Keys and Shared), but
+// PutExemption, whose form changed with the bound on exemptions (put).
 type console interface {
 	bucket.Releaser
 	Reset(ctx context.Context, now time.Time, c bucket.Charge) error
-	PutExemption(ctx context.Context, id string, data []byte, expires time.Time) error
 	Exemptions(ctx context.Context) ([][]byte, error)
+}
+
+// put stores an exemption through whichever form of PutExemption s has.
+func put(t *testing.T, s console, id string, data []byte, expires time.Time) {
+	t.Helper()
+	var err error
+	switch p := s.(type) {
+	case interface {
+		PutExemption(context.Context, string, []byte, time.Time) error
+	}:
+		err = p.PutExemption(context.Background(), id, data, expires)
+	case interface {
+		PutExemption(context.Context, string, []byte, time.Time, int) (bool, error)
+	}:
+		var stored bool
+		if stored, err = p.PutExemption(context.Background(), id, data, expires, 10); err == nil && !stored {
+			t.Fatal("PutExemption: not stored")
+		}
+	default:
+		t.Fatalf("%T has no PutExemption", s)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestResetLeavesSlotsOverAdmits: limit 2, two slots held at a reset, two more taken after it;
@@ -97,13 +121,22 @@ func TestResetUnconditionalDropsTheCondition(t *testing.T) {
 	release := &dynamodb.UpdateItemInput{Key: key("ab#c"), UpdateExpression: aws.String("ADD #count :minus REMOVE #l"),
 		ConditionExpression: aws.String("attribute_exists(#l)"), ExpressionAttributeNames: map[string]string{"#count": "count", "#l": "l1f"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": n("-1")}}
+	// The reset since issue 32 item 1: each write takes its own slots' units off the count
+	// while they all exist. A reap is the same change conditioned on the slots' expiries.
+	conditioned := &dynamodb.UpdateItemInput{Key: key("ab#c"), UpdateExpression: aws.String("ADD #count :minus REMOVE #l0, #l1"),
+		ConditionExpression:       aws.String("attribute_exists(#l0) AND attribute_exists(#l1)"),
+		ExpressionAttributeNames:  map[string]string{"#count": "count", "#l0": "l1f", "#l1": "l2e"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": n("-2")}}
+	reap := &dynamodb.UpdateItemInput{Key: key("ab#c"), UpdateExpression: aws.String("ADD #count :minus REMOVE #l0"),
+		ConditionExpression: aws.String("#l0 = :e0"), ExpressionAttributeNames: map[string]string{"#count": "count", "#l0": "l1f"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": n("-1"), ":e0": n("5")}}
 	window := &dynamodb.UpdateItemInput{Key: key("ab#w5"), UpdateExpression: aws.String("SET #count = :zero"),
 		ConditionExpression: aws.String("#count = :n"), ExpressionAttributeNames: map[string]string{"#count": "count"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":zero": n("0"), ":n": n("4")}}
 	for _, name := range []string{ResetUnconditional, ResetLeavesSlots} {
 		rec := &recorder{}
 		c := Client(rec, name)
-		for _, in := range []*dynamodb.UpdateItemInput{reset, release, window} {
+		for _, in := range []*dynamodb.UpdateItemInput{reset, release, window, conditioned, reap} {
 			if _, err := c.UpdateItem(context.Background(), in); err != nil {
 				t.Fatal(err)
 			}
@@ -119,8 +152,19 @@ func TestResetUnconditionalDropsTheCondition(t *testing.T) {
 				t.Errorf("%s: reset sent as %q if %q with names %v; want REMOVE #count if #count = :n", name, *got.UpdateExpression, aws.ToString(got.ConditionExpression), got.ExpressionAttributeNames)
 			}
 		}
-		if rec.sent[1] != release || rec.sent[2] != window {
-			t.Errorf("%s: a release or a window's reset was rewritten: %+v, %+v", name, rec.sent[1], rec.sent[2])
+		got = rec.sent[3]
+		switch name {
+		case ResetUnconditional:
+			if got.ConditionExpression != nil || *got.UpdateExpression != *conditioned.UpdateExpression || len(got.ExpressionAttributeValues) != 1 {
+				t.Errorf("%s: conditioned reset sent as %q if %v with %v; want it without its condition", name, *got.UpdateExpression, got.ConditionExpression, got.ExpressionAttributeValues)
+			}
+		case ResetLeavesSlots:
+			if *got.UpdateExpression != "ADD #count :minus" || got.ConditionExpression != nil || len(got.ExpressionAttributeNames) != 1 {
+				t.Errorf("%s: conditioned reset sent as %q if %v with names %v; want ADD #count :minus, no condition", name, *got.UpdateExpression, got.ConditionExpression, got.ExpressionAttributeNames)
+			}
+		}
+		if rec.sent[1] != release || rec.sent[2] != window || rec.sent[4] != reap {
+			t.Errorf("%s: a release, a window's reset or a reap was rewritten: %+v, %+v, %+v", name, rec.sent[1], rec.sent[2], rec.sent[4])
 		}
 	}
 }
@@ -132,9 +176,7 @@ func TestExemptionOutlivesItsExpiry(t *testing.T) {
 	data, _ := json.Marshal(map[string]any{"id": "ex_1", "policy": "fx", "expires_at": expires, "bucket_key": "ab"})
 	for _, name := range []string{"", ExemptionOutlivesExpiry} {
 		s := dynamoStore(t, name).(console)
-		if err := s.PutExemption(context.Background(), "ex_1", data, expires); err != nil {
-			t.Fatal(err)
-		}
+		put(t, s, "ex_1", data, expires)
 		raw, err := s.Exemptions(context.Background())
 		if err != nil || len(raw) != 1 {
 			t.Fatalf("mutant %q: exemptions got %d (%v), want 1", name, len(raw), err)

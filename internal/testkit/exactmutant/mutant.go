@@ -75,7 +75,7 @@ func Client(api dynamo.API, name string) dynamo.API {
 	case ResendWithoutMarker:
 		return resend{api}
 	case ResetLeavesSlots, ResetUnconditional, ExemptionOutlivesExpiry:
-		return consoleMutant{api, name}
+		return consoleMutant{api, name, &expiries{}}
 	}
 	return api
 }

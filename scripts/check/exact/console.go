@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"math/rand/v2"
 	"net/http"
 	"regexp"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactcheck"
+	rpolicy "github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 // The console's writes while the load and the faults run (issue 32 item 15): resets of every
@@ -354,17 +354,32 @@ func (b *bounds) limitAt(p policy, l exactcheck.Limit) func(from, to time.Time) 
 
 // consoleBounds turns the console log into the judge's bounds. memory: resets landed inside
 // their own calls (the store is in the process); else the relay's landings of reset writes say
-// where. It fails when a reset answered 200 while no reset write landed within it (resetWrite
-// no longer recognises the store's reset writes: the judge would miss them).
-func consoleBounds(cl *consoleLog, memory bool, minOff, maxOff time.Duration) (*bounds, consoleStats, error) {
+// where, each the reset of the policy whose key digest its item carries (digests: digest ->
+// policy; a landing of another digest counts for every policy reset). It fails when a reset
+// answered 200 while no reset write of its policy landed within it (resetWrite no longer
+// recognises the store's reset writes: the judge would miss them).
+func consoleBounds(cl *consoleLog, memory bool, digests map[string]string, minOff, maxOff time.Duration) (*bounds, consoleStats, error) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	b := &bounds{windows: map[string][]exactcheck.Window{}, live: map[string][]exactcheck.Window{}}
 	var st consoleStats
 	resetPolicies := map[string]bool{}
-	keyOf := map[string]map[string]bool{} // an item's key digest (its pk before '#') -> policies
 	for _, r := range cl.resets {
 		resetPolicies[r.Policy] = true
+	}
+	owners := func(w ddbrelay.Write) map[string]bool {
+		out := map[string]bool{}
+		for _, it := range w.Items {
+			if p, ok := digests[digestOf(it.Key)]; ok {
+				out[p] = true
+			}
+		}
+		if len(out) == 0 {
+			return resetPolicies // whose it is is unknown: it may have reset any of them
+		}
+		return out
+	}
+	for _, r := range cl.resets {
 		st.Resets++
 		if r.Status != http.StatusOK {
 			st.ResetsFailed++
@@ -375,33 +390,16 @@ func consoleBounds(cl *consoleLog, memory bool, minOff, maxOff time.Duration) (*
 		}
 		found := false
 		for _, w := range cl.landings {
-			if !w.Sent.Before(r.Sent) && !w.Answered.After(r.Answered) {
-				for _, it := range w.Items {
-					d := digestOf(it.Key)
-					if keyOf[d] == nil {
-						keyOf[d] = map[string]bool{}
-					}
-					keyOf[d][r.Policy] = true
-				}
-				found = true
-			}
+			found = found || (!w.Sent.Before(r.Sent) && !w.Answered.After(r.Answered) && owners(w)[r.Policy])
 		}
 		if r.Status == http.StatusOK && !found {
-			return nil, st, fmt.Errorf("a reset of policy %s answered 200 with no reset write landing within it: resetWrite (console.go) no longer matches the store's reset writes", r.Policy)
+			return nil, st, fmt.Errorf("a reset of policy %s answered 200 with no reset write of its landing within it: resetWrite (console.go) no longer matches the store's reset writes", r.Policy)
 		}
 	}
 	for _, w := range cl.landings {
 		st.ResetWrites++
-		win := exactcheck.Window{From: w.Sent, To: w.Answered}
-		owners := map[string]bool{}
-		for _, it := range w.Items {
-			maps.Copy(owners, keyOf[digestOf(it.Key)])
-		}
-		if len(owners) == 0 {
-			owners = resetPolicies // whose it is is unknown: it may have reset any of them
-		}
-		for p := range owners { // (more than one: a write of another policy's item landed in a reset's call)
-			b.windows[p] = append(b.windows[p], win)
+		for p := range owners(w) {
+			b.windows[p] = append(b.windows[p], exactcheck.Window{From: w.Sent, To: w.Answered})
 		}
 	}
 	for _, e := range cl.exempts {
@@ -433,4 +431,26 @@ func consoleBounds(cl *consoleLog, memory bool, minOff, maxOff time.Duration) (*
 func digestOf(pk string) string {
 	d, _, _ := strings.Cut(pk, "#")
 	return d
+}
+
+// keyDigests are the key digests of the policies ps as the replicas compute them, from one
+// replica's configuration file (a global key's digest: what its items' keys begin with).
+func keyDigests(cfgPath string, ps []policy, getenv func(string) string) (map[string]string, error) {
+	cfg, err := rpolicy.Load(cfgPath, rpolicy.LoadOptions{Getenv: getenv})
+	if err != nil {
+		return nil, err
+	}
+	set, err := rpolicy.Compile(cfg, rpolicy.CompileOptions{Getenv: getenv})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, p := range ps {
+		c, _, _, err := set.KeyCharge(p.name, "")
+		if err != nil {
+			return nil, fmt.Errorf("policy %s: %w", p.name, err)
+		}
+		out[c.Key.String()] = p.name
+	}
+	return out, nil
 }

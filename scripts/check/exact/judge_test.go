@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -183,7 +184,7 @@ func noConsole() *bounds {
 // TestJudgeCutsAtResets: 10 admitted before a reset and 10 after it, inside one window of fw,
 // pass (the reset made the key full where it landed); the same 20 with the reset not seen
 // land are 10 over. The reset's landing comes from the relay's watch, attributed to the
-// reset in flight by its items' key.
+// reset's policy by its items' key digest.
 func TestJudgeCutsAtResets(t *testing.T) {
 	base := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return base.Add(d) }
@@ -208,7 +209,7 @@ func TestJudgeCutsAtResets(t *testing.T) {
 		Body: []byte(`{"UpdateExpression":"SET #count = :zero"}`), Sent: at(1010 * time.Millisecond), Answered: at(1020 * time.Millisecond)})
 	cl.watch(ddbrelay.Write{Op: "UpdateItem", Items: []ddbrelay.Item{{Table: "t", Key: "abcd#w123"}},
 		Body: []byte(`{"UpdateExpression":"ADD #count :one"}`), Sent: at(1010 * time.Millisecond), Answered: at(1020 * time.Millisecond)})
-	b, st, err := consoleBounds(cl, false, 0, 0)
+	b, st, err := consoleBounds(cl, false, map[string]string{"abcd": "fw"}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func TestJudgeCutsAtResets(t *testing.T) {
 	}
 	// A reset that answered 200 with no reset write seen: the judge would miss it.
 	cl = &consoleLog{resets: []resetRec{{Policy: "fw", Sent: at(time.Second), Answered: at(1100 * time.Millisecond), Status: 200}}}
-	if _, _, err := consoleBounds(cl, false, 0, 0); err == nil || !strings.Contains(err.Error(), "resetWrite") {
+	if _, _, err := consoleBounds(cl, false, nil, 0, 0); err == nil || !strings.Contains(err.Error(), "resetWrite") {
 		t.Errorf("a reset without its write: got %v, want an error naming resetWrite", err)
 	}
 }
@@ -244,7 +245,7 @@ func TestConsoleBoundsOfExemptions(t *testing.T) {
 		{Policy: "fx", Created: 503, CreateSent: at(10), ExpiresAt: at(12), Outcome: "failed"},
 	}}
 	off := 100 * time.Millisecond
-	b, st, err := consoleBounds(cl, false, -off, off)
+	b, st, err := consoleBounds(cl, false, nil, -off, off)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,6 +292,34 @@ func TestResetWritesRecognised(t *testing.T) {
 		conc := want && (strings.Contains(body, "REMOVE #count") || strings.Contains(body, "attribute_exists(#l0)"))
 		if got := concurrencyReset.MatchString(body); got != conc {
 			t.Errorf("concurrencyReset(%s) got %t, want %t", body, got, conc)
+		}
+	}
+}
+
+// TestKeyDigestsOfTheConfig: every policy of a replica's configuration has a digest of its own
+// (the key its items begin with), computed as the gateway computes it.
+func TestKeyDigestsOfTheConfig(t *testing.T) {
+	path := t.TempDir() + "/replica.yaml"
+	ps := policies()
+	cfg := gatewayConfig("127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:3", "check-exact-t", "http://127.0.0.1:4", "refund", time.Second, ps, true, true)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := keyDigests(path, ps, func(k string) string {
+		if k == adminTokenEnv {
+			return "0123456789abcdef0123456789abcdef"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != len(ps) {
+		t.Fatalf("digests got %d (%v), want one per policy (%d)", len(ds), ds, len(ps))
+	}
+	for d, p := range ds {
+		if len(d) != 64 || strings.Contains(d, "#") {
+			t.Errorf("policy %s: digest %q, want 64 hex digits", p, d)
 		}
 	}
 }

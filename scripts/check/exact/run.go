@@ -325,7 +325,16 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		}
 	}
 	up.mu.Unlock()
-	b, cs, err := consoleBounds(cl, memory, minOff, maxOff)
+	digests, err := keyDigests(reps[0].cfgPath, ps, func(k string) string {
+		if k == adminTokenEnv {
+			return token
+		}
+		return os.Getenv(k)
+	})
+	if err != nil {
+		return res, fmt.Errorf("the policies' key digests: %w", err)
+	}
+	b, cs, err := consoleBounds(cl, memory, digests, minOff, maxOff)
 	if err != nil {
 		return res, err
 	}
