@@ -318,8 +318,8 @@ func TestKeyDigestsOfTheConfig(t *testing.T) {
 		t.Fatalf("digests got %d (%v), want one per policy (%d)", len(ds), ds, len(ps))
 	}
 	for d, p := range ds {
-		if len(d) != 64 || strings.Contains(d, "#") {
-			t.Errorf("policy %s: digest %q, want 64 hex digits", p, d)
+		if len(d) != 32 || strings.Contains(d, "#") {
+			t.Errorf("policy %s: digest %q, want 32 hex digits (a 16-byte key)", p, d)
 		}
 	}
 }
