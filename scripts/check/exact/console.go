@@ -13,9 +13,9 @@ import (
 	"sync"
 	"time"
 
+	rpolicy "github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/ddbrelay"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactcheck"
-	rpolicy "github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
 // The console's writes while the load and the faults run (issue 32 item 15): resets of every
