@@ -34,8 +34,9 @@ var shortExcluded = map[string]string{
 // TestCheckExactShort is `make check-exact` in small: the same orchestrator, 3 real gateway
 // processes on DynamoDB Local behind the fault relay, a SIGKILL and restart, offset clocks,
 // every algorithm with leases on and off, both group modes, then the memory store on one
-// replica, a few seconds each, with the console's resets and exemptions (one exemption a run:
-// one run's expires, the next one's is deleted). It fails on any
+// replica, a few seconds each, with the console's resets and exemptions (one exemption in each
+// DynamoDB run, one run's left to expire, the other's deleted; in the memory store's run one
+// deleted, then one left to expire). It fails on any
 // over-admission, any leased unit unaccounted, any upstream request seen twice or without an
 // id, a fault kind never injected, or a policy offered less than twice its bound, and names the
 // seed that reproduces it (go run ./scripts/check/exact -seed N, see docs/development.md). Then
@@ -105,6 +106,7 @@ func TestCheckExactShort(t *testing.T) {
 	if err := buildMutant(ctx, "../../../internal/testkit/gateway", o.mutantBin); err != nil {
 		t.Fatal(err)
 	}
+	o.duration = 3 * time.Second // enough for every policy to over-admit
 	st, err := selftest(ctx, o, []string{exactmutant.AdmitEverything}, testWriter{t})
 	if err != nil {
 		t.Fatal(err)

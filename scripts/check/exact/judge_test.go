@@ -235,7 +235,8 @@ func TestJudgeCutsAtResets(t *testing.T) {
 
 // TestConsoleBoundsOfExemptions: an expired exemption's limit applies from when every replica
 // listed it to its expiry's window (widened by the clock offsets); a deleted one's until its
-// delete was sent; a failed one is judged nowhere in its life.
+// delete was sent; a failed one is judged nowhere in its life; one the load ended before its
+// expiry is judged as one expired, and not counted as expired.
 func TestConsoleBoundsOfExemptions(t *testing.T) {
 	base := time.Date(2026, 12, 3, 20, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
@@ -243,17 +244,19 @@ func TestConsoleBoundsOfExemptions(t *testing.T) {
 		{Policy: "fx", Created: 201, CreateSent: at(1), LiveFrom: at(2), ExpiresAt: at(4), Outcome: "expired"},
 		{Policy: "fx", Created: 201, CreateSent: at(5), LiveFrom: at(6), ExpiresAt: at(9), DeleteSent: at(7), GoneAt: at(8), Deleted: 200, Outcome: "deleted"},
 		{Policy: "fx", Created: 503, CreateSent: at(10), ExpiresAt: at(12), Outcome: "failed"},
+		// The load ended before its expiry: judged as an expired one, not counted as one.
+		{Policy: "fx", Created: 201, CreateSent: at(13), LiveFrom: at(13.5), ExpiresAt: at(16), Outcome: "ended"},
 	}}
 	off := 100 * time.Millisecond
 	b, st, err := consoleBounds(cl, false, nil, -off, off)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.ExemptionsCreated != 2 || st.ExemptionsExpired != 1 || st.ExemptionsDeleted != 1 || st.ExemptionsFailed != 1 {
+	if st.ExemptionsCreated != 3 || st.ExemptionsExpired != 1 || st.ExemptionsDeleted != 1 || st.ExemptionsFailed != 1 {
 		t.Errorf("stats got %+v", st)
 	}
-	wantLive := []exactcheck.Window{{From: at(2), To: at(4).Add(-off - expiryMargin)}, {From: at(6), To: at(7)}}
-	if len(b.live["fx"]) != 2 || b.live["fx"][0] != wantLive[0] || b.live["fx"][1] != wantLive[1] {
+	wantLive := []exactcheck.Window{{From: at(2), To: at(4).Add(-off - expiryMargin)}, {From: at(6), To: at(7)}, {From: at(13.5), To: at(16).Add(-off - expiryMargin)}}
+	if !slices.Equal(b.live["fx"], wantLive) {
 		t.Errorf("live got %v, want %v", b.live["fx"], wantLive)
 	}
 	var fx policy
@@ -267,7 +270,7 @@ func TestConsoleBoundsOfExemptions(t *testing.T) {
 	for _, sp := range spans {
 		limits = append(limits, sp.Limit.Limit)
 	}
-	if want := []int64{10, 15, 10, 15, 10, 10}; !slices.Equal(limits, want) {
+	if want := []int64{10, 15, 10, 15, 10, 10, 15}; !slices.Equal(limits, want) {
 		t.Errorf("span limits got %v (%+v), want %v", limits, spans, want)
 	}
 }

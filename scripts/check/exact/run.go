@@ -232,6 +232,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		minOff: minOff, maxOff: maxOff, storeTimeout: o.storeTimeout, client: newClient()}
 	if memory {
 		con.storeTimeout = 0 // exemptions are the replica's own: no read puts a deleted one back
+		con.memory = true
 	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, o.duration)
 	defer stopLoad()
