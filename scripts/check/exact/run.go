@@ -243,7 +243,13 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 
 	if o.kill {
 		// Mid-load, replica 0 dies without a chance to give anything back, and comes back.
-		t := time.NewTimer(o.duration * 2 / 5)
+		// The memory store's replica dies near the load's end: its exemptions die with it, and
+		// the console's (one deleted, then one left to expire) come first.
+		killAt := o.duration * 2 / 5
+		if memory {
+			killAt = o.duration * 19 / 20
+		}
+		t := time.NewTimer(killAt)
 		select {
 		case <-t.C:
 			victim := reps[0]
