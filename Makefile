@@ -71,7 +71,8 @@ bench-scale: build
 ## check-exact: the adversary of the shared store: 3 gateway processes on one DynamoDB Local table
 ## behind a fault relay (dropped responses, duplicates, resets, delays, throttles, late writes,
 ## delayed duplicates, reordered writes), a replica SIGKILLed and restarted, offset clocks, every
-## algorithm with leases on and off offered at least twice its bound, both group modes; checks the
+## algorithm with leases on and off offered at least twice its bound, both group modes, the
+## console's resets and exemptions meanwhile, then the memory store on one replica; checks the
 ## exact bound over every interval of the recorded history and writes .cache/check/exact.json
 ## (minutes). CHECK_EXACT_SELFTEST=1: the same scenario against mutants (the test gateway,
 ## internal/testkit/gateway, as each one), writes .cache/check/selftest.json. CHECK_EXACT_DURATION=30s per run; other knobs:

@@ -103,6 +103,21 @@ type Options struct {
 	// Sleep waits d or until ctx is done, whichever comes first. (Optional; default a timer.)
 	// Tests hand in one that advances their clock.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// Watch, when set, is told of every write the relay forwards to the server: originals,
+	// duplicates, late writes and delayed copies alike, each with the instants it was forwarded
+	// and answered, between which the server applied it (the relay's clock). A checker learns
+	// from it when a write of interest really landed, whatever its client saw. It is called
+	// from the relay's handlers, concurrently. (Optional.)
+	Watch func(Write)
+}
+
+// Write is one write forwarded to the server, as Options.Watch sees it.
+type Write struct {
+	Op    string
+	Items []Item
+	Body  []byte
+	// Sent and Answered bound the instant the server applied the write.
+	Sent, Answered time.Time
 }
 
 // maxBody bounds the request body the relay reads: DynamoDB's own limit for a request is 16 MB.
@@ -203,6 +218,7 @@ type Relay struct {
 	sleep   func(context.Context, time.Duration) error
 
 	faults       []Fault
+	watch        func(Write)
 	faultsByItem bool // some rule matches items: calls must be parsed for them
 
 	rngMu sync.Mutex
@@ -252,6 +268,7 @@ func New(target string, o Options) (*Relay, error) {
 		ops:       make(map[string]*OpStats),
 		opLatency: make(map[string]*histogram),
 		faults:    append([]Fault(nil), o.Faults...),
+		watch:     o.Watch,
 
 		faultCounts: make(map[FaultKind]int64),
 	}
@@ -385,7 +402,11 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, op string, body 
 		writeError(w, throughputExceededType, throughputExceededMsg)
 		return
 	}
+	sent := r.now()
 	r.proxy.ServeHTTP(w, req)
+	if r.watch != nil {
+		r.watch(Write{Op: op, Items: items, Body: body, Sent: sent, Answered: r.now()})
+	}
 	r.landed(req, items)
 }
 

@@ -542,3 +542,47 @@ func TestDelayIsRealAndACallerThatLeavesIsNotForwarded(t *testing.T) {
 		t.Errorf("abandoned call: latency %+v, writes %+v; want it timed and not counted as a write", st.Latency, st.Writes)
 	}
 }
+
+// TestWatchSeesEveryForwardedWrite: Watch is told of each write the server applied, a
+// duplicate's copy included, with the instants that bound it; reads and writes the relay never
+// forwarded (a throttle) are not writes it applied.
+func TestWatchSeesEveryForwardedWrite(t *testing.T) {
+	f := newFakeServer(t)
+	var mu sync.Mutex
+	var seen []ddbrelay.Write
+	c := &clock{t: t0}
+	r, err := ddbrelay.New(f.URL, ddbrelay.Options{Now: c.Now, WritesPerItemPerSecond: 2,
+		Faults: []ddbrelay.Fault{{Kind: ddbrelay.FaultDuplicate, Op: "DeleteItem", Rate: 1}},
+		Watch: func(w ddbrelay.Write) {
+			mu.Lock()
+			seen = append(seen, w)
+			mu.Unlock()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	post(t, srv.URL, "UpdateItem", update)
+	post(t, srv.URL, "GetItem", `{"TableName":"t","Key":{"pk":{"S":"a"}}}`)
+	post(t, srv.URL, "DeleteItem", del) // applied twice
+	post(t, srv.URL, "UpdateItem", update)
+	if code, _, _ := post(t, srv.URL, "UpdateItem", update); code == http.StatusOK {
+		t.Fatal("third write of item a in one second: got 200, want a throttle")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var ops []string
+	for _, w := range seen {
+		ops = append(ops, w.Op)
+		if w.Sent.IsZero() || w.Answered.Before(w.Sent) || len(w.Items) != 1 || len(w.Body) == 0 {
+			t.Errorf("watched write %+v: want its item, its body and Sent <= Answered", w)
+		}
+	}
+	if want := []string{"UpdateItem", "DeleteItem", "DeleteItem", "UpdateItem"}; !slices.Equal(ops, want) {
+		t.Errorf("watched got %v, want %v", ops, want)
+	}
+	if len(seen) == 4 && seen[1].Items[0] != (ddbrelay.Item{Table: "t", Key: "c"}) {
+		t.Errorf("the delete's item got %v, want t/c", seen[1].Items[0])
+	}
+}

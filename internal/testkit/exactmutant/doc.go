@@ -13,7 +13,14 @@
 //     refund mode is given back again, and every Release is sent twice);
 //   - re-send-a-lost-write-without-its-marker: a give-back whose answer is lost is sent again
 //     without its marker (the same change, the marker's condition and attribute left out), so
-//     that nothing tells the re-sent write from a new one.
+//     that nothing tells the re-sent write from a new one;
+//   - reset-leaves-slots: a console reset of a concurrency key empties its count and leaves
+//     its slots, which later release into the emptied count;
+//   - reset-reads-then-writes-unconditionally: a console reset of a concurrency key is
+//     written without the condition the store put on it, removing what it read while other
+//     replicas take slots;
+//   - exemption-outlives-its-expiry: an exemption is stored with an expiry an hour past the
+//     one it was given, so every replica keeps applying it.
 //
 // The fourth mutant of the self-test, a replica whose clock is 2 s ahead with clock correction
 // off, is a configuration, not code (scripts/check/exact).
@@ -28,4 +35,8 @@ const (
 	GiveBackTwice         = "apply-each-give-back-twice"
 	ResendWithoutMarker   = "re-send-a-lost-write-without-its-marker"
 	ClockAheadUncorrected = "clock-2s-ahead-uncorrected"
+
+	ResetLeavesSlots        = "reset-leaves-slots"
+	ResetUnconditional      = "reset-reads-then-writes-unconditionally"
+	ExemptionOutlivesExpiry = "exemption-outlives-its-expiry"
 )

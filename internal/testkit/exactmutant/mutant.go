@@ -67,11 +67,15 @@ func (t twice) Release(ctx context.Context, now time.Time, taken []bucket.Taken)
 	return errors.Join(t.Releaser.Release(ctx, now, taken), t.Releaser.Release(ctx, now, taken))
 }
 
-// Client returns api as the mutant name makes it: ResendWithoutMarker wraps it, any other name
+// Client returns api as the mutant name makes it: ResendWithoutMarker and the console's
+// mutants (console.go) wrap it, any other name
 // leaves it as it is.
 func Client(api dynamo.API, name string) dynamo.API {
-	if name == ResendWithoutMarker {
+	switch name {
+	case ResendWithoutMarker:
 		return resend{api}
+	case ResetLeavesSlots, ResetUnconditional, ExemptionOutlivesExpiry:
+		return consoleMutant{api, name, &expiries{}}
 	}
 	return api
 }

@@ -33,7 +33,10 @@ var shortExcluded = map[string]string{
 
 // TestCheckExactShort is `make check-exact` in small: the same orchestrator, 3 real gateway
 // processes on DynamoDB Local behind the fault relay, a SIGKILL and restart, offset clocks,
-// every algorithm with leases on and off, both group modes, a few seconds each. It fails on any
+// every algorithm with leases on and off, both group modes, then the memory store on one
+// replica, a few seconds each, with the console's resets and exemptions (one exemption in each
+// DynamoDB run, one run's left to expire, the other's deleted; in the memory store's run one
+// deleted, then one left to expire). It fails on any
 // over-admission, any leased unit unaccounted, any upstream request seen twice or without an
 // id, a fault kind never injected, or a policy offered less than twice its bound, and names the
 // seed that reproduces it (go run ./scripts/check/exact -seed N, see docs/development.md). Then
@@ -61,7 +64,7 @@ func TestCheckExactShort(t *testing.T) {
 	o.endpoint = ddb.Endpoint
 	o.bin = bin
 	o.out = filepath.Join(dir, "check")
-	o.duration = 3 * time.Second
+	o.duration = 6 * time.Second // an exemption's life, with every replica applying it
 	o.repeats = 1
 	o.warmRounds = 2
 	o.settle = 5 * time.Second
@@ -87,8 +90,8 @@ func TestCheckExactShort(t *testing.T) {
 		}
 		t.Errorf("seed %d: %v", o.seed, err)
 	}
-	if sum.Runs != 2 || sum.Decisions == 0 {
-		t.Errorf("got %d runs, %d decisions; want 2 runs with decisions", sum.Runs, sum.Decisions)
+	if sum.Runs != 3 || sum.Decisions == 0 {
+		t.Errorf("got %d runs, %d decisions; want 3 runs with decisions", sum.Runs, sum.Decisions)
 	}
 	for _, k := range append(ddbrelay.FaultKinds, faultKill, faultClockOffset) {
 		if sum.FaultsInjected[k] == 0 {
@@ -103,6 +106,7 @@ func TestCheckExactShort(t *testing.T) {
 	if err := buildMutant(ctx, "../../../internal/testkit/gateway", o.mutantBin); err != nil {
 		t.Fatal(err)
 	}
+	o.duration = 3 * time.Second // enough for every policy to over-admit
 	st, err := selftest(ctx, o, []string{exactmutant.AdmitEverything}, testWriter{t})
 	if err != nil {
 		t.Fatal(err)

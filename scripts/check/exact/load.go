@@ -32,20 +32,23 @@ type record struct {
 
 // upstream records each request it serves, by the X-Check-Id the generator put on it.
 type upstream struct {
+	ps    []policy // the concurrency policies' holds
 	mu    sync.Mutex
 	seen  map[int64][2]time.Time
 	extra int64 // requests without a known id: must stay 0
 }
 
-func newUpstream() *upstream { return &upstream{seen: make(map[int64][2]time.Time)} }
+func newUpstream(ps []policy) *upstream {
+	return &upstream{ps: ps, seen: make(map[int64][2]time.Time)}
+}
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	enter := time.Now()
 	id, err := strconv.ParseInt(r.Header.Get("X-Check-Id"), 10, 64)
-	if strings.HasPrefix(r.URL.Path, "/cc/") {
+	if hold := holdOf(u.ps, r.URL.Path); hold > 0 {
 		// A concurrency policy's request holds its slot this long. The upstream's own timing,
 		// not a test's wait.
-		t := time.NewTimer(concurrencyHold)
+		t := time.NewTimer(hold)
 		<-t.C
 	}
 	w.Header().Set("Content-Type", "text/plain")
@@ -145,7 +148,7 @@ func (g *generator) send(p policy) {
 	if g.gate && x >= 1-gateShare {
 		rec.gate = "g" + strconv.Itoa(int((1-x)/gateShare*gateValues)%gateValues)
 	}
-	req, _ := http.NewRequest(method, r.url()+"/"+p.name+"/x", nil)
+	req := loadRequest(method, r.url()+"/"+p.name+"/x")
 	req.Header.Set("X-Check-Id", strconv.FormatInt(rec.id, 10))
 	if rec.gate != "" {
 		req.Header.Set("X-Gate", rec.gate)
@@ -169,13 +172,27 @@ func (g *generator) send(p policy) {
 }
 
 // newClient is one replica's client: keep-alive, bounded, loopback only.
+// loadRequest is a request of the load that Go's transport never sends twice. It re-sends a
+// replayable request (a GET without a body) whose reused connection broke after it was written
+// (a replica SIGKILLed with it in flight; a restarted memory-store replica is up before the
+// retry), and the upstream would see one id twice: an admission the generator never records.
+// A GET's body that is not http.NoBody, without GetBody, makes it not replayable; an empty
+// one is probed and sent as none.
+func loadRequest(method, url string) *http.Request {
+	req, _ := http.NewRequest(method, url, nil)
+	if method == http.MethodGet {
+		req.Body = io.NopCloser(strings.NewReader(""))
+	}
+	return req
+}
+
 func newClient() *http.Client {
 	return &http.Client{
 		Timeout: 5 * time.Second,
 		Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
-			MaxIdleConns:        64,
-			MaxIdleConnsPerHost: 64,
+			MaxIdleConns:        512, // cr keeps about 120 requests in flight to each replica
+			MaxIdleConnsPerHost: 512,
 			IdleConnTimeout:     time.Minute,
 			DisableCompression:  true,
 		},

@@ -6,13 +6,15 @@
 // gave up, copies applied after other writes landed, two writes of one replica reordered), kills
 // one replica with SIGKILL mid-load and restarts it, runs the replicas with offset clocks (the
 // test gateway's RATELIMIT_TEST_CLOCK_OFFSET), and drives every algorithm with leases on and off, in each
-// group mode, each offered at least twice its bound. It records every decision on one clock (the
+// group mode, each offered at least twice its bound, while the console resets keys and gives
+// one exemptions (console.go; the judge cuts each history where those writes landed), then
+// runs the memory store on one replica. It records every decision on one clock (the
 // load generator's, shared with the test upstream) and checks the exact bound of every bucket
 // over every interval of the history (internal/testkit/exactcheck). It writes .cache/check/exact.json:
 //
 //	runs, decisions, faults_injected{kind: n} (the relay's kinds, kill, clock_offset),
 //	over_admits, units_unaccounted, under_admit_ratio, unknown_upstream,
-//	offered_vs_bound{policy: ratio}, duration_s
+//	offered_vs_bound{policy: ratio}, console{resets, exemptions...}, duration_s
 //
 // and .cache/check/exact-runs.json, the details of every run: its seed, each bucket's worst
 // interval, the faults, how wide the decisions' intervals were. It exits non-zero when
@@ -63,8 +65,14 @@ type Summary struct {
 	UnderAdmitRatio  float64                      `json:"under_admit_ratio"`
 	UnknownUpstream  int64                        `json:"unknown_upstream"`
 	OfferedVsBound   map[string]float64           `json:"offered_vs_bound"`
-	DurationS        float64                      `json:"duration_s"`
+	// Console is what the console workload did (resets, exemptions) and how many admitted
+	// decisions the spans between its writes judged.
+	Console   consoleStats `json:"console"`
+	DurationS float64      `json:"duration_s"`
 }
+
+// memoryMode is the run on the memory store (one replica), beside the DynamoDB group modes.
+const memoryMode = "memory"
 
 // The faults the orchestrator injects itself, counted in faults_injected beside the relay's: a
 // replica SIGKILLed (and restarted), a replica run with its clock offset.
@@ -99,7 +107,7 @@ func parseFlags(args []string) (options, error) {
 	var kill, correct, self string
 	fs.IntVar(&o.replicas, "replicas", harness.Atoi(envOr("CHECK_EXACT_REPLICAS", "3")), "gateway processes per run, at least 3 (CHECK_EXACT_REPLICAS)")
 	fs.DurationVar(&o.duration, "duration", harness.Dur(envOr("CHECK_EXACT_DURATION", "60s")), "load per run (CHECK_EXACT_DURATION)")
-	fs.StringVar(&modes, "modes", envOr("CHECK_EXACT_MODES", "refund,transaction"), "group modes, one run each per repeat (CHECK_EXACT_MODES)")
+	fs.StringVar(&modes, "modes", envOr("CHECK_EXACT_MODES", "refund,transaction,memory"), "runs per repeat: the DynamoDB group modes refund and transaction (3 replicas behind the fault relay), and memory (the memory store, one replica: its counts are the process's own) (CHECK_EXACT_MODES)")
 	fs.IntVar(&o.repeats, "repeats", harness.Atoi(envOr("CHECK_EXACT_REPEATS", "2")), "runs of every mode, each with its own seed (CHECK_EXACT_REPEATS)")
 	fs.StringVar(&seed, "seed", envOr("CHECK_EXACT_SEED", ""), "the first run's seed, the next ones follow (CHECK_EXACT_SEED; default: random, printed)")
 	fs.Float64Var(&o.faultRate, "fault-rate", harness.Atof(envOr("CHECK_EXACT_FAULT_RATE", "0.02")), "probability of each fault kind per DynamoDB call (CHECK_EXACT_FAULT_RATE)")
@@ -112,7 +120,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&kill, "kill", envOr("CHECK_EXACT_KILL", "1"), "1: SIGKILL replica 0 mid-load and restart it (CHECK_EXACT_KILL)")
 	fs.Float64Var(&o.load, "load", harness.Atof(envOr("CHECK_EXACT_LOAD", "1")), "offered load as a multiple of the base rates (1: about 3 times each policy's bound; below about 0.7 the check fails, as a gateway that limits nothing could pass) (CHECK_EXACT_LOAD)")
 	fs.DurationVar(&o.storeTimeout, "store-timeout", harness.Dur(envOr("CHECK_EXACT_STORE_TIMEOUT", "2s")), "the replicas' store.timeout (CHECK_EXACT_STORE_TIMEOUT)")
-	fs.StringVar(&exclude, "exclude", envOr("CHECK_EXACT_EXCLUDE", ""), "policies left out, of tb, tbl, lb, fw, fwl, sw, co, q, cc and gate (gate: no group is ever rejected by a second policy); name@mode leaves it out in one group mode only, e.g. gate@refund (CHECK_EXACT_EXCLUDE)")
+	fs.StringVar(&exclude, "exclude", envOr("CHECK_EXACT_EXCLUDE", ""), "policies left out, of tb, tbl, lb, fw, fwl, sw, co, q, cc, cr, fx and gate (gate: no group is ever rejected by a second policy); name@mode leaves it out in one group mode only, e.g. gate@refund (CHECK_EXACT_EXCLUDE)")
 	fs.StringVar(&self, "selftest", envOr("CHECK_EXACT_SELFTEST", "0"), "1: instead of the check, its self-test: one run against each mutant ("+strings.Join(mutants, ", ")+"), in the first mode; writes selftest.json and fails unless every mutant is caught and every policy over-admits under admit-everything (CHECK_EXACT_SELFTEST)")
 	var ms string
 	fs.StringVar(&ms, "mutants", envOr("CHECK_EXACT_MUTANTS", strings.Join(mutants, ",")), "the mutants the self-test runs (CHECK_EXACT_MUTANTS)")
@@ -155,8 +163,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-fault-rate %v, -load %v, -clock-offset %v, -store-timeout %v: out of range", o.faultRate, o.load, o.offset, o.storeTimeout)
 	}
 	for _, m := range o.modes {
-		if m != "refund" && m != "transaction" {
-			return o, fmt.Errorf("-modes: %q is not refund or transaction", m)
+		if m != "refund" && m != "transaction" && m != memoryMode {
+			return o, fmt.Errorf("-modes: %q is not refund, transaction or memory", m)
 		}
 	}
 	return o, nil
@@ -222,6 +230,11 @@ func (s Summary) verdict(kinds []ddbrelay.FaultKind) error {
 			errs = append(errs, fmt.Errorf("fault %s was never injected", k))
 		}
 	}
+	c := s.Console
+	if c.Resets-c.ResetsFailed == 0 || c.ExemptionsExpired == 0 || c.ExemptionsDeleted == 0 {
+		errs = append(errs, fmt.Errorf("console: %d resets answered, %d exemptions expired, %d deleted: want some of each (the check judges none of them otherwise)",
+			c.Resets-c.ResetsFailed, c.ExemptionsExpired, c.ExemptionsDeleted))
+	}
 	return errors.Join(errs...)
 }
 
@@ -263,6 +276,7 @@ func check(ctx context.Context, o options, stdout io.Writer) (Summary, []runResu
 				sum.FaultsInjected[k] += n
 			}
 			sum.UnknownUpstream += res.UnknownUpstream
+			sum.Console.add(res.Console)
 			for p, lr := range res.Load {
 				if r, ok := sum.OfferedVsBound[p]; !ok || lr.Ratio < r {
 					sum.OfferedVsBound[p] = lr.Ratio
@@ -278,6 +292,7 @@ func check(ctx context.Context, o options, stdout io.Writer) (Summary, []runResu
 			sum.UnitsUnaccounted += res.UnitsOpen
 			admitted += res.Admitted
 			possible += res.Possible
+			o.logf("run seed %d mode %s: console %+v", seed, mode, res.Console)
 			o.logf("run seed %d mode %s: %d decisions, faults %v, over-admitted %d, units unaccounted %v (held at kill %v), unknown upstream %d, give-backs sent %v, decision intervals p50 %.1f ms p99 %.1f ms, store p99 %.1f ms, offered vs bound %v",
 				seed, mode, res.Decisions, res.Faults, excess(res), res.UnitsOpen, res.UnitsAtKill, res.UnknownUpstream, res.StoreCalls["refund"]+res.StoreCalls["release"], res.Widths.P50, res.Widths.P99, res.StoreP99MS, ratios(res.Load))
 			seed++

@@ -31,6 +31,16 @@ type policy struct {
 	// every third request (charged); the others' charges are given back (Release), so every
 	// run sends give-backs by the thousand. The bound holds the charged answers.
 	chargeOn bool
+	// hold: how long the upstream holds a concurrency policy's request (its slot).
+	hold time.Duration
+	// leaseYAML is the policy's pool and lease, on the DynamoDB store only (the memory store
+	// has no leases: the policy is checked there as a plain bucket).
+	leaseYAML string
+	// reset: the console workload resets the policy's key while the load runs (console.go).
+	reset bool
+	// exempt: the console workload gives the key exemptions (created, expiring, deleted)
+	// of this limit (exemptLimit), one at a time.
+	exempt bool
 }
 
 // charged reports whether the upstream answers request id 401: a charge_on policy keeps its
@@ -77,7 +87,7 @@ func policies() []policy {
 	const w = 2 * time.Second
 	return []policy{
 		// Cost 1.5 on average (a quarter are POSTs of cost 3): 36 units/s against 10/s.
-		{name: "tb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 5}, offered: 24, postCost: 3, yaml: `
+		{name: "tb", reset: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 5}, offered: 24, postCost: 3, yaml: `
     algorithm: token_bucket
     rate: 10/s
     burst: 5
@@ -85,17 +95,18 @@ func policies() []policy {
 		{name: "tbl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 10, Burst: 6}, offered: 36, yaml: `
     algorithm: token_bucket
     rate: 10/s
-    burst: 6
+    burst: 6`, leaseYAML: `
     pool: check-tbl
     lease: {enabled: true, shards: 2}`},
 		// A leaky bucket's decisions are GCRA with tau = (burst + 1) x T: burst waiting behind the
 		// one served.
-		{name: "lb", limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 8, Burst: 4}, offered: 28, yaml: `
+		{name: "lb", reset: true, limit: exactcheck.Limit{Kind: exactcheck.GCRA, Rate: 8, Burst: 4}, offered: 28, yaml: `
     algorithm: leaky_bucket
     rate: 8/s
     burst: 3`},
-		// Cost 1.25 on average, in pulses: 70 units in every other 2 s window against 10.
-		{name: "fw", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 14, postCost: 2, pulse: true, yaml: `
+		// Cost 1.25 on average, in pulses: 90 units in every other 2 s window against 10 (the
+		// spans the resets cut may hold an idle window's part: 14 was 1.89x at a short run).
+		{name: "fw", reset: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 18, postCost: 2, pulse: true, yaml: `
     algorithm: fixed_window
     limit: 10
     window: 2s
@@ -103,54 +114,90 @@ func policies() []policy {
 		{name: "fwl", lease: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 12, Window: w}, offered: 18, yaml: `
     algorithm: fixed_window
     limit: 12
-    window: 2s
+    window: 2s`, leaseYAML: `
     pool: check-fwl
     lease: {enabled: true, shards: 2}`},
-		{name: "sw", limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 10, Window: w}, offered: 15, yaml: `
+		{name: "sw", reset: true, limit: exactcheck.Limit{Kind: exactcheck.SlidingWindow, Limit: 10, Window: w}, offered: 15, yaml: `
     algorithm: sliding_window
     limit: 10
     window: 2s`},
 		// charge_on: a third of the answers are charged: 10 charged units/s against 2.5/s.
-		{name: "co", chargeOn: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 5, Window: w}, offered: 30, yaml: `
+		{name: "co", reset: true, chargeOn: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 5, Window: w}, offered: 30, yaml: `
     algorithm: fixed_window
     limit: 5
     window: 2s
     charge_on: [401]`},
 		// One UTC day: the whole run is one period (a run that crosses midnight UTC checks two).
-		{name: "q", limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: 24 * time.Hour}, offered: 10, yaml: `
+		{name: "q", reset: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: 24 * time.Hour}, offered: 10, yaml: `
     algorithm: quota
     limit: 10
     period: day`},
 		// 60/s held 100 ms each: 6 in flight against 2.
-		{name: "cc", concurrency: 2, offered: 60, yaml: `
+		{name: "cc", reset: true, concurrency: 2, hold: 100 * time.Millisecond, offered: 60, yaml: `
     algorithm: concurrency
     limit: 2`},
+		// 150/s held 2 s each: 300 in flight against 120, so that a reset lands with more than
+		// 100 slots taken (issue 32 item 1: a reset that removed the first 100 only).
+		{name: "cr", reset: true, concurrency: 120, hold: 2 * time.Second, offered: 150, yaml: `
+    algorithm: concurrency
+    limit: 120`},
+		// The console's exemptions: 30/s against 10 per window, and against the 15 of an
+		// exemption (exemptLimit) while one is live, in spans as short as a second.
+		{name: "fx", exempt: true, limit: exactcheck.Limit{Kind: exactcheck.FixedWindow, Limit: 10, Window: w}, offered: 30, yaml: `
+    algorithm: fixed_window
+    limit: 10
+    window: 2s`},
 	}
 }
 
-// concurrencyHold is how long the upstream holds a request of a concurrency policy.
-const concurrencyHold = 100 * time.Millisecond
+// exemptLimit is the limit of the exemptions the console workload gives a policy's key.
+const exemptLimit = 15
 
-// gatewayConfig is one replica's configuration.
+// holdOf is how long the upstream holds a request of the policy at path (0: it answers at once).
+func holdOf(ps []policy, path string) time.Duration {
+	for _, p := range ps {
+		if p.concurrency > 0 && strings.HasPrefix(path, "/"+p.name+"/") {
+			return p.hold
+		}
+	}
+	return 0
+}
+
+// adminTokenEnv names the variable holding the console's write token in every replica.
+const adminTokenEnv = "CHECK_EXACT_ADMIN_TOKEN"
+
+// gatewayConfig is one replica's configuration; mode memoryMode puts it on the memory store
+// (table, endpoint and correct unused).
 func gatewayConfig(proxy, admin, upstream, table, endpoint, mode string, storeTimeout time.Duration, ps []policy, gate, correct bool) string {
 	var b strings.Builder
+	store := fmt.Sprintf(`  backend: dynamodb
+  on_error: deny          # an error must never count as admitted
+  timeout: %s
+  dynamodb: {table: %s, endpoint: %s, region: us-east-1, create_table: false, mode: %s, slot_lease: 3s, clock: {correct: %t}}`,
+		storeTimeout, table, endpoint, mode, correct)
+	if mode == memoryMode {
+		store = "  backend: memory"
+	}
 	fmt.Fprintf(&b, `listen: %s
 admin_listen: %s
 upstream: %s
 log:
   level: warn
+admin:
+  token_env: %s
 store:
-  backend: dynamodb
-  on_error: deny          # an error must never count as admitted
-  timeout: %s
-  dynamodb: {table: %s, endpoint: %s, region: us-east-1, create_table: false, mode: %s, slot_lease: 3s, clock: {correct: %t}}
+%s
 policies:
-`, proxy, admin, upstream, storeTimeout, table, endpoint, mode, correct)
+`, proxy, admin, upstream, adminTokenEnv, store)
 	if gate {
 		fmt.Fprintf(&b, "  - name: gate\n    key: header:X-Gate\n    algorithm: token_bucket\n    rate: %v/s\n    burst: %v\n", gateRate, gateBurst)
 	}
 	for _, p := range ps {
-		fmt.Fprintf(&b, "  - name: %s\n    key: global\n    match: {path_prefix: /%s/}%s\n", p.name, p.name, p.yaml)
+		lease := p.leaseYAML
+		if mode == memoryMode {
+			lease = ""
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    key: global\n    match: {path_prefix: /%s/}%s%s\n", p.name, p.name, p.yaml, lease)
 	}
 	return b.String()
 }

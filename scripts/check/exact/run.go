@@ -1,17 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
@@ -79,6 +77,7 @@ type runResult struct {
 	Admitted   int64              `json:"admitted_units"`
 	Possible   float64            `json:"possible_units"`
 	StoreP99MS float64            `json:"store_p99_ms"`
+	Console    consoleStats       `json:"console"`
 }
 
 type widthMS struct {
@@ -107,21 +106,32 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 			cleanups[i]()
 		}
 	}()
-	client, err := dynamolocal.NewClient(ctx, ddbEndpoint)
-	if err != nil {
-		return res, err
-	}
+	memory := mode == memoryMode
+	cl := &consoleLog{}
 	table := "check-exact-" + randomHex(4)
-	if err := dynamo.CreateTable(ctx, client, table); err != nil {
-		return res, err
+	if !memory {
+		client, err := dynamolocal.NewClient(ctx, ddbEndpoint)
+		if err != nil {
+			return res, err
+		}
+		if err := dynamo.CreateTable(ctx, client, table); err != nil {
+			return res, err
+		}
+		p50, rounds, err := dynamolocal.WarmUp(ctx, client, table, "check-exact-warm-up", o.warmRounds)
+		if err != nil {
+			return res, err
+		}
+		o.logf("DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes", p50.Round(10*time.Microsecond), rounds)
 	}
-	p50, rounds, err := dynamolocal.WarmUp(ctx, client, table, "check-exact-warm-up", o.warmRounds)
-	if err != nil {
-		return res, err
-	}
-	o.logf("DynamoDB Local warmed up: UpdateItem p50 %v after %d s of writes", p50.Round(10*time.Microsecond), rounds)
 
 	faults := append([]ddbrelay.Fault(nil), o.extraFaults...)
+	if slices.Contains(o.faultKinds, ddbrelay.FaultDelay) {
+		// A reset of a concurrency item reads its slots, then writes: half of those writes
+		// wait a while, during which other replicas take and release slots (issue 32 item 2:
+		// a reset that writes what it read, unconditionally, races them).
+		faults = append(faults, ddbrelay.Fault{Kind: ddbrelay.FaultDelay, Op: "UpdateItem", Item: regexp.MustCompile(`#c$`),
+			Body: concurrencyReset, Rate: resetDelayRate, Delay: resetDelay})
+	}
 	for _, k := range o.faultKinds {
 		f := ddbrelay.Fault{Kind: k, Rate: o.faultRate, Delay: o.faultDelay}
 		switch k {
@@ -132,13 +142,21 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		}
 		faults = append(faults, f)
 	}
-	relay, err := ddbrelay.New(ddbEndpoint, ddbrelay.Options{Faults: faults, Seed: seed, Delay: o.storeDelay, Jitter: o.storeJitter})
+	if memory {
+		faults = nil // no store calls to fault: the faults are the kill
+	}
+	relay, err := ddbrelay.New(cmp.Or(ddbEndpoint, "http://127.0.0.1:1"), ddbrelay.Options{Faults: faults, Seed: seed, Delay: o.storeDelay, Jitter: o.storeJitter, Watch: cl.watch})
 	if err != nil {
 		return res, err
 	}
 	// One listener per replica: the relay tells their writes apart (reorder swaps two writes
-	// of one replica).
-	relayURLs := make([]string, o.replicas)
+	// of one replica). The memory store is one replica: its counts are the process's own, so
+	// a fleet of them would have a bound of replicas x limit, which says nothing of exactness.
+	replicas := o.replicas
+	if memory {
+		replicas = 1
+	}
+	relayURLs := make([]string, replicas)
 	for i := range relayURLs {
 		u, closeRelay, err := harness.Serve(relay.Source(fmt.Sprintf("replica-%d", i)))
 		if err != nil {
@@ -147,7 +165,7 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		relayURLs[i] = u
 		cleanups = append(cleanups, closeRelay)
 	}
-	up := newUpstream()
+	up := newUpstream(policies())
 	upURL, closeUp, err := harness.Serve(up)
 	if err != nil {
 		return res, err
@@ -168,13 +186,14 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return res, err
 	}
-	reps := make([]*replica, o.replicas)
+	reps := make([]*replica, replicas)
 	offsets := []time.Duration{0, o.offset, -o.offset}
-	bin, env := o.bin, []string(nil)
+	token := randomHex(16)
+	bin, env := o.bin, []string{adminTokenEnv + "=" + token}
 	if o.mutant != "" && o.mutant != exactmutant.ClockAheadUncorrected {
-		bin, env = o.mutantBin, []string{exactmutant.Env + "=" + o.mutant}
+		bin, env = o.mutantBin, append(env, exactmutant.Env+"="+o.mutant)
 	}
-	addrs, err := harness.FreeAddrs(2 * o.replicas)
+	addrs, err := harness.FreeAddrs(2 * replicas)
 	if err != nil {
 		return res, err
 	}
@@ -205,20 +224,39 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	o.logf("run seed %d, mode %s: %d replicas ready (clock offsets %v), table %s; %v of load", seed, mode, len(reps), res.Offsets, table, o.duration)
 
 	gen := &generator{reps: reps, ps: ps, gate: gate, load: o.load, rng: mrand.New(mrand.NewPCG(seed, 1))}
+	var minOff, maxOff time.Duration
+	for _, r := range reps {
+		minOff, maxOff = min(minOff, r.offset), max(maxOff, r.offset)
+	}
+	con := &console{reps: reps, ps: ps, token: token, seed: seed, rng: mrand.New(mrand.NewPCG(seed, 2)), log: cl,
+		minOff: minOff, maxOff: maxOff, storeTimeout: o.storeTimeout, client: newClient()}
+	if memory {
+		con.storeTimeout = 0 // exemptions are the replica's own: no read puts a deleted one back
+		con.memory = true
+	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, o.duration)
 	defer stopLoad()
-	done := make(chan struct{})
+	done, consoleDone := make(chan struct{}), make(chan struct{})
 	go func() { gen.run(loadCtx); close(done) }()
+	go func() { con.run(loadCtx); close(consoleDone) }()
+	var restart exactcheck.Window // the memory store's restart: every key full again
 
 	if o.kill {
 		// Mid-load, replica 0 dies without a chance to give anything back, and comes back.
-		t := time.NewTimer(o.duration * 2 / 5)
+		// The memory store's replica dies near the load's end: its exemptions die with it, and
+		// the console's (one deleted, then one left to expire) come first.
+		killAt := o.duration * 2 / 5
+		if memory {
+			killAt = o.duration * 19 / 20
+		}
+		t := time.NewTimer(killAt)
 		select {
 		case <-t.C:
 			victim := reps[0]
 			if u, err := victim.leaseUnits(ctx); err == nil {
 				res.UnitsAtKill = outstanding(u)
 			}
+			restart.From = time.Now()
 			victim.kill()
 			res.Killed = true
 			if err := victim.start(); err != nil {
@@ -227,12 +265,14 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 			if err := victim.waitReady(ctx, time.Minute); err != nil {
 				return res, err
 			}
+			restart.To = time.Now()
 			o.logf("replica 0 killed (SIGKILL) and restarted; it held %.0f leased units", res.UnitsAtKill)
 		case <-done:
 		}
 		t.Stop()
 	}
 	<-done
+	<-consoleDone
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -292,180 +332,23 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		}
 	}
 	up.mu.Unlock()
-	judge(&res, ps, gen.records, reps)
+	digests, err := keyDigests(reps[0].cfgPath, ps, func(k string) string {
+		if k == adminTokenEnv {
+			return token
+		}
+		return os.Getenv(k)
+	})
+	if err != nil {
+		return res, fmt.Errorf("the policies' key digests: %w", err)
+	}
+	b, cs, err := consoleBounds(cl, memory, digests, minOff, maxOff)
+	if err != nil {
+		return res, err
+	}
+	if memory && res.Killed {
+		b.all = append(b.all, restart)
+	}
+	res.Console = cs
+	judge(&res, ps, gen.records, reps, b)
 	return res, nil
-}
-
-// judge checks every bucket of the run's history.
-func judge(res *runResult, ps []policy, recs []*record, reps []*replica) {
-	var minOff, maxOff time.Duration
-	for _, r := range reps {
-		minOff, maxOff = min(minOff, r.offset), max(maxOff, r.offset)
-	}
-	res.Load = offeredVsBound(ps, recs)
-	chargeOn := map[string]bool{}
-	for _, p := range ps {
-		chargeOn[p.name] = p.chargeOn
-	}
-	var first time.Time
-	byBucket := map[[2]string][]exactcheck.Decision{}
-	intervals := map[string][]exactcheck.Interval{}
-	offered := map[string]int64{}
-	var all []exactcheck.Decision
-	for _, rec := range recs {
-		if first.IsZero() || rec.sent.Before(first) {
-			first = rec.sent
-		}
-		switch {
-		case rec.status == 0:
-			res.NoAnswer++
-		case rec.status == http.StatusOK || rec.status == http.StatusTooManyRequests || rec.status == http.StatusUnauthorized:
-			res.Decisions++
-		default:
-			res.Other[rec.status]++
-		}
-		if rec.by != "gate" && rec.status != 0 {
-			offered[rec.policy] += rec.cost
-		}
-		if rec.enter.IsZero() || (chargeOn[rec.policy] && !charged(rec.id)) {
-			continue // not admitted, or admitted and given back (charge_on)
-		}
-		// The decision was made after the request was sent and before the upstream saw it.
-		d := exactcheck.Decision{Replica: rec.replica, Key: rec.policy, Start: rec.sent, End: rec.enter, Cost: rec.cost}
-		all = append(all, d)
-		byBucket[[2]string{rec.policy, ""}] = append(byBucket[[2]string{rec.policy, ""}], d)
-		if rec.gate != "" {
-			g := d
-			g.Cost = 1
-			byBucket[[2]string{"gate", rec.gate}] = append(byBucket[[2]string{"gate", rec.gate}], g)
-		}
-		intervals[rec.policy] = append(intervals[rec.policy], exactcheck.Interval{Enter: rec.enter, Exit: rec.exit})
-	}
-	w := exactcheck.Widths(all)
-	res.Widths = widthMS{P50: ms(w.P50), P99: ms(w.P99), Max: ms(w.Max)}
-	since := func(t time.Time) float64 {
-		if t.IsZero() {
-			return 0 // a bucket without admissions has no worst interval
-		}
-		return ms(t.Sub(first))
-	}
-	add := func(policy, key string, v exactcheck.Violation) {
-		res.Checks = append(res.Checks, checkResult{Policy: policy, Key: key, Admitted: v.Admitted, Bound: v.Bound, Excess: v.Excess(), FromMS: since(v.From), ToMS: since(v.To)})
-	}
-	var last time.Time
-	for _, rec := range recs {
-		if rec.recv.After(last) {
-			last = rec.recv
-		}
-	}
-	span := last.Sub(first)
-	for _, p := range ps {
-		if p.concurrency > 0 {
-			add(p.name, "", exactcheck.CheckConcurrency(p.concurrency, intervals[p.name]))
-			continue
-		}
-		l := p.limit
-		l.MinOffset, l.MaxOffset = minOff, maxOff
-		ds := byBucket[[2]string{p.name, ""}]
-		add(p.name, "", exactcheck.Check(l, ds))
-		var admitted int64
-		for _, d := range ds {
-			admitted += d.Cost
-		}
-		res.Admitted += admitted
-		res.Possible += math.Min(float64(offered[p.name]), capacity(p.limit, span))
-	}
-	gl := exactcheck.Limit{Kind: exactcheck.GCRA, Rate: gateRate, Burst: gateBurst, MinOffset: minOff, MaxOffset: maxOff}
-	keys := []string{}
-	for k := range byBucket {
-		if k[0] == "gate" {
-			keys = append(keys, k[1])
-		}
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		add("gate", k, exactcheck.Check(gl, byBucket[[2]string{"gate", k}]))
-	}
-}
-
-// loadRatio is one policy's offered load against its bound over the intervals the checker
-// judges: Offered and Bound in units over the run (a concurrency limit: requests in flight on
-// average, and the limit), Ratio = Offered / Bound. Below 1 a gateway that limits nothing
-// would pass; the check asks for at least minLoadRatio.
-type loadRatio struct {
-	Offered float64 `json:"offered"`
-	Bound   float64 `json:"bound"`
-	Ratio   float64 `json:"ratio"`
-}
-
-// minLoadRatio is how far past its bound every policy must be offered.
-const minLoadRatio = 2
-
-// offeredVsBound computes each policy's loadRatio from what the generator sent (answered or
-// not), over the span from the run's first request to its last: a bucket's burst + rate x span,
-// a window's limit x span / window (at least one window's).
-func offeredVsBound(ps []policy, recs []*record) map[string]loadRatio {
-	var first, last time.Time
-	units := map[string]float64{}
-	reqs := map[string]float64{}
-	chargeOn := map[string]bool{}
-	for _, p := range ps {
-		chargeOn[p.name] = p.chargeOn
-	}
-	for _, rec := range recs {
-		if first.IsZero() || rec.sent.Before(first) {
-			first = rec.sent
-		}
-		if rec.sent.After(last) {
-			last = rec.sent
-		}
-		if chargeOn[rec.policy] && !charged(rec.id) {
-			continue // its charge is given back: no load on the bound
-		}
-		units[rec.policy] += float64(rec.cost)
-		reqs[rec.policy]++
-	}
-	span := last.Sub(first).Seconds()
-	out := map[string]loadRatio{}
-	if span <= 0 {
-		return out
-	}
-	for _, p := range ps {
-		var lr loadRatio
-		l := p.limit
-		switch {
-		case p.concurrency > 0:
-			lr = loadRatio{Offered: reqs[p.name] * concurrencyHold.Seconds() / span, Bound: float64(p.concurrency)}
-		case l.Kind == exactcheck.GCRA:
-			lr = loadRatio{Offered: units[p.name], Bound: l.Burst + l.Rate*span}
-		default: // a window's limit per window, over the windows the run lasts (at least one)
-			lr = loadRatio{Offered: units[p.name], Bound: float64(l.Limit) * max(1, span/l.Window.Seconds())}
-		}
-		lr.Offered, lr.Bound = round3(lr.Offered), round3(lr.Bound)
-		if lr.Bound > 0 {
-			lr.Ratio = round3(lr.Offered / lr.Bound)
-		}
-		out[p.name] = lr
-	}
-	return out
-}
-
-// capacity is the most a bucket may admit over a span: what under-admission is measured against.
-func capacity(l exactcheck.Limit, span time.Duration) float64 {
-	switch l.Kind {
-	case exactcheck.GCRA:
-		return l.Burst + l.Rate*span.Seconds()
-	case exactcheck.SlidingWindow:
-		return float64(l.Limit) * math.Ceil(span.Seconds()/l.Window.Seconds())
-	default:
-		return float64(l.Limit) * (math.Floor(span.Seconds()/l.Window.Seconds()) + 1)
-	}
-}
-
-func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -29,6 +29,9 @@ var mutants = []string{
 	exactmutant.GiveBackTwice,
 	exactmutant.ResendWithoutMarker,
 	exactmutant.ClockAheadUncorrected,
+	exactmutant.ResetLeavesSlots,
+	exactmutant.ResetUnconditional,
+	exactmutant.ExemptionOutlivesExpiry,
 }
 
 // resendDropRate is the share of give-backs whose answers the re-send mutant's run loses after
