@@ -72,7 +72,6 @@ type exemptRec struct {
 	DeleteSent    time.Time
 	GoneAt        time.Time // no replica applies it from here (zero: unknown)
 	Outcome       string    // expired, ended (expiring after the load), deleted, failed
-	lastReplicaAt time.Time
 }
 
 // consoleLog is what the workload did, and (DynamoDB) every reset write the relay forwarded.
