@@ -65,12 +65,39 @@ func (m *Memory) Reset(ctx context.Context, _ time.Time, c Charge) error {
 	}
 	sh := &m.shards[m.shardOf(c.Key)]
 	sh.mu.Lock()
-	sh.gcra.remove(&c.Key)
-	sh.fixed.remove(&c.Key)
-	sh.sliding.remove(&c.Key)
-	delete(sh.wide, c.Key)
-	sh.conc.remove(&c.Key)
-	sh.fullUntil = 0 // a key at its limit left: a full shard must look again
+	// Every entry removed gives its place in its pool's share back (issue 32 item 5: a reset
+	// that did not left the pool counting keys it no longer held, until its new keys all
+	// overflowed).
+	if i, ok := sh.gcra.find(&c.Key); ok {
+		sh.leave(sh.gcra.slots[i].st.meta)
+		sh.gcra.deleteAt(i)
+	}
+	if i, ok := sh.fixed.find(&c.Key); ok {
+		sh.leave(sh.fixed.slots[i].st.meta)
+		sh.fixed.deleteAt(i)
+	}
+	if i, ok := sh.sliding.find(&c.Key); ok {
+		sh.leave(sh.sliding.slots[i].st.meta())
+		sh.sliding.deleteAt(i)
+	}
+	if e, ok := sh.wide[c.Key]; ok {
+		sh.leave(e.meta)
+		delete(sh.wide, c.Key)
+	}
+	if i, ok := sh.conc.find(&c.Key); ok {
+		sh.leave(sh.conc.slots[i].st.meta)
+		sh.conc.deleteAt(i)
+	}
 	sh.mu.Unlock()
 	return nil
+}
+
+// leave uncounts an entry that leaves the shard other than by a sweep (which records itself
+// when the shard or the pool is full): the shard and the entry's pool may have room again, so
+// neither may go on reading full until an instant a sweep computed. The caller holds sh.mu and
+// deletes the entry.
+func (sh *shard) leave(meta uint64) {
+	sh.forget(meta)
+	sh.fullUntil = 0
+	delete(sh.poolFull, metaPool(meta))
 }
