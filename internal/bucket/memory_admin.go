@@ -11,7 +11,8 @@ import (
 // Remaining is how many requests of cost 1 would conform at now (what X-RateLimit-Remaining said
 // to the last request answered at now), Allowed whether one more would, RetryAfter (when it would
 // not) when it will, and Reset when the key is full again. c.Cost is ignored: the peek is for a
-// request of cost 1. A key the store does not hold is full. It never fails but for a canceled ctx.
+// request of cost 1. A key the store does not hold is full, unless the sketch still counts it
+// (then it reads as the sketch would judge it). It never fails but for a canceled ctx.
 func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("bucket: memory peek: %w", err)
@@ -28,12 +29,23 @@ func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, err
 		tat int64
 	)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if !sh.has(&c) && m.sk.active(kindOf(c.Limit.Algorithm), ns) {
+		// A key judged in the sketch shows what the sketch would judge it by.
+		m.sk.mu.Lock()
+		var idx [sketchDepth]int
+		st := m.sk.read(&c, m.poolIndex(c.Pool), ns, &idx)
+		m.sk.mu.Unlock()
+		if !st.fresh(&c, ns) {
+			judge(&c, st, ns, &r)
+			return peeked(&c, r, st.v, ns), nil
+		}
+	}
 	sh.eval(&c, ns, &p, nil, &r)
 	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
 		e, _ := sh.gcra.get(&c.Key)
 		tat = e.tat
 	}
-	sh.mu.Unlock()
 	return peeked(&c, r, tat, ns), nil
 }
 
@@ -57,8 +69,10 @@ func peeked(c *Charge, r Result, tat, now int64) Result {
 // sliding window and concurrency slots), so that its next request finds it full. Requests in
 // flight under a concurrency limit at the reset give their slots back to nothing (the key starts
 // from zero): until they end, the key may have up to Count more in flight. A charge_on refund of
-// a charge taken before the reset is lost, which never makes the key roomier than full. It never
-// fails but for a canceled ctx.
+// a charge taken before the reset is lost, which never makes the key roomier than full. A key
+// judged in the sketch (see memory_sketch.go) is not reset: its cells are shared with other
+// keys, and lowering them could let those past their limits. It never fails but for a canceled
+// ctx.
 func (m *Memory) Reset(ctx context.Context, _ time.Time, c Charge) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("bucket: memory reset: %w", err)

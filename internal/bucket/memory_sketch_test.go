@@ -149,6 +149,10 @@ func TestMemoryKeyAtLimitCannotEscapeByFlood(t *testing.T) {
 			if admitted != limit {
 				t.Fatalf("victim in the sketch: %d admitted, want its limit of %d", admitted, limit)
 			}
+			// The console sees it at its limit too (a key the store does not hold once read full).
+			if p, err := m.Peek(ctx, now, victim); err != nil || p.Allowed || p.Remaining != 0 {
+				t.Errorf("peek at the victim in the sketch: got %+v, %v; want at its limit", p, err)
+			}
 			// Two seconds on, the share's keys are idle: the share has room. Then a flood of
 			// new keys (each at its limit after one request, many judged in the sketch) and of
 			// requests from other keys through the victim's own cells cannot lower them.
