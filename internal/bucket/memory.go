@@ -25,8 +25,8 @@ type MemoryOptions struct {
 	// with unevenly spread keys evictions can begin a few percent below MaxKeys. Each shard's
 	// cap is split evenly between the pools (Charge.Pool). A shard or pool at its cap evicts
 	// idle keys, then the least used, never a key at its limit: when only such keys are left,
-	// new keys are decided on the pool's overflow bucket (see Memory and memory_pool.go).
-	// (Optional) default 1_000_000.
+	// new keys are judged in a count-min sketch of 8*MaxKeys cells per kind of limit (see
+	// Memory and memory_sketch.go). (Optional) default 1_000_000.
 	MaxKeys int
 }
 
@@ -52,10 +52,11 @@ type MemoryOptions struct {
 // key at its limit (one whose next request of the cost it was last charged would be rejected).
 // Each shard's cap is split between the pools the store knows (a policy, an RLS domain: see
 // memory_pool.go), and a pool holds at most its share: when every key a new key could displace
-// is at its limit, the new key is decided on its pool's overflow bucket, shared by every such
-// key at the pool's own limit. So a flood of distinct keys, however many and however chosen,
-// never resets a key at its limit, never refuses a new key of another pool, and the store never
-// holds more than MaxKeys (plus at most maxOverflow overflow states). See docs/operations.md
+// is at its limit, the new key is judged in the store's count-min sketch (memory_sketch.go),
+// which may refuse it early but never admits it past its own limit. So a flood of distinct
+// keys, however many and however chosen, never resets a key at its limit, never refuses a new
+// key of another pool, leaves most new keys of its own pool their own limits, and the store
+// never holds more than MaxKeys entries (plus the sketch's fixed size). See docs/operations.md
 // ("Memory store") for the trade-off.
 //
 // A key's shard is chosen by a hash keyed with a secret drawn per store (crypto/rand), so that
@@ -67,7 +68,7 @@ type Memory struct {
 	mask   uint64
 	seed   [4]uint64 // keys the shard choice (see shardOf) and the GCRA tokens (gcraToken)
 	pools  pools     // pool names to indexes (see memory_pool.go)
-	over   overflow  // the pools' overflow states
+	sk     sketch    // where new keys the shards cannot store are judged (memory_sketch.go)
 }
 
 var _ Releaser = (*Memory)(nil)
@@ -92,13 +93,14 @@ type shard struct {
 	peak    int                   // most keys seen by a sweep since the tables were last rebuilt
 	// fullUntil is, after a sweep that left the shard full of keys at their limit, the first
 	// instant one of them may be evicted (math.MaxInt64: only a slot's release frees one): new
-	// keys are refused until then without sweeping again. 0 when the shard is not full.
+	// keys are judged in the sketch until then without sweeping again. 0 when the shard is not
+	// full.
 	fullUntil int64
 	stats     evictions // counted under mu, summed by Memory.Evictions
 	gen       uint64    // the last generation handed to a new entry (see admit)
 	pools     []int32   // keys held per pool index
 	// poolFull is, for a pool at its share of the shard after a sweep found nothing of it to
-	// evict, the first instant one of its keys may go: its new keys overflow until then.
+	// evict, the first instant one of its keys may go: its new keys go to the sketch until then.
 	poolFull map[uint16]int64
 }
 
@@ -158,7 +160,7 @@ func NewMemory(o MemoryOptions) *Memory {
 	perShard, extra := maxKeys/n, maxKeys%n
 	m := &Memory{shards: make([]paddedShard, n), mask: uint64(n - 1)}
 	m.pools.idx = make(map[string]uint16)
-	m.over.states = make(map[overflowKey]*overflowState)
+	m.sk.init(maxKeys)
 	var seed [32]byte
 	_, _ = crand.Read(seed[:]) // never fails (crypto/rand: it crashes the program instead)
 	for i := range m.seed {
@@ -300,22 +302,15 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 	admitted := true
 	for i := range charges {
 		c := &charges[i]
-		if g.how[i] == placeRefused {
-			m.shards[idx[i]].refuse(c, ns, &results[i])
-			admitted = admitted && c.Shadow
-			continue
-		}
 		var prev *pending
 		for j := i - 1; j >= 0; j-- {
-			if results[j].Allowed && g.how[j] == g.how[i] && sameState(charges[j].Limit.Algorithm, c.Limit.Algorithm) &&
-				(g.how[i] == placeStore && charges[j].Key == c.Key ||
-					g.how[i] == placeOverflow && charges[j].Pool == c.Pool && charges[j].Limit == c.Limit) {
+			if results[j].Allowed && g.how[j] == g.how[i] && charges[j].Key == c.Key && sameState(charges[j].Limit.Algorithm, c.Limit.Algorithm) {
 				prev = &pend[j]
 				break
 			}
 		}
-		if g.how[i] == placeOverflow {
-			m.evalOverflow(c, ns, &pend[i], prev, &results[i])
+		if g.how[i] == placeSketch {
+			m.judgeSketch(c, ns, &pend[i], prev, &results[i])
 		} else {
 			m.shards[idx[i]].eval(c, ns, &pend[i], prev, &results[i])
 		}
@@ -327,8 +322,8 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 			if !r.Allowed {
 				continue
 			}
-			if g.how[i] == placeOverflow {
-				m.commitOverflow(c, ns, &pend[i], r) // placeGroup made its state: it cannot fail
+			if g.how[i] == placeSketch {
+				m.commitSketch(c, ns, &pend[i], r)
 				continue
 			}
 			var meta uint64
@@ -348,8 +343,8 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 			m.shards[idx[i]].forget(g.resv[i])
 		}
 	}
-	if g.over {
-		m.over.mu.Unlock()
+	if g.sketch {
+		m.sk.mu.Unlock()
 	}
 	for _, s := range locks {
 		m.shards[s].mu.Unlock()
@@ -357,32 +352,31 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 	return admitted, nil
 }
 
-// How a group's charge is placed: on its key's entry, stored or new (placeStore), on its pool's
-// overflow state (placeOverflow), or refused (placeRefused: no overflow state could be made).
+// How a group's charge is placed: on its key's entry, stored or new (placeStore), or in the
+// sketch (placeSketch).
 const (
 	placeStore = iota
-	placeOverflow
-	placeRefused
+	placeSketch
 )
 
 // placement is where each charge of a group goes (see placeGroup).
 type placement struct {
-	how   []uint8
-	owner []int    // for a new key: the first charge of the group on it (-1: the key is stored)
-	resv  []uint64 // for a charge that owns a new key: the meta reserved for it
-	used  []bool   // whether the owner's reserved meta was stored
-	added []int    // new keys placed per shard of locks
-	over  bool     // m.over.mu is held
+	how    []uint8
+	owner  []int    // for a new key: the first charge of the group on it (-1: the key is stored)
+	resv   []uint64 // for a charge that owns a new key: the meta reserved for it
+	used   []bool   // whether the owner's reserved meta was stored
+	added  []int    // new keys placed per shard of locks
+	sketch bool     // m.sk.mu is held
 }
 
 // placeGroup decides into g (its slices as long as the group, added as locks), before anything
 // is evaluated, where each charge of a group goes: a new
 // key takes a place in its shard when the shard is below its cap and the key's pool below its
 // share (after a sweep of the pool's idle and least used keys: see poolRoom), counted at once so
-// that the group's other new keys see it; otherwise it goes to its pool's overflow state, made
-// now so that the commit cannot fail. Every sweep runs before any key is looked up, so the
-// placements stay true until the commit. The caller holds the shards' locks; placeGroup leaves
-// m.over.mu held when it reports over.
+// that the group's other new keys see it, unless the sketch still counts it; otherwise it is
+// judged in the sketch. Every sweep runs before any key is looked up, so the placements stay
+// true until the commit. The caller holds the shards' locks; placeGroup leaves m.sk.mu held
+// when it reports sketch.
 func (m *Memory) placeGroup(g *placement, charges []Charge, idx []uint32, locks []uint32, ns int64) {
 	// The pools' sweeps first.
 	pools := m.Pools()
@@ -411,20 +405,26 @@ func (m *Memory) placeGroup(g *placement, charges []Charge, idx []uint32, locks 
 		if g.owner[i] >= 0 {
 			continue
 		}
+		g.how[i] = placeSketch
+		if m.sk.active(kindOf(c.Limit.Algorithm), ns) {
+			if !g.sketch {
+				m.sk.mu.Lock()
+				g.sketch = true
+			}
+			if m.inSketch(c, ns) {
+				continue
+			}
+		}
 		li, _ := slices.BinarySearch(locks, idx[i])
 		p := m.poolIndex(c.Pool)
 		if sh.len()+g.added[li] < sh.maxKeys && sh.poolKeys(p) < share(sh.maxKeys, pools) {
-			g.owner[i], g.resv[i] = i, sh.admit(p)
+			g.how[i], g.owner[i], g.resv[i] = placeStore, i, sh.admit(p)
 			g.added[li]++
 			continue
 		}
-		if !g.over {
-			m.over.mu.Lock()
-			g.over = true
-		}
-		g.how[i] = placeOverflow
-		if m.overflowState(c, ns, true) == nil {
-			g.how[i] = placeRefused
+		if !g.sketch {
+			m.sk.mu.Lock()
+			g.sketch = true
 		}
 	}
 }
@@ -631,14 +631,24 @@ func admitFresh(cur, now, w, count, n int64, tag uint16, r *Result) compactSlidi
 
 // admitNew makes room for c's new key in sh and returns the new entry's meta, counted in c's
 // pool: after making room (the pool's share first: a pool at its share makes room from its own
-// keys, so that the shard's sweep does not take it from another pool's). When the pool's share
-// or the shard has no room (every key that could go is at its limit), c is decided on its pool's
-// overflow state instead, r becomes that verdict, and admitNew reports false. A sweep moves a
-// table's keys: the caller inserts with insertNew, which probes again. The caller holds sh.mu.
+// keys, so that the shard's sweep does not take it from another pool's). When the sketch still
+// counts c's key, or the pool's share or the shard has no room (every key that could go is at
+// its limit), c is judged in the sketch instead, r becomes that verdict, and admitNew reports
+// false. A sweep moves a table's keys: the caller inserts with insertNew, which probes again.
+// The caller holds sh.mu.
 func (m *Memory) admitNew(sh *shard, c *Charge, now int64, r *Result) (uint64, bool) {
+	if m.sk.active(kindOf(c.Limit.Algorithm), now) {
+		m.sk.mu.Lock()
+		in := m.inSketch(c, now)
+		m.sk.mu.Unlock()
+		if in {
+			m.takeSketch(c, now, r)
+			return 0, false
+		}
+	}
 	p := m.poolIndex(c.Pool)
 	if n := m.Pools(); !sh.poolRoom(now, p, n) || !sh.makeRoom(now, share(sh.maxKeys, n)) {
-		m.takeOverflow(sh, c, now, r)
+		m.takeSketch(c, now, r)
 		return 0, false
 	}
 	return sh.admit(p), true

@@ -11,7 +11,8 @@ import (
 // Remaining is how many requests of cost 1 would conform at now (what X-RateLimit-Remaining said
 // to the last request answered at now), Allowed whether one more would, RetryAfter (when it would
 // not) when it will, and Reset when the key is full again. c.Cost is ignored: the peek is for a
-// request of cost 1. A key the store does not hold is full. It never fails but for a canceled ctx.
+// request of cost 1. A key the store does not hold is full, unless the sketch still counts it
+// (then it reads as the sketch would judge it). It never fails but for a canceled ctx.
 func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("bucket: memory peek: %w", err)
@@ -28,12 +29,23 @@ func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, err
 		tat int64
 	)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if !sh.has(&c) && m.sk.active(kindOf(c.Limit.Algorithm), ns) {
+		// A key judged in the sketch shows what the sketch would judge it by.
+		m.sk.mu.Lock()
+		var idx [sketchDepth]int
+		st := m.sk.read(&c, m.poolIndex(c.Pool), ns, &idx)
+		m.sk.mu.Unlock()
+		if !st.fresh(&c, ns) {
+			judge(&c, st, ns, &r)
+			return peeked(&c, r, st.v, ns), nil
+		}
+	}
 	sh.eval(&c, ns, &p, nil, &r)
 	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
 		e, _ := sh.gcra.get(&c.Key)
 		tat = e.tat
 	}
-	sh.mu.Unlock()
 	return peeked(&c, r, tat, ns), nil
 }
 
@@ -57,20 +69,49 @@ func peeked(c *Charge, r Result, tat, now int64) Result {
 // sliding window and concurrency slots), so that its next request finds it full. Requests in
 // flight under a concurrency limit at the reset give their slots back to nothing (the key starts
 // from zero): until they end, the key may have up to Count more in flight. A charge_on refund of
-// a charge taken before the reset is lost, which never makes the key roomier than full. It never
-// fails but for a canceled ctx.
+// a charge taken before the reset is lost, which never makes the key roomier than full. A key
+// judged in the sketch (see memory_sketch.go) is not reset: its cells are shared with other
+// keys, and lowering them could let those past their limits. It never fails but for a canceled
+// ctx.
 func (m *Memory) Reset(ctx context.Context, _ time.Time, c Charge) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("bucket: memory reset: %w", err)
 	}
 	sh := &m.shards[m.shardOf(c.Key)]
 	sh.mu.Lock()
-	sh.gcra.remove(&c.Key)
-	sh.fixed.remove(&c.Key)
-	sh.sliding.remove(&c.Key)
-	delete(sh.wide, c.Key)
-	sh.conc.remove(&c.Key)
-	sh.fullUntil = 0 // a key at its limit left: a full shard must look again
+	// Every entry removed gives its place in its pool's share back (issue 32 item 5: a reset
+	// that did not left the pool counting keys it no longer held, until its new keys all
+	// overflowed).
+	if i, ok := sh.gcra.find(&c.Key); ok {
+		sh.leave(sh.gcra.slots[i].st.meta)
+		sh.gcra.deleteAt(i)
+	}
+	if i, ok := sh.fixed.find(&c.Key); ok {
+		sh.leave(sh.fixed.slots[i].st.meta)
+		sh.fixed.deleteAt(i)
+	}
+	if i, ok := sh.sliding.find(&c.Key); ok {
+		sh.leave(sh.sliding.slots[i].st.meta())
+		sh.sliding.deleteAt(i)
+	}
+	if e, ok := sh.wide[c.Key]; ok {
+		sh.leave(e.meta)
+		delete(sh.wide, c.Key)
+	}
+	if i, ok := sh.conc.find(&c.Key); ok {
+		sh.leave(sh.conc.slots[i].st.meta)
+		sh.conc.deleteAt(i)
+	}
 	sh.mu.Unlock()
 	return nil
+}
+
+// leave uncounts an entry that leaves the shard other than by a sweep (which records itself
+// when the shard or the pool is full): the shard and the entry's pool may have room again, so
+// neither may go on reading full until an instant a sweep computed. The caller holds sh.mu and
+// deletes the entry.
+func (sh *shard) leave(meta uint64) {
+	sh.forget(meta)
+	sh.fullUntil = 0
+	delete(sh.poolFull, metaPool(meta))
 }

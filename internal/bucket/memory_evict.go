@@ -1,9 +1,6 @@
 package bucket
 
-import (
-	"math"
-	"time"
-)
+import "math"
 
 // Eviction: what the memory store forgets when a shard fills, and in which order.
 //
@@ -12,7 +9,7 @@ import (
 //     window, nothing in flight). Forgetting it changes nothing.
 //   - at its limit: its next request of the cost it was last charged would be rejected. Forgetting
 //     it would hand the client a fresh limit (a daily quota reset), so it is never evicted; when a
-//     full shard holds nothing else, new keys are refused instead.
+//     full shard holds nothing else, new keys are judged in the sketch instead (memory_sketch.go).
 //   - in between: forgetting it forgives what the client has used. The least used go first: the
 //     smallest share of their room (the use at which the next request would be rejected).
 
@@ -101,9 +98,8 @@ func ringRank[C counter](counts *[slidingRing]C, slot, w, room, now int64) (int,
 
 // evictions counts what a shard forgot, by kind.
 type evictions struct {
-	idle    uint64 // idle keys forgotten: nothing changes for their clients
-	live    uint64 // live keys evicted at the cap, least used first, none at its limit
-	refused uint64 // new keys refused because every key of a full shard was at its limit
+	idle uint64 // idle keys forgotten: nothing changes for their clients
+	live uint64 // live keys evicted at the cap, least used first, none at its limit
 }
 
 // MemoryEvictions counts what the memory store has forgotten or refused since it was created,
@@ -115,9 +111,9 @@ type MemoryEvictions struct {
 	// LeastUsed live keys were evicted because a shard reached its share of MaxKeys: the least
 	// used first, never one at its limit. Each forgave its client what it had used.
 	LeastUsed uint64
-	// Refused counts charges (one per enforced policy of a request) that needed a new key when
-	// their pool's share was full of keys at their limit and no overflow state could be made
-	// (maxOverflow in use): they were rejected rather than reset anyone's limit.
+	// Refused is always 0 since issue 32: a new key that its pool's share cannot hold is judged
+	// in the sketch, which has no states to run out of (before, it was refused when every one of
+	// 1,024 overflow buckets was in use). Kept for ratelimit_memory_keys_refused_total.
 	Refused uint64
 }
 
@@ -129,7 +125,6 @@ func (m *Memory) Evictions() MemoryEvictions {
 		sh.mu.Lock()
 		e.Idle += sh.stats.idle
 		e.LeastUsed += sh.stats.live
-		e.Refused += sh.stats.refused
 		sh.mu.Unlock()
 	}
 	return e
@@ -152,24 +147,6 @@ func (sh *shard) makeRoom(now int64, limit int) bool {
 	}
 	sh.sweep(now, 1, limit)
 	return sh.len() < sh.maxKeys
-}
-
-// refuse writes into r the verdict for c when its key can be neither stored nor decided on an
-// overflow state (every one of them in use): rejected, with a RetryAfter until the first key of
-// the shard may be evicted when a sweep found that, a second otherwise. The caller holds sh.mu.
-func (sh *shard) refuse(c *Charge, now int64, r *Result) {
-	retry := ConcurrencyRetry
-	if sh.fullUntil != math.MaxInt64 && sh.fullUntil > now {
-		retry = time.Duration(sh.fullUntil - now)
-	}
-	limit := c.Limit.Count
-	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
-		limit = c.Limit.Burst
-	}
-	*r = Result{Limit: limit, Reset: retry, RetryAfter: retry}
-	if !c.Shadow { // a shadow charge rejects nothing
-		sh.stats.refused++
-	}
 }
 
 // sweep forgets the keys that are idle at now; if the shard is still within 1/16 of its cap (or

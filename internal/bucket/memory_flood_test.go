@@ -86,7 +86,7 @@ func TestMemoryFloodKeepsExhaustedKeys(t *testing.T) {
 		e := m.Evictions()
 		t.Logf("flood with Count %d: %+v, %d keys tracked", l.Count, e, m.Len())
 		if l == roomy && e.LeastUsed == 0 || l == exhausting && m.Overflowed() == 0 {
-			t.Errorf("flood with Count %d: got %+v, %d overflowed, want least-used evictions (room left) or new keys on the overflow bucket (every key at its limit)",
+			t.Errorf("flood with Count %d: got %+v, %d overflowed, want least-used evictions (room left) or new keys judged in the sketch (every key at its limit)",
 				l.Count, e, m.Overflowed())
 		}
 		for i, v := range floodVictims {
@@ -140,9 +140,8 @@ func TestMemoryShardChoiceIsKeyed(t *testing.T) {
 }
 
 // TestMemoryEvictionOrder: a full shard forgets idle keys first, then the least used, never a
-// key at its limit; when only keys at their limit are left, a new key is decided on its pool's
-// overflow bucket (shared by every such key, at its limit), counted, until keys leave their
-// limit.
+// key at its limit; when only keys at their limit are left, a new key is judged in the sketch
+// (at its own limit), counted, until keys leave their limit and the sketch's cells empty.
 func TestMemoryEvictionOrder(t *testing.T) {
 	const maxKeys = 32
 	ctx := context.Background()
@@ -204,50 +203,59 @@ func TestMemoryEvictionOrder(t *testing.T) {
 		t.Errorf("got %+v, want 8 idle, some least used, none refused", e)
 	}
 	// A flood of keys that each reach their limit with one request: the shard ends full of
-	// keys at their limit (the half-used ones are evicted on the way), and the rest are decided
-	// on the overflow bucket of their pool and limit: the first admitted, the others not.
+	// keys at their limit (the half-used ones are evicted on the way), and the rest are judged
+	// in the sketch, each at its own limit.
 	exhausted := Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: 1}
 	for i := range 200 {
 		take(key(6, i), exhausted, 1)
 	}
 	if e := m.Evictions(); e.Refused != 0 || m.Overflowed() == 0 {
-		t.Errorf("flood of keys at their limit: got %+v, %d overflowed, want none refused, some overflowed", e, m.Overflowed())
+		t.Errorf("flood of keys at their limit: got %+v, %d judged in the sketch, want none refused, some in the sketch", e, m.Overflowed())
 	}
-	// A shadow charge that needs a new key is decided on the overflow bucket and not stored.
+	// A shadow charge that needs a new key is judged in the sketch and not stored.
 	before, overflowed := m.Evictions(), m.Overflowed()
 	var sr [1]Result
 	if ok, err := m.Take(ctx, now, []Charge{{Key: key(7, 1), Limit: light, Shadow: true}}, sr[:]); err != nil || !ok || !sr[0].Allowed {
-		t.Errorf("shadow charge for a new key in a full shard: got admitted=%v %+v %v, want admitted by the overflow bucket", ok, sr[0], err)
+		t.Errorf("shadow charge for a new key in a full shard: got admitted=%v %+v %v, want admitted by the sketch", ok, sr[0], err)
 	}
 	if stored(key(7, 1), light) || m.Overflowed() != overflowed {
-		t.Errorf("shadow charge on the overflow bucket: stored %v, overflowed %d after %d; want not stored, not counted",
+		t.Errorf("shadow charge in the sketch: stored %v, %d judged there after %d; want not stored, not counted",
 			stored(key(7, 1), light), m.Overflowed(), overflowed)
 	}
-	// New keys of the light limit share its overflow bucket: 15 more (its burst of 16, less the
-	// shadow charge's, which conformed and so was taken) are admitted, the next is told when the
-	// bucket has a token again (an hour a token).
-	for i := range 15 {
-		if r := take(key(8, i), light, 1); !r.Allowed || r.Token&overflowToken == 0 {
-			t.Fatalf("new key %d in a full shard: got %+v, want admitted by the overflow bucket", i, r)
+	// New keys of the light limit (burst 16) are judged at their own limit, not on one shared
+	// bucket (which admitted 15 of them, then refused every other for an hour a token): 20 new
+	// keys are admitted. Then one of them is taken until refused: never more than its burst in
+	// all, and told to come back within the hour (a token an hour).
+	for i := range 20 {
+		if r := take(key(8, i), light, 1); !r.Allowed || r.Token&sketchToken == 0 {
+			t.Fatalf("new key %d in a full shard: got %+v, want admitted by the sketch", i, r)
 		}
 	}
-	r := take(key(8, 15), light, 1)
-	if r.Allowed || r.RetryAfter <= 0 || r.RetryAfter > time.Hour {
-		t.Fatalf("17th charge on an overflow bucket of burst 16: got %+v, want rejected with a RetryAfter within the hour", r)
+	admitted, judged := 1, 21
+	var r Result
+	for r = take(key(8, 0), light, 1); r.Allowed; r = take(key(8, 0), light, 1) {
+		admitted, judged = admitted+1, judged+1
+		if admitted > 16 {
+			t.Fatalf("a key judged in the sketch: %d admitted, past its burst of 16", admitted)
+		}
+	}
+	if r.RetryAfter <= 0 || r.RetryAfter > time.Hour {
+		t.Fatalf("a key at its limit in the sketch: got %+v, want rejected with a RetryAfter within the hour", r)
 	}
 	after := m.Evictions()
-	if after.Refused != before.Refused || after.LeastUsed != before.LeastUsed || m.Overflowed() != overflowed+16 {
-		t.Errorf("overflow: got %+v and %d overflowed after %+v and %d, want no refusal, no eviction, 16 more overflowed (15 admitted, 1 not)",
-			after, m.Overflowed(), before, overflowed)
+	if after.Refused != before.Refused || after.LeastUsed != before.LeastUsed || m.Overflowed() != overflowed+uint64(judged) {
+		t.Errorf("sketch: got %+v and %d judged after %+v and %d, want no refusal, no eviction, %d more judged in the sketch",
+			after, m.Overflowed(), before, overflowed, judged)
 	}
 	for i := range 8 {
 		if !stored(key(1, i), atLimit) {
-			t.Errorf("key %d at its limit evicted by the overflowing keys", i)
+			t.Errorf("key %d at its limit evicted by the keys judged in the sketch", i)
 		}
 	}
-	// An hour later every key has room again: a new key is stored again.
-	now = now.Add(time.Hour)
-	if r := take(key(7, 0), light, 1); !r.Allowed || r.Token&overflowToken != 0 || !stored(key(7, 0), light) {
+	// Once every key has room again and the sketch's cells have emptied (the key taken to its
+	// burst above charged its cells 16 hours ahead), a new key is stored again.
+	now = now.Add(17 * time.Hour)
+	if r := take(key(7, 0), light, 1); !r.Allowed || r.Token&sketchToken != 0 || !stored(key(7, 0), light) {
 		t.Errorf("a new key once keys have left their limit: got %+v (stored %v), want admitted and stored", r, stored(key(7, 0), light))
 	}
 }

@@ -12,9 +12,9 @@ import (
 // max_keys new keys in one pool, each at its limit after one request, used to fill every shard
 // and refuse the new keys of every policy. Now the flood fills its pool's share: every new key
 // of another pool is stored (alone, in a group with another new key, or beside the flooding
-// pool's), the flood's later keys share its overflow bucket (one admitted, at the policy's own
-// limit of 1 a day, the rest rejected and counted), no key at its limit is reset, and the store
-// never holds more than max_keys.
+// pool's), the flood's later keys are judged in the sketch (each at its own limit of 1 a day;
+// 38,000 of them saturate its cells, so that the later ones are refused early, and counted), no
+// key at its limit is reset, and the store never holds more than max_keys.
 func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 	const maxKeys = 2000
 	ctx := context.Background()
@@ -49,7 +49,7 @@ func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 	var flooded []Key
 	for range 20 * maxKeys {
 		k := newKey()
-		if _, r := take(Charge{Key: k, Limit: once, Pool: "flood"}); r[0].Allowed && r[0].Token&overflowToken == 0 {
+		if _, r := take(Charge{Key: k, Limit: once, Pool: "flood"}); r[0].Allowed && r[0].Token&sketchToken == 0 {
 			flooded = append(flooded, k)
 		}
 	}
@@ -60,14 +60,14 @@ func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 		t.Errorf("overflowed: got %d, want the flood's keys beyond its share (at least %d)", got, 20*maxKeys-maxKeys)
 	}
 	if e := m.Evictions(); e.Refused != 0 {
-		t.Errorf("refused: got %d, want 0 (the overflow bucket decides)", e.Refused)
+		t.Errorf("refused: got %d, want 0 (the sketch decides)", e.Refused)
 	}
 	// Another pool's new keys: alone, two in a group, and beside a new key of the flood.
 	for i := range 300 {
 		c := Charge{Key: newKey(), Limit: perIP, Pool: "victim"}
 		switch i % 3 {
 		case 0:
-			if ok, r := take(c); !ok || r[0].Token&overflowToken != 0 || !stored(c) {
+			if ok, r := take(c); !ok || r[0].Token&sketchToken != 0 || !stored(c) {
 				t.Fatalf("victim key %d after the flood: got %v %+v (stored %v), want admitted and stored", i, ok, r[0], stored(c))
 			}
 		case 1:
@@ -76,10 +76,11 @@ func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 				t.Fatalf("a group of two new victim keys after the flood: got %v (stored %v %v), want admitted and stored", ok, stored(c), stored(d))
 			}
 		case 2:
-			// The flood's overflow bucket is spent: the group is rejected, and commits nothing.
+			// The flood has saturated the sketch (38,000 keys at their limit in 4 rows of 4,096
+			// cells): a new flood key is refused early, the group is rejected, and commits nothing.
 			f := Charge{Key: newKey(), Limit: once, Pool: "flood"}
 			if ok, r := take(c, f); ok || !r[0].Allowed || r[1].Allowed || stored(c) {
-				t.Fatalf("a victim key beside a flood key: got %v %+v, want rejected by the flood's spent overflow bucket alone, nothing stored", ok, r)
+				t.Fatalf("a victim key beside a flood key: got %v %+v, want rejected by the saturated sketch alone, nothing stored", ok, r)
 			}
 		}
 	}

@@ -16,8 +16,8 @@ import (
 func (m *Memory) Release(_ context.Context, _ time.Time, taken []Taken) error {
 	for i := range taken {
 		tk := &taken[i]
-		if tk.Token&overflowToken != 0 {
-			m.releaseOverflow(tk)
+		if tk.Token&sketchToken != 0 {
+			m.releaseSketch(tk)
 			continue
 		}
 		sh := &m.shards[m.shardOf(tk.Charge.Key)]
@@ -29,8 +29,8 @@ func (m *Memory) Release(_ context.Context, _ time.Time, taken []Taken) error {
 		} else {
 			m.release(&sh.shard, tk)
 		}
-		// A key at its limit may no longer be: a full shard must look again before it refuses
-		// a new key.
+		// A key at its limit may no longer be: a full shard must look again before it sends
+		// a new key to the sketch.
 		sh.fullUntil = 0
 		clear(sh.poolFull)
 		sh.mu.Unlock()

@@ -108,11 +108,11 @@ func (g *gateway) memoryBackend() (backend, error) {
 		}, func() float64 { return float64(m.Evictions().LeastUsed) })),
 		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_memory_overflow_total",
-			Help: "Charges decided on a pool's overflow bucket (one per policy or RLS domain and limit, at that limit) because they needed a new key while the pool's share of store.max_keys was full of keys it could not evict.",
+			Help: "Charges judged in the memory store's count-min sketch (each at its own limit) because they needed a new key while the pool's share of store.max_keys was full of keys it could not evict, or the sketch still counted the key.",
 		}, func() float64 { return float64(m.Overflowed()) })),
 		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_memory_keys_refused_total",
-			Help: "Charges (one per enforced policy of a request) rejected because they needed a new key while their pool's share of store.max_keys was full and every overflow bucket was in use.",
+			Help: "Always 0 since the sketch replaced the overflow buckets (kept for existing dashboards): charges rejected because no state could be made for a new key.",
 		}, func() float64 { return float64(m.Evictions().Refused) })),
 	)
 	if err != nil {

@@ -17,8 +17,8 @@ import (
 // of the value, all public), are sent at full speed. The victim's limits must stay exhausted, the
 // store must hold at most max_keys, and the evictions must be counted by kind. A second flood of
 // keys that each reach their own limit with one request fills the store with keys at their
-// limit: new keys then share the policy's overflow bucket (429 once it is spent, counted), and
-// still no exhausted key is reset.
+// limit: new keys are then judged in the memory store's sketch, each at its own limit (a few
+// refused early, all counted), and still no exhausted key is reset.
 func TestFloodKeepsExhaustedQuota(t *testing.T) {
 	const maxKeys = 1000
 	// A period that ends during the test would reset the quota for real: use a zone whose
@@ -119,8 +119,8 @@ policies:
 	}
 
 	// Keys that reach their limit with their first request: the policy's share of the store
-	// fills with them, then its new keys share its overflow bucket (a quota of 1 a day, spent by
-	// the first of them) rather than evict one.
+	// fills with them, then its new keys are judged in the sketch rather than evict one: each at
+	// its own quota of 1 a day, refused early only when all its cells were charged by others.
 	as = burst(c, g.proxy+"/b/x", 2*maxKeys, 32, func(i int) []string { return []string{"X-Api-Key", fmt.Sprintf("x%d", i)} })
 	refused := 0
 	for i, a := range as {
@@ -136,11 +136,12 @@ policies:
 	}
 	victimStill("after a flood of keys at their limit")
 	overflow := metric(t, g.admin, "ratelimit_memory_overflow_total")
-	if refused == 0 || overflow != float64(refused+1) {
-		t.Errorf("new keys on the overflow bucket: %d answers 429, ratelimit_memory_overflow_total %v; want the 429s and the one the bucket admitted", refused, overflow)
+	t.Logf("second flood: %d of %d new keys refused early, ratelimit_memory_overflow_total %v", refused, 2*maxKeys, overflow)
+	if overflow < maxKeys || float64(refused) > overflow/10 {
+		t.Errorf("new keys in the sketch: %d answers 429, ratelimit_memory_overflow_total %v; want at least %d judged in the sketch (the keys past the policy's share), at most a tenth of them refused", refused, overflow, maxKeys)
 	}
 	if got := metric(t, g.admin, "ratelimit_memory_keys_refused_total"); got != 0 {
-		t.Errorf("ratelimit_memory_keys_refused_total: got %v, want 0 (the overflow bucket decides)", got)
+		t.Errorf("ratelimit_memory_keys_refused_total: got %v, want 0 (the sketch decides)", got)
 	}
 	if keys := metric(t, g.admin, "ratelimit_memory_keys"); keys > maxKeys {
 		t.Errorf("ratelimit_memory_keys after the second flood: got %v, want at most %d", keys, maxKeys)
