@@ -62,16 +62,16 @@ type resetRec struct {
 
 // exemptRec is one exemption's life as the workload saw it.
 type exemptRec struct {
-	Policy        string
-	ID            string
-	Created       int // the create's status
-	CreateSent    time.Time
-	LiveFrom      time.Time // every replica lists it from here (zero: unknown)
-	ExpiresAt     time.Time
-	Deleted       int // the delete's status; 0: not deleted
-	DeleteSent    time.Time
-	GoneAt        time.Time // no replica applies it from here (zero: unknown)
-	Outcome       string    // expired, ended (expiring after the load), deleted, failed
+	Policy     string
+	ID         string
+	Created    int // the create's status
+	CreateSent time.Time
+	LiveFrom   time.Time // every replica lists it from here (zero: unknown)
+	ExpiresAt  time.Time
+	Deleted    int // the delete's status; 0: not deleted
+	DeleteSent time.Time
+	GoneAt     time.Time // no replica applies it from here (zero: unknown)
+	Outcome    string    // expired, ended (expiring after the load), deleted, failed
 }
 
 // consoleLog is what the workload did, and (DynamoDB) every reset write the relay forwarded.
