@@ -17,6 +17,10 @@ func problemText(ps []Problem) string {
 		if p.Value != "" {
 			lines[i] = p.Path + ": " + strconv.Quote(p.Value) + ": " + p.Msg
 		}
+		if p.Path == "" {
+			lines[i] = p.Msg
+		}
+		lines[i] = p.File + ": " + lines[i]
 	}
 	return strings.Join(lines, "\n")
 }
@@ -83,7 +87,7 @@ func TestRLSConfigErrors(t *testing.T) {
 		{"lease negative ttl", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {enabled: true, ttl: -60s}}\n",
 			[]string{`descriptors[0].rate_limit.lease.ttl: "-1m": must be positive`}},
 		{"lease ttl bad", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {enabled: true, ttl: soon}}\n",
-			[]string{`descriptors[0].rate_limit.lease.ttl: "soon": must be a duration such as 150ms`}},
+			[]string{`descriptors[0].rate_limit.lease.ttl: "soon": must be a duration such as 500ms, 1m or 2h`}},
 		{"lease shards over the limit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, lease: {enabled: true, shards: 4}}\n",
 			[]string{`descriptors[0].rate_limit.lease.shards: "4": must be at most what the limit holds (3): every shard holds at least one request of it`}},
 		{"lease without room", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 2, lease: {enabled: true, ttl: 1h0m0s}}\n",

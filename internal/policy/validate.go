@@ -111,6 +111,7 @@ func allDigits(s string) bool {
 // read too, so a valid Config compiles.
 func (c *Config) Validate(getenv func(string) string) error {
 	errs, _, _, _ := c.check(getenv)
+	c.locate(errs)
 	return errs.err()
 }
 
@@ -313,7 +314,7 @@ func checkRLS(es *Errors, c *Config, rlsOnly bool) *envoyrules.Rules {
 		return nil
 	}
 	for _, p := range problems {
-		es.add(p.Path, p.Value, p.Msg)
+		*es = append(*es, FieldError{File: p.File, Line: p.Line, Col: p.Col, Path: p.Path, Value: p.Value, Msg: p.Msg})
 	}
 	return rules
 }
@@ -335,3 +336,5 @@ func positiveInt(es *Errors, path string, n int64) {
 		es.add(path, strconv.FormatInt(n, 10), "must be positive")
 	}
 }
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }

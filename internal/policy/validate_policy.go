@@ -4,6 +4,8 @@ package policy
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,8 +13,18 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/configyaml"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
+
+// didYouMean is ` (did you mean "x"?)` for the known value that s most resembles, or "".
+func didYouMean(s string, known []string) string {
+	slices.Sort(known) // map order is random: ties go to the first name
+	if m := configyaml.Suggest(s, known); m != "" && m != s {
+		return fmt.Sprintf(" (did you mean %q?)", m)
+	}
+	return ""
+}
 
 // keyKind is the source of a policy's key value.
 type keyKind uint8
@@ -70,7 +82,7 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	case p.Algorithm == "":
 		es.add(at+".algorithm", "", "required: "+algorithmList)
 	case !algOK:
-		es.add(at+".algorithm", p.Algorithm, "must be "+algorithmList)
+		es.add(at+".algorithm", p.Algorithm, "must be "+algorithmList+didYouMean(p.Algorithm, slices.Collect(maps.Keys(algorithms))))
 	default:
 		before := len(*es)
 		checkFullLimit(es, at, alg, p.fields())

@@ -85,12 +85,12 @@ func TestRLSFileProblemsAreConfigErrors(t *testing.T) {
 		t.Fatalf("got %v, want Errors", err)
 	}
 	want := Errors{
-		{Path: "rls.response_headers", Value: "draft", Msg: "must be ietf, x-ratelimit, all or none"},
-		{Path: filepath.Join(dir, "b.yml") + ": domain", Value: "d", Msg: "also the domain of " + filepath.Join(dir, "a.yaml") + ": each domain is in one file"},
-		{Path: filepath.Join(dir, "c.yaml") + ": descriptors[0].rate_limit.unit", Value: "days", Msg: "must be second, minute, hour, day, week, month or year"},
+		{Line: 3, Col: 3, Path: "rls.response_headers", Value: "draft", Msg: "must be ietf, x-ratelimit, all or none"},
+		{File: filepath.Join(dir, "b.yml"), Line: 1, Col: 9, Path: "domain", Value: "d", Msg: "also the domain of " + filepath.Join(dir, "a.yaml") + ": each domain is in one file"},
+		{File: filepath.Join(dir, "c.yaml"), Line: 4, Col: 24, Path: "descriptors[0].rate_limit.unit", Value: "days", Msg: "must be second, minute, hour, day, week, month or year"},
 	}
 	if !reflect.DeepEqual(es, want) {
-		t.Errorf("got\n%v\nwant\n%v", es, want)
+		t.Errorf("got\n%#v\nwant\n%#v", es, want)
 	}
 }
 

@@ -524,7 +524,7 @@ var badConfigs = map[string]string{
 	"window_negative":              `policies[0].window: "-1m": must be positive`,
 	"override_window_zero":         `policies[0].overrides[0].window: "0s": must be positive`,
 	"window_with_rate":             `policies[0].rate: "5/m": not used by sliding_window`,
-	"yaml_duplicate_key":           `yaml_duplicate_key.yaml: invalid YAML: yaml: unmarshal errors:` + "\n" + `  line 3: mapping key "upstream" already defined at line 2`,
+	"yaml_duplicate_key":           `yaml_duplicate_key.yaml: upstream: written twice (first on line 2)`,
 	"yaml_syntax":                  `yaml_syntax.yaml: invalid YAML: yaml: line 3:`,
 }
 
