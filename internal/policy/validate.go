@@ -18,7 +18,6 @@ import (
 // of counts and names are limitspec's, shared with Envoy's rule files.
 const (
 	maxRate   = 1_000_000_000         // requests per second: one per nanosecond
-	maxRefill = 366 * 24 * time.Hour  // burst/rate: time for an empty bucket to fill
 	minWindow = time.Millisecond      // finer windows are noise next to the store's latency
 	maxWindow = 7 * 24 * time.Hour    // daily and weekly quotas, not monthly ones
 	minSecret = 32                    // RFC 7518 §3.2: an HS256 key is at least 256 bits
