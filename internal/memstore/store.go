@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"context"
@@ -13,10 +13,12 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
-// MemoryOptions configures NewMemory. The zero value selects every default.
-type MemoryOptions struct {
+// Options configures New. The zero value selects every default.
+type Options struct {
 	// Shards is the number of independently locked shards, rounded up to a power of two.
 	// (Optional) default 8*GOMAXPROCS rounded up, at least 256.
 	Shards int
@@ -26,11 +28,11 @@ type MemoryOptions struct {
 	// cap is split evenly between the pools (Charge.Pool). A shard or pool at its cap evicts
 	// idle keys, then the least used, never a key at its limit: when only such keys are left,
 	// new keys are judged in a count-min sketch of 8*MaxKeys cells per kind of limit (see
-	// Memory and memory_sketch.go). (Optional) default 1_000_000.
+	// Store and sketch.go). (Optional) default 1_000_000.
 	MaxKeys int
 }
 
-// Memory is the in-process Store: keyed algorithm state in sharded hash tables, each shard under
+// Store is the in-process bucket.Store: keyed algorithm state in sharded hash tables, each shard under
 // its own mutex. Decisions are exact under concurrency: a group's shards are locked (in ascending
 // order, so concurrent groups cannot deadlock) for the whole evaluate-and-commit.
 //
@@ -43,7 +45,7 @@ type MemoryOptions struct {
 // such a Count, or a width without a 16-bit tag); a key moves between the two with its counts
 // intact.
 //
-// Memory stays bounded without a background goroutine. A key is idle when its state equals a
+// A Store stays bounded without a background goroutine. A key is idle when its state equals a
 // fresh key's (the bucket is full, every counted request has left its window, nothing in
 // flight); a shard forgets its idle keys when it has grown to twice its size after the previous
 // sweep, which costs O(1) amortised per new key. Each shard also has a hard cap (MaxKeys split
@@ -51,8 +53,8 @@ type MemoryOptions struct {
 // to 15/16 of it, the least used first (the smallest share of their limit in use), and never a
 // key at its limit (one whose next request of the cost it was last charged would be rejected).
 // Each shard's cap is split between the pools the store knows (a policy, an RLS domain: see
-// memory_pool.go), and a pool holds at most its share: when every key a new key could displace
-// is at its limit, the new key is judged in the store's count-min sketch (memory_sketch.go),
+// pool.go), and a pool holds at most its share: when every key a new key could displace
+// is at its limit, the new key is judged in the store's count-min sketch (sketch.go),
 // which may refuse it early but never admits it past its own limit. So a flood of distinct
 // keys, however many and however chosen, never resets a key at its limit, never refuses a new
 // key of another pool, leaves most new keys of its own pool their own limits, and the store
@@ -62,16 +64,16 @@ type MemoryOptions struct {
 // A key's shard is chosen by a hash keyed with a secret drawn per store (crypto/rand), so that
 // no client can choose key values that land in one shard.
 //
-// The zero Memory is not usable; create one with NewMemory. A Memory is safe for concurrent use.
-type Memory struct {
+// The zero Store is not usable; create one with New. A Store is safe for concurrent use.
+type Store struct {
 	shards []paddedShard
 	mask   uint64
 	seed   [4]uint64 // keys the shard choice (see shardOf) and the GCRA tokens (gcraToken)
-	pools  pools     // pool names to indexes (see memory_pool.go)
-	sk     sketch    // where new keys the shards cannot store are judged (memory_sketch.go)
+	pools  pools     // pool names to indexes (see pool.go)
+	sk     sketch    // where new keys the shards cannot store are judged (sketch.go)
 }
 
-var _ Releaser = (*Memory)(nil)
+var _ bucket.Releaser = (*Store)(nil)
 
 // minSweep is the smallest size at which a shard sweeps, so that small shards are not swept on
 // every insert.
@@ -83,20 +85,20 @@ const rebuildPeak = 8 * minSweep
 
 type shard struct {
 	mu      sync.Mutex
-	gcra    table[gcraEntry]      // token- and leaky-bucket states
-	fixed   table[fixedEntry]     // fixed-window and quota states
-	sliding table[compactSliding] // sliding-window keys whose state fits the compact form
-	wide    map[Key]wideEntry     // the other sliding-window keys; a key is in one of the two at most
-	conc    table[concEntry]      // concurrency keys
-	maxKeys int                   // hard cap on this shard's keys
-	sweepAt int                   // sweep before inserting a new key when the shard holds this many
-	peak    int                   // most keys seen by a sweep since the tables were last rebuilt
+	gcra    table[gcraEntry]         // token- and leaky-bucket states
+	fixed   table[fixedEntry]        // fixed-window and quota states
+	sliding table[compactSliding]    // sliding-window keys whose state fits the compact form
+	wide    map[bucket.Key]wideEntry // the other sliding-window keys; a key is in one of the two at most
+	conc    table[concEntry]         // concurrency keys
+	maxKeys int                      // hard cap on this shard's keys
+	sweepAt int                      // sweep before inserting a new key when the shard holds this many
+	peak    int                      // most keys seen by a sweep since the tables were last rebuilt
 	// fullUntil is, after a sweep that left the shard full of keys at their limit, the first
 	// instant one of them may be evicted (math.MaxInt64: only a slot's release frees one): new
 	// keys are judged in the sketch until then without sweeping again. 0 when the shard is not
 	// full.
 	fullUntil int64
-	stats     evictions // counted under mu, summed by Memory.Evictions
+	stats     evictions // counted under mu, summed by Store.Evictions
 	gen       uint64    // the last generation handed to a new entry (see admit)
 	pools     []int32   // keys held per pool index
 	// poolFull is, for a pool at its share of the shard after a sweep found nothing of it to
@@ -108,7 +110,7 @@ type shard struct {
 // request of the cost it was last charged (tau-cost*T: the key is at its limit while tat-now
 // exceeds it). Every entry also carries its meta: its generation (unique in its shard, so that
 // a give-back never lands in an entry created again after the one it was counted in was
-// evicted) and its pool (see memory_pool.go).
+// evicted) and its pool (see pool.go).
 type gcraEntry struct {
 	tat, room int64
 	meta      uint64
@@ -117,14 +119,14 @@ type gcraEntry struct {
 // fixedEntry is a fixed-window or quota key's state, and the room its Limit leaves (Count-cost:
 // the key is at its limit while its count exceeds it).
 type fixedEntry struct {
-	FixedState
+	bucket.FixedState
 	room int64
 	meta uint64
 }
 
 // wideEntry is a sliding-window key's state kept as a SlidingState, and the room (Count-cost).
 type wideEntry struct {
-	SlidingState
+	bucket.SlidingState
 	room int64
 	meta uint64
 }
@@ -142,8 +144,8 @@ type paddedShard struct {
 	_ [(128 - unsafe.Sizeof(shard{})%128) % 128]byte
 }
 
-// NewMemory returns an empty Memory store configured by o.
-func NewMemory(o MemoryOptions) *Memory {
+// New returns an empty memory store configured by o.
+func New(o Options) *Store {
 	n := o.Shards
 	if n <= 0 {
 		n = max(256, 8*runtime.GOMAXPROCS(0))
@@ -158,7 +160,7 @@ func NewMemory(o MemoryOptions) *Memory {
 	}
 	// Floor division with the remainder handed out one by one: the caps sum to exactly maxKeys.
 	perShard, extra := maxKeys/n, maxKeys%n
-	m := &Memory{shards: make([]paddedShard, n), mask: uint64(n - 1)}
+	m := &Store{shards: make([]paddedShard, n), mask: uint64(n - 1)}
 	m.pools.idx = make(map[string]uint16)
 	m.sk.init(maxKeys)
 	var seed [32]byte
@@ -176,7 +178,7 @@ func NewMemory(o MemoryOptions) *Memory {
 			gcra:    newTable[gcraEntry](rand.Uint64()),
 			fixed:   newTable[fixedEntry](rand.Uint64()),
 			sliding: newTable[compactSliding](rand.Uint64()),
-			wide:    make(map[Key]wideEntry),
+			wide:    make(map[bucket.Key]wideEntry),
 			conc:    newTable[concEntry](rand.Uint64()),
 			maxKeys: limit,
 			sweepAt: min(minSweep, limit),
@@ -186,14 +188,14 @@ func NewMemory(o MemoryOptions) *Memory {
 }
 
 // shardOf picks a key's shard with a hash keyed by the store's secret seed, drawn from
-// crypto/rand by NewMemory. Keys are digests of the policy and the client's value, but the
+// crypto/rand by New. Keys are digests of the policy and the client's value, but the
 // policy's name is public (429 bodies, RateLimit-Policy) and so is the digest: picking the shard
 // from the key's own bits let a client craft values that all land in a victim's shard (256
 // tries per key) and fill it. The hash is two rounds of a 64x64->128-bit multiply folded by xor
 // (the mixing of wyhash and of Go's own map hash when it lacks AES), each with secret words, so
 // where a value lands cannot be predicted without the seed; it costs two multiplications, where
 // hash/maphash cost several times more per decision.
-func (m *Memory) shardOf(k Key) uint32 {
+func (m *Store) shardOf(k bucket.Key) uint32 {
 	hi, lo := bits.Mul64(binary.LittleEndian.Uint64(k[:8])^m.seed[0], binary.LittleEndian.Uint64(k[8:])^m.seed[1])
 	hi, lo = bits.Mul64(hi^lo^m.seed[2], m.seed[3])
 	return uint32((hi ^ lo) & m.mask)
@@ -206,8 +208,8 @@ const groupStack = 8
 type pending struct {
 	tat     int64 // GCRA tat, or a concurrency key's requests in flight
 	room    int64 // the entry's room (see gcraEntry, fixedEntry, wideEntry; a concurrency Count)
-	fixed   FixedState
-	sliding SlidingState
+	fixed   bucket.FixedState
+	sliding bucket.SlidingState
 }
 
 // Take implements Store. It evaluates the group at now and commits it as the Store contract
@@ -219,20 +221,20 @@ type pending struct {
 // A ctx whose deadline has passed is still decided: the decision costs well under a microsecond
 // and does no I/O, and a deadline that passed while the goroutine waited for a CPU would
 // otherwise turn an overloaded gateway into one that forwards without limits (on_error: allow).
-func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, results []Result) (bool, error) {
+func (m *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge, results []bucket.Result) (bool, error) {
 	if err := ctx.Err(); err != nil && errors.Is(err, context.Canceled) {
-		return false, fmt.Errorf("bucket: memory take: %w", err)
+		return false, fmt.Errorf("memstore: take: %w", err)
 	}
 	if len(results) < len(charges) {
-		return false, fmt.Errorf("bucket: memory take: %d results for %d charges", len(results), len(charges))
+		return false, fmt.Errorf("memstore: take: %d results for %d charges", len(results), len(charges))
 	}
 	for i := range charges {
-		if a := charges[i].Limit.Algorithm; a < TokenBucket || a > Quota {
-			return false, fmt.Errorf("bucket: memory take: charge %d: unknown algorithm %d", i, a)
+		if a := charges[i].Limit.Algorithm; a < bucket.TokenBucket || a > bucket.Quota {
+			return false, fmt.Errorf("memstore: take: charge %d: unknown algorithm %d", i, a)
 		}
 	}
 	if len(charges) == 1 {
-		if charges[0].Limit.Algorithm == Concurrency {
+		if charges[0].Limit.Algorithm == bucket.Concurrency {
 			return m.takeSlot(&charges[0], now, &results[0]), nil
 		}
 		return m.takeOne(&charges[0], now.UnixNano(), &results[0]), nil
@@ -332,7 +334,7 @@ func (m *Memory) Take(ctx context.Context, now time.Time, charges []Charge, resu
 			}
 			meta = m.shards[idx[i]].commit(c, &pend[i], meta)
 			r.Token = genToken(meta)
-			if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
+			if c.Limit.Algorithm == bucket.TokenBucket || c.Limit.Algorithm == bucket.LeakyBucket {
 				r.Token = m.gcraToken(meta, pend[i].tat)
 			}
 		}
@@ -377,7 +379,7 @@ type placement struct {
 // judged in the sketch. Every sweep runs before any key is looked up, so the placements stay
 // true until the commit. The caller holds the shards' locks; placeGroup leaves m.sk.mu held
 // when it reports sketch.
-func (m *Memory) placeGroup(g *placement, charges []Charge, idx []uint32, locks []uint32, ns int64) {
+func (m *Store) placeGroup(g *placement, charges []bucket.Charge, idx []uint32, locks []uint32, ns int64) {
 	// The pools' sweeps first.
 	pools := m.Pools()
 	for i := range charges {
@@ -432,7 +434,7 @@ func (m *Memory) placeGroup(g *placement, charges []Charge, idx []uint32, locks 
 // newKeys counts the entries that the charges on shard s (idx[i] is charge i's shard) would add
 // to it: charges whose key is not stored in their algorithm's kind of state, each key and kind
 // once. The caller holds sh.mu.
-func (sh *shard) newKeys(charges []Charge, idx []uint32, s uint32) int {
+func (sh *shard) newKeys(charges []bucket.Charge, idx []uint32, s uint32) int {
 	n := 0
 	for i := range charges {
 		if idx[i] != s || sh.has(&charges[i]) {
@@ -456,17 +458,17 @@ func (sh *shard) newKeys(charges []Charge, idx []uint32, s uint32) int {
 // Each algorithm has its own branch so that no pending value (about 100 bytes, mostly the
 // sliding window's counters) is zeroed and copied per decision: for a token bucket that copy
 // was about a third of the decision's cost.
-func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
+func (m *Store) takeOne(c *bucket.Charge, now int64, r *bucket.Result) bool {
 	sh := &m.shards[m.shardOf(c.Key)]
 	sh.mu.Lock()
 	switch c.Limit.Algorithm {
-	case TokenBucket, LeakyBucket:
+	case bucket.TokenBucket, bucket.LeakyBucket:
 		i, existed := sh.gcra.find(&c.Key)
 		var e gcraEntry
 		if existed {
 			e = sh.gcra.slots[i].st
 		}
-		e.tat, e.room = gcraTo(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
+		e.tat, e.room = bucket.GCRAInto(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
 		if r.Allowed {
 			stored := true
 			if existed {
@@ -478,7 +480,7 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 				r.Token = m.gcraToken(e.meta, e.tat)
 			}
 		}
-	case FixedWindow, Quota:
+	case bucket.FixedWindow, bucket.Quota:
 		// A quota's state is a FixedState that ends at the next period start: it shares the
 		// fixed windows' table (keys of different policies never collide).
 		i, existed := sh.fixed.find(&c.Key)
@@ -486,10 +488,10 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 		if existed {
 			e = sh.fixed.slots[i].st
 		}
-		if c.Limit.Algorithm == Quota {
-			e.FixedState, *r = QuotaN(e.FixedState, now, c.Limit, c.N())
+		if c.Limit.Algorithm == bucket.Quota {
+			e.FixedState, *r = bucket.QuotaN(e.FixedState, now, c.Limit, c.N())
 		} else {
-			e.FixedState, *r = FixedN(e.FixedState, now, c.Limit, c.N())
+			e.FixedState, *r = bucket.FixedN(e.FixedState, now, c.Limit, c.N())
 		}
 		if r.Allowed {
 			e.room = c.Limit.Count - c.N()
@@ -514,7 +516,7 @@ func (m *Memory) takeOne(c *Charge, now int64, r *Result) bool {
 // only when a new key is stored (a sweep that makes room for it needs the instant), not on
 // every request. With Release's releaseSlot this is the whole limiter cost of a request under
 // a concurrency limit, so it is kept to one lookup and one write under the shard's lock.
-func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
+func (m *Store) takeSlot(c *bucket.Charge, now time.Time, r *bucket.Result) bool {
 	sh := &m.shards[m.shardOf(c.Key)]
 	sh.mu.Lock()
 	i, existed := sh.conc.find(&c.Key)
@@ -522,7 +524,7 @@ func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 	if existed {
 		e.n, e.meta = sh.conc.slots[i].st.n, sh.conc.slots[i].st.meta
 	}
-	if concurrentTo(e.n-concStored, c.Limit.Count, r) {
+	if bucket.ConcurrentInto(e.n-concStored, c.Limit.Count, r) {
 		e.n++
 		if existed {
 			sh.conc.slots[i].st = e
@@ -548,26 +550,26 @@ func (m *Memory) takeSlot(c *Charge, now time.Time, r *Result) bool {
 // moved for a rejected request would forget slots that a clock stepping back still counts);
 // when every counted request has left, which is where a key of many clients (each seen now and
 // then) usually is, the copy is a fresh ring and the old counters are not read at all.
-func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
+func (m *Store) takeSliding(sh *shard, c *bucket.Charge, now int64, r *bucket.Result) {
 	if c.Limit.Count > maxCompactCount {
 		m.takeWide(sh, c, now, r)
 		return
 	}
-	w, count, n := slotWidth(c.Limit.Window), c.Limit.Count, c.N()
+	w, count, n := bucket.SlotWidth(c.Limit.Window), c.Limit.Count, c.N()
 	room := uint16(max(count-n, 0)) // count <= 65535 here
 	i, existed := sh.sliding.find(&c.Key)
 	if existed {
 		if p := &sh.sliding.slots[i].st; p.width() == w {
 			p.room = room
 			if now-p.slot*w < w {
-				decide(&p.counts, p.slot, now, w, count, n, r)
+				bucket.SlidingDecide(&p.counts, p.slot, now, w, count, n, r)
 				if r.Allowed {
 					r.Token = genToken(p.meta())
 				}
 				return
 			}
-			cur := floorDiv(now, w)
-			if cur-p.slot >= slidingRing && n <= count {
+			cur := bucket.FloorDiv(now, w)
+			if cur-p.slot >= bucket.SlidingRing && n <= count {
 				meta := p.meta()
 				*p = admitFresh(cur, now, w, count, n, p.tag, r)
 				p.room = room
@@ -576,11 +578,11 @@ func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
 				return
 			}
 			st := compactSliding{slot: cur, tag: p.tag, room: room, gen: p.gen, pool: p.pool}
-			if cur-p.slot < slidingRing {
+			if cur-p.slot < bucket.SlidingRing {
 				st = *p
-				rotate(&st.counts, &st.slot, cur)
+				bucket.SlidingRotate(&st.counts, &st.slot, cur)
 			}
-			decide(&st.counts, st.slot, now, w, count, n, r)
+			bucket.SlidingDecide(&st.counts, st.slot, now, w, count, n, r)
 			if r.Allowed {
 				*p = st
 				r.Token = genToken(st.meta())
@@ -599,10 +601,10 @@ func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
 		m.takeWide(sh, c, now, r)
 		return
 	}
-	cur := floorDiv(now, w)
+	cur := bucket.FloorDiv(now, w)
 	if n > count {
 		st := compactSliding{slot: cur, tag: tag}
-		decide(&st.counts, st.slot, now, w, count, n, r) // a rejection: nothing to store
+		bucket.SlidingDecide(&st.counts, st.slot, now, w, count, n, r) // a rejection: nothing to store
 		return
 	}
 	st := admitFresh(cur, now, w, count, n, tag, r)
@@ -622,10 +624,10 @@ func (m *Memory) takeSliding(sh *shard, c *Charge, now int64, r *Result) {
 // admitFresh is decide on an empty ring (every counter 0) at slot cur of width w, for a request
 // that fits (n <= count): it returns the ring with n counted in slot cur and sets r, without
 // summing eleven zeros.
-func admitFresh(cur, now, w, count, n int64, tag uint16, r *Result) compactSliding {
+func admitFresh(cur, now, w, count, n int64, tag uint16, r *bucket.Result) compactSliding {
 	st := compactSliding{slot: cur, tag: tag}
-	st.counts[ring(cur)] = uint16(n)
-	*r = Result{Allowed: true, Limit: count, Remaining: count - n, Reset: time.Duration((cur+slidingRing)*w - now)}
+	st.counts[bucket.SlidingIndex(cur)] = uint16(n)
+	*r = bucket.Result{Allowed: true, Limit: count, Remaining: count - n, Reset: time.Duration((cur+bucket.SlidingRing)*w - now)}
 	return st
 }
 
@@ -636,7 +638,7 @@ func admitFresh(cur, now, w, count, n int64, tag uint16, r *Result) compactSlidi
 // its limit), c is judged in the sketch instead, r becomes that verdict, and admitNew reports
 // false. A sweep moves a table's keys: the caller inserts with insertNew, which probes again.
 // The caller holds sh.mu.
-func (m *Memory) admitNew(sh *shard, c *Charge, now int64, r *Result) (uint64, bool) {
+func (m *Store) admitNew(sh *shard, c *bucket.Charge, now int64, r *bucket.Result) (uint64, bool) {
 	if m.sk.active(kindOf(c.Limit.Algorithm), now) {
 		m.sk.mu.Lock()
 		in := m.inSketch(c, now)
@@ -656,9 +658,9 @@ func (m *Memory) admitNew(sh *shard, c *Charge, now int64, r *Result) (uint64, b
 
 // takeWide decides a sliding-window charge through a SlidingState, whichever map holds the key,
 // and stores the new state in the form it fits. The caller holds sh.mu.
-func (m *Memory) takeWide(sh *shard, c *Charge, now int64, r *Result) {
+func (m *Store) takeWide(sh *shard, c *bucket.Charge, now int64, r *bucket.Result) {
 	st, meta, existed := sh.slidingState(c.Key)
-	st.take(now, &c.Limit, c.N(), r)
+	st.TakeInto(now, &c.Limit, c.N(), r)
 	if !r.Allowed {
 		return
 	}
@@ -673,7 +675,7 @@ func (m *Memory) takeWide(sh *shard, c *Charge, now int64, r *Result) {
 }
 
 // slidingState returns the key's sliding-window state and meta from whichever map holds it.
-func (sh *shard) slidingState(k Key) (SlidingState, uint64, bool) {
+func (sh *shard) slidingState(k bucket.Key) (bucket.SlidingState, uint64, bool) {
 	if i, ok := sh.sliding.find(&k); ok {
 		return sh.sliding.slots[i].st.wide(), sh.sliding.slots[i].st.meta(), true
 	}
@@ -685,7 +687,7 @@ func (sh *shard) slidingState(k Key) (SlidingState, uint64, bool) {
 // with this room (Count-cost), compact when it fits and the Count lets it stay so, wide
 // otherwise, and removes it from the other map (a move keeps the key's meta: it is the same
 // entry).
-func (sh *shard) storeSliding(k Key, st *SlidingState, count, room int64, meta uint64) {
+func (sh *shard) storeSliding(k bucket.Key, st *bucket.SlidingState, count, room int64, meta uint64) {
 	if count <= maxCompactCount {
 		if cs, ok := compactOf(st); ok {
 			cs.room = uint16(max(room, 0))
@@ -700,76 +702,76 @@ func (sh *shard) storeSliding(k Key, st *SlidingState, count, room int64, meta u
 }
 
 // sameState reports whether two algorithms keep their state in the same map.
-func sameState(a, b Algorithm) bool {
-	gcra := func(x Algorithm) bool { return x == TokenBucket || x == LeakyBucket }
-	fixed := func(x Algorithm) bool { return x == FixedWindow || x == Quota }
+func sameState(a, b bucket.Algorithm) bool {
+	gcra := func(x bucket.Algorithm) bool { return x == bucket.TokenBucket || x == bucket.LeakyBucket }
+	fixed := func(x bucket.Algorithm) bool { return x == bucket.FixedWindow || x == bucket.Quota }
 	return a == b || gcra(a) && gcra(b) || fixed(a) && fixed(b)
 }
 
 // eval evaluates c at now against the stored state, or against prev (an earlier conforming
 // charge of the same group on the same key) when it is not nil, and leaves the new state in p.
 // The verdict is written into *r. The caller holds sh.mu.
-func (sh *shard) eval(c *Charge, now int64, p *pending, prev *pending, r *Result) {
+func (sh *shard) eval(c *bucket.Charge, now int64, p *pending, prev *pending, r *bucket.Result) {
 	// With prev, the stored state is stale (the group has not committed yet): prev's wins. The
 	// lookup it replaces is wasted, but a group charging one key twice is rare.
 	switch c.Limit.Algorithm {
-	case TokenBucket, LeakyBucket:
+	case bucket.TokenBucket, bucket.LeakyBucket:
 		e, _ := sh.gcra.get(&c.Key)
 		if prev != nil {
 			e.tat = prev.tat
 		}
-		p.tat, p.room = gcraTo(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
-	case FixedWindow, Quota:
+		p.tat, p.room = bucket.GCRAInto(e.tat, now, c.Limit.Rate, c.Limit.Burst, c.Limit.Algorithm, c.N(), r)
+	case bucket.FixedWindow, bucket.Quota:
 		e, _ := sh.fixed.get(&c.Key)
 		s := e.FixedState
 		if prev != nil {
 			s = prev.fixed
 		}
-		if c.Limit.Algorithm == Quota {
-			p.fixed, *r = QuotaN(s, now, c.Limit, c.N())
+		if c.Limit.Algorithm == bucket.Quota {
+			p.fixed, *r = bucket.QuotaN(s, now, c.Limit, c.N())
 		} else {
-			p.fixed, *r = FixedN(s, now, c.Limit, c.N())
+			p.fixed, *r = bucket.FixedN(s, now, c.Limit, c.N())
 		}
 		p.room = c.Limit.Count - c.N()
-	case SlidingWindow:
+	case bucket.SlidingWindow:
 		s, _, _ := sh.slidingState(c.Key)
 		if prev != nil {
 			s = prev.sliding
 		}
 		p.sliding = s
-		p.sliding.take(now, &c.Limit, c.N(), r)
+		p.sliding.TakeInto(now, &c.Limit, c.N(), r)
 		p.room = c.Limit.Count - c.N()
-	case Concurrency:
+	case bucket.Concurrency:
 		e, ok := sh.conc.get(&c.Key)
 		n := e.n - concStored*int64(b2i(ok))
 		if prev != nil {
 			n = prev.tat
 		}
-		p.tat, *r = Concurrent(n, c.Limit)
+		p.tat, *r = bucket.Concurrent(n, c.Limit)
 		p.room = c.Limit.Count
 	}
 }
 
 // commit stores c's evaluated state p and returns the entry's meta: a stored key keeps its
 // own, a new key gets meta (placed and counted by placeGroup). The caller holds sh.mu.
-func (sh *shard) commit(c *Charge, p *pending, meta uint64) uint64 {
+func (sh *shard) commit(c *bucket.Charge, p *pending, meta uint64) uint64 {
 	switch c.Limit.Algorithm {
-	case TokenBucket, LeakyBucket:
+	case bucket.TokenBucket, bucket.LeakyBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
 			meta = sh.gcra.slots[i].st.meta
 		}
 		sh.gcra.put(&c.Key, &gcraEntry{tat: p.tat, room: p.room, meta: meta})
-	case FixedWindow, Quota:
+	case bucket.FixedWindow, bucket.Quota:
 		if i, ok := sh.fixed.find(&c.Key); ok {
 			meta = sh.fixed.slots[i].st.meta
 		}
 		sh.fixed.put(&c.Key, &fixedEntry{FixedState: p.fixed, room: p.room, meta: meta})
-	case SlidingWindow:
+	case bucket.SlidingWindow:
 		if _, old, ok := sh.slidingState(c.Key); ok {
 			meta = old
 		}
 		sh.storeSliding(c.Key, &p.sliding, c.Limit.Count, p.room, meta)
-	case Concurrency:
+	case bucket.Concurrency:
 		if i, ok := sh.conc.find(&c.Key); ok {
 			meta = sh.conc.slots[i].st.meta
 		}
@@ -779,18 +781,18 @@ func (sh *shard) commit(c *Charge, p *pending, meta uint64) uint64 {
 }
 
 // has reports whether c's key is stored in the state kind of c's algorithm.
-func (sh *shard) has(c *Charge) bool {
+func (sh *shard) has(c *bucket.Charge) bool {
 	var ok bool
 	switch c.Limit.Algorithm {
-	case TokenBucket, LeakyBucket:
+	case bucket.TokenBucket, bucket.LeakyBucket:
 		_, ok = sh.gcra.find(&c.Key)
-	case FixedWindow, Quota:
+	case bucket.FixedWindow, bucket.Quota:
 		_, ok = sh.fixed.find(&c.Key)
-	case SlidingWindow:
+	case bucket.SlidingWindow:
 		if _, ok = sh.sliding.find(&c.Key); !ok {
 			_, ok = sh.wide[c.Key]
 		}
-	case Concurrency:
+	case bucket.Concurrency:
 		_, ok = sh.conc.find(&c.Key)
 	}
 	return ok
@@ -799,7 +801,7 @@ func (sh *shard) has(c *Charge) bool {
 func (sh *shard) len() int { return sh.gcra.n + sh.fixed.n + sh.sliding.n + len(sh.wide) + sh.conc.n }
 
 // Len returns the number of keys tracked, for metrics.
-func (m *Memory) Len() int {
+func (m *Store) Len() int {
 	n := 0
 	for i := range m.shards {
 		sh := &m.shards[i]
