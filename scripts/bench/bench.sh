@@ -164,7 +164,7 @@ go_benches() {
   # seconds apart, so their ratio is what the table reports per round.
   note "Go benchmarks: decision cost ($go_count interleaved rounds, -benchtime $go_time)"
   mkdir -p "$out/bin"
-  $GO test -c -o "$out/bin/bucket.test" ./internal/bucket/
+  $GO test -c -o "$out/bin/memstore.test" ./internal/memstore/
   : >"$out/decision.txt"
   : >"$out/decision-rounds.tsv"
   local round grp pats pat
@@ -173,7 +173,7 @@ go_benches() {
       pats=("^BenchmarkMemory\$/./^${grp%/*}\$/^${grp#*/}\$" "^BenchmarkXRate\$/./^${grp%/*}\$/^${grp#*/}\$")
       [ $((round % 2)) = 0 ] && pats=("${pats[1]}" "${pats[0]}")
       for pat in "${pats[@]}"; do
-        (cd internal/bucket && "$out/bin/bucket.test" -test.run '^$' -test.bench "$pat" -test.benchmem \
+        (cd internal/memstore && "$out/bin/memstore.test" -test.run '^$' -test.bench "$pat" -test.benchmem \
           -test.benchtime "$go_time") | tee -a "$out/decision.txt" |
           awk -v r="$round" '/^Benchmark/ { n = $1; sub(/-[0-9]+$/, "", n); printf "%s\t%s\t%s\n", r, n, $3 }' >>"$out/decision-rounds.tsv"
       done
@@ -183,7 +183,7 @@ go_benches() {
   $GO test -run '^$' -bench '^BenchmarkHandler' -benchmem -count "$go_count" -benchtime "$go_time" \
     ./internal/proxy/ >"$out/handler.txt"
   note "Go benchmarks: bytes per key at 1M keys"
-  $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
+  $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/memstore/ >"$out/bytes.txt"
   note "Go benchmarks: the operators' console's cost in instructions (callgrind)"
   local console_rc=0
   local instr_n=30000
@@ -221,7 +221,7 @@ go_benches() {
     echo
     echo "## 1. Decision cost (Go benchmarks, $go_count interleaved rounds, -benchtime $go_time, GOMAXPROCS=$ncpu)"
     echo
-    echo "One charge per decision on bucket.Memory vs golang.org/x/time/rate with a per-key map (Mutex: one map"
+    echo "One charge per decision on the memory store (memstore.Store) vs golang.org/x/time/rate with a per-key map (Mutex: one map"
     echo "behind one mutex; Sharded: 256 such maps). Each round runs one group (keys x mode) of ours and of"
     echo "x/time/rate back to back in fresh processes, alternating which goes first. ns/op columns are medians"
     echo "over the rounds; the ratio is ours / the faster x/time/rate variant *of the same round*, median"
