@@ -69,16 +69,6 @@ var (
 	_ Releaser = bucket.Releaser(nil)
 )
 
-// OnError says what happens to a request when the limiter cannot decide (error or timeout).
-type OnError uint8
-
-const (
-	// Allow forwards the request without rate-limit headers (fail open). It is the zero value.
-	Allow OnError = iota
-	// Deny answers 503 with Retry-After: 1 (fail closed).
-	Deny
-)
-
 // DefaultStoreTimeout is used when Options.StoreTimeout is zero. It matches the config default.
 const DefaultStoreTimeout = 50 * time.Millisecond
 
@@ -96,8 +86,6 @@ type Options struct {
 	Limiter Limiter
 	// Backend labels the store metrics ("memory", "dynamodb"). (Optional) default "memory".
 	Backend string
-	// OnError applies when Take fails. (Optional) default Allow.
-	OnError OnError
 	// StoreTimeout is the context deadline around each Take. (Optional) default 50ms.
 	StoreTimeout time.Duration
 	// Logger receives sampled JSON log lines. (Optional) default: no logs.
@@ -182,7 +170,6 @@ type Handler struct {
 	policies     func() Policies
 	limiter      Limiter
 	releaser     Releaser // nil when the limiter cannot give charges back
-	onError      OnError
 	storeTimeout time.Duration
 	now          func() time.Time
 	clockIsNow   bool // now is time.Now: the store timer's start doubles as the decision instant
@@ -295,9 +282,6 @@ func New(o Options) (*Handler, error) {
 	if o.Limiter == nil {
 		return nil, errors.New("proxy: limiter is required")
 	}
-	if o.OnError != Allow && o.OnError != Deny {
-		return nil, fmt.Errorf("proxy: on_error %d: want Allow or Deny", o.OnError)
-	}
 	if o.StoreTimeout < 0 {
 		return nil, fmt.Errorf("proxy: store timeout %v: must not be negative", o.StoreTimeout)
 	}
@@ -333,7 +317,6 @@ func New(o Options) (*Handler, error) {
 	h := &Handler{
 		policies:     o.Policies,
 		limiter:      o.Limiter,
-		onError:      o.OnError,
 		storeTimeout: o.StoreTimeout,
 		now:          o.Now,
 		clockIsNow:   clockIsNow,
@@ -614,7 +597,9 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 	}
 }
 
-// storeError applies OnError to a request the limiter could not decide.
+// storeError renders the on_error rule that the limiter decided (bucket.RuleOf: the rule of
+// its *bucket.UndecidedError; Allow for a limiter that no rule guards) for a request it could
+// not decide: forward, or 503 with Retry-After: 1.
 func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies, err error, timedOut, callExpired bool) {
 	if callExpired || errors.Is(r.Context().Err(), context.DeadlineExceeded) {
 		// The call's own deadline (grpc-timeout; only gRPC calls carry one) ran out first:
@@ -633,11 +618,12 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, st *reqStat
 	}
 	proto := protocolOf(r, isGRPC(r))
 	reason := h.countStoreError(err, timedOut)
+	failClosed := bucket.RuleOf(err).FailsClosed()
 	if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
-		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", h.onError == Allow),
+		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", !failClosed),
 			zap.String("protocol", protocolNames[proto]), zap.Error(err))
 	}
-	if h.onError == Allow {
+	if !failClosed {
 		h.m.decided(proto, decStoreErrorAllowed)
 		st.decision = decStoreErrorAllowed
 		h.forward(w, r, st, pols)

@@ -34,17 +34,6 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 )
 
-// OnError is what a call gets when the store cannot decide.
-type OnError uint8
-
-const (
-	// Allow answers OK: the request passes (fail open).
-	Allow OnError = iota
-	// Deny answers the gRPC status UNAVAILABLE, which Envoy treats as a failed call: with the
-	// filter's failure_mode_deny it rejects the request, without it lets it pass.
-	Deny
-)
-
 // Bounds of a call: a request past them is malformed (INVALID_ARGUMENT), not a workload.
 const (
 	maxDescriptors = 256
@@ -60,8 +49,6 @@ type Options struct {
 	Store bucket.Store
 	// Backend labels the store metrics (memory, dynamodb).
 	Backend string
-	// OnError applies when the store fails (on_error local never fails: the store decides).
-	OnError OnError
 	// StoreTimeout bounds each call's store time (store.timeout); a call whose deadline is
 	// nearer gets less, so that Envoy has the answer before it gives up. (Required)
 	StoreTimeout time.Duration
@@ -294,7 +281,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	clear(c.results)
 	admitted, err := s.take(ctx, now, c.charges, c.results)
 	if err != nil {
-		if s.o.OnError == Deny {
+		// The store decided on_error (bucket.RuleOf); a call only renders it. Deny is the gRPC
+		// status UNAVAILABLE, which Envoy treats as a failed call: with the filter's
+		// failure_mode_deny it rejects the request, without it lets it pass.
+		if bucket.RuleOf(err).FailsClosed() {
 			domCalls[callStoreErrorDenied].Inc()
 			return nil, status.Error(codes.Unavailable, "rate limit store unavailable")
 		}

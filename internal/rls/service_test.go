@@ -214,7 +214,9 @@ func TestStoreErrorsFollowOnError(t *testing.T) {
 	}
 	_ = reg
 
-	s, _, _ = newTestService(t, st, func(o *Options) { o.OnError = Deny })
+	// The fallback store decides on_error; the call renders the rule its error carries.
+	st = &errStore{err: &bucket.UndecidedError{Rule: bucket.Deny, Err: errors.New("store down")}}
+	s, _, _ = newTestService(t, st, nil)
 	_, err := s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlext.RateLimitDescriptor{d("fw", "a")}})
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("on_error deny: got %v, want UNAVAILABLE (Envoy's failure_mode_deny applies)", err)
@@ -282,7 +284,8 @@ func TestHeadersAndLabels(t *testing.T) {
 func TestUnlimitedAndUnmatchedNeedNoStore(t *testing.T) {
 	rules := compileRules(t, "domain: d\ndescriptors:\n  - key: vip\n    rate_limit: {unlimited: true}\n")
 	st := &errStore{err: errors.New("must not be called")}
-	s, _, _ := newTestService(t, st, func(o *Options) { o.Rules = func() *envoyrules.Rules { return rules }; o.OnError = Deny })
+	st.err = &bucket.UndecidedError{Rule: bucket.Deny, Err: st.err}
+	s, _, _ := newTestService(t, st, func(o *Options) { o.Rules = func() *envoyrules.Rules { return rules } })
 	resp := ask(t, s, d("vip", "x"), d("other", "y"))
 	if resp.GetOverallCode() != pb.RateLimitResponse_OK || resp.Statuses[0].GetLimitRemaining() != math.MaxUint32 {
 		t.Errorf("got %v, want OK with vip unlimited", resp)
