@@ -28,6 +28,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/verdict"
 )
 
 // Policies is what the handler needs from a compiled policy set; *policy.Set satisfies it.
@@ -494,22 +495,25 @@ func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
 	if st.givenBack {
 		return // shed by the upstream protection: everything went back then
 	}
-	st.taken = st.taken[:0]
 	refundable := st.fw.fate.refundable()
-	for i, c := range st.plan.Charges {
-		if !st.results[i].Allowed {
-			continue
-		}
+	st.taken = verdict.AppendTaken(st.taken[:0], st.plan.Charges, st.results, st.now, func(i int) bool {
 		pol := st.plan.Policies[i]
 		switch {
-		case c.Limit.Algorithm == bucket.Concurrency:
+		case st.plan.Charges[i].Limit.Algorithm == bucket.Concurrency:
+			return true
 		case pol.ChargeOn != nil && refundable && !pol.ChargeOn.Has(status):
 			h.policy(pol.Name).counters.refunded.Inc()
-		default:
-			continue
+			return true
 		}
-		st.taken = append(st.taken, bucket.Taken{Charge: c, At: st.now, Token: st.results[i].Token})
-	}
+		return false
+	})
+	h.release(r, st)
+}
+
+// release gives st.taken back through the releaser, within store.timeout of its own: the
+// request's context has ended when the client went away. A failure is counted (the store
+// keeps the charge: a DynamoDB slot until its lease expires, a refund never).
+func (h *Handler) release(r *http.Request, st *reqState) {
 	if len(st.taken) == 0 {
 		return
 	}
@@ -651,63 +655,43 @@ func (h *Handler) countStoreError(err error, timedOut bool) string {
 	return "error"
 }
 
-// reject answers 429 for a group the limiter did not admit. Only the rejecting non-shadow
-// charges are counted (result="limited"): nothing was committed for the others, so counting them
-// as allowed would overstate what reached the upstream.
+// reject answers 429 for a group the limiter did not admit, describing the limit the verdict
+// names (verdict.Of: the enforced policy that asks for the longest wait). Only the rejecting
+// non-shadow charges are counted (result="limited"): nothing was committed for the others, so
+// counting them as allowed would overstate what reached the upstream.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
 	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
-	pick := -1
-	var pickState *policyState
 	for i := range charges {
-		if charges[i].Shadow || results[i].Allowed {
-			continue
-		}
-		state := h.policy(ps[i].Name)
-		h.countLimited(state, &st.plan, i, st.now)
-		if pick < 0 || results[i].RetryAfter > results[pick].RetryAfter {
-			pick, pickState = i, state
+		if !charges[i].Shadow && !results[i].Allowed {
+			h.countLimited(h.policy(ps[i].Name), &st.plan, i, st.now)
 		}
 	}
+	pick := verdict.Of(charges, results)
 	if pick < 0 {
-		// The store broke its contract (rejected with every enforced charge conforming); answer
-		// from the first enforced charge rather than forward.
-		for i := range charges {
-			if !charges[i].Shadow {
-				pick = i
-				break
-			}
-		}
-		if pick < 0 {
-			pick = 0
-		}
+		pick = 0 // the store broke its contract (rejected a group of shadow charges only)
 	}
 	h.decide(st, decLimited)
 	res := results[pick]
-	retry := answer.CeilSeconds(res.RetryAfter)
-	if retry < 1 {
-		retry = 1
-	}
+	retry := max(answer.CeilSeconds(res.RetryAfter), 1)
 	name := ps[pick].Name
 	st.rejector = name
 	if ce := h.log.Check(zap.InfoLevel, "rate limited"); ce != nil {
 		ce.Write(zap.String("policy", name), h.logKey(&st.plan, pick),
 			zap.Int64("retry_after_seconds", retry), zap.String("protocol", protocolNames[st.proto]))
 	}
-	// A request of cost 1 was rejected because nothing is left. One of a higher cost may have
-	// been rejected with some left (less than its cost): the headers and the body say how much,
-	// so the client sees which cost did not fit.
 	cost := charges[pick].N()
-	res.Remaining = min(max(res.Remaining, 0), cost-1)
+	res.Remaining = verdict.Remaining(&charges[pick], &res, false) // a rejected group commits nothing
 	typ := answer.ProblemRateLimited
 	if charges[pick].Limit.Algorithm == bucket.Concurrency {
 		typ = answer.ProblemConcurrency
 	}
+	pickState := h.policy(name)
 	hc := pols.Headers()
 	if st.grpc {
 		h.rejectGRPC(w, r, st, hc, pick, pickState, typ, res, retry)
 		return
 	}
-	if hc.IETF || pickState == nil {
+	if hc.IETF {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
 		st.buf = answer.WriteProblem(w, st.buf[:0], answer.Problem{Type: typ, Status: http.StatusTooManyRequests,
 			Policy: name, RetryAfter: retry, Cost: cost, Remaining: res.Remaining})
@@ -729,10 +713,10 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	_, _ = w.Write(rj.body) // the client may be gone; there is nobody left to tell
 }
 
-// admit counts, sets headers, holds a leaky-bucket request if needed and forwards.
+// admit counts, sets the headers of the limit the verdict names (verdict.Of: the enforced
+// charge with the least Remaining), holds a leaky-bucket request if needed and forwards.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
 	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
-	pick := -1
 	var wait time.Duration
 	for i := range charges {
 		c := h.policy(ps[i].Name).counters
@@ -749,15 +733,10 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 			// A shadow policy never shapes traffic either: its wait is ignored.
 			continue
 		}
-		if results[i].Wait > wait {
-			wait = results[i].Wait
-		}
-		if pick < 0 || results[i].Remaining < results[pick].Remaining {
-			pick = i
-		}
+		wait = max(wait, results[i].Wait)
 	}
 	h.decide(st, decAllowed)
-	if pick >= 0 {
+	if pick := verdict.Of(charges, results); pick >= 0 {
 		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, results[pick])
 	}
 	if wait > 0 {

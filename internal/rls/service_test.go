@@ -437,3 +437,36 @@ func TestValueLabelsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestHeadersDescribeTheLongestWait: when several descriptors are over their limits, the headers
+// describe the one the client must wait for longest (as the proxy's 429 does), not the first
+// one over: here the minute window (50 s left), not the token bucket (half a second).
+func TestHeadersDescribeTheLongestWait(t *testing.T) {
+	s, _, _ := newTestService(t, bucket.NewMemory(bucket.MemoryOptions{}), nil)
+	for range 4 {
+		ask(t, s, d("tb", "a"))
+	}
+	for range 3 {
+		ask(t, s, d("fw", "a"))
+	}
+	resp := ask(t, s, d("tb", "a"), d("fw", "a"))
+	if resp.GetOverallCode() != pb.RateLimitResponse_OVER_LIMIT ||
+		resp.Statuses[0].GetCode() != pb.RateLimitResponse_OVER_LIMIT || resp.Statuses[1].GetCode() != pb.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("got %v, want both descriptors over their limits", resp)
+	}
+	want := map[string]string{"X-RateLimit-Limit": "3", "X-RateLimit-Reset": "50", "RateLimit": `"d.fw";r=0;t=50`}
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		for k, w := range want {
+			// Envoy, like HTTP, compares header names without case.
+			if strings.EqualFold(h.GetKey(), k) {
+				if h.GetValue() != w {
+					t.Errorf("%s: got %q, want %q (the longest wait: fw)", k, h.GetValue(), w)
+				}
+				delete(want, k)
+			}
+		}
+	}
+	for k := range want {
+		t.Errorf("header %s missing", k)
+	}
+}
