@@ -443,7 +443,7 @@ func TestValueLabelsBounded(t *testing.T) {
 // describe the one the client must wait for longest (as the proxy's 429 does), not the first
 // one over: here the minute window (50 s left), not the token bucket (half a second).
 func TestHeadersDescribeTheLongestWait(t *testing.T) {
-	s, _, _ := newTestService(t, bucket.NewMemory(bucket.MemoryOptions{}), nil)
+	s, _, _ := newTestService(t, memstore.New(memstore.Options{}), nil)
 	for range 4 {
 		ask(t, s, d("tb", "a"))
 	}
