@@ -279,6 +279,13 @@ func applyEnv(v *viper.Viper, getenv func(string) string, errs *Errors) {
 				continue
 			}
 			val = n
+		case e.typ.Kind() == reflect.Float64:
+			f, err := strconv.ParseFloat(raw, 64)
+			if err != nil {
+				errs.add(e.name, raw, "must be a number")
+				continue
+			}
+			val = f
 		case e.typ.Kind() == reflect.Bool:
 			b, err := strconv.ParseBool(raw)
 			if err != nil {
