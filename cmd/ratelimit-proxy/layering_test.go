@@ -30,8 +30,10 @@ var allowedImports = map[string][]string{
 	"internal/configschema":           {"internal/limitspec", "internal/policy"},
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
+	"internal/telemetry":              {"internal/bucket", "internal/envoyrules", "internal/limitspec", "internal/policy"},
 	"internal/server": {"internal/admin", "internal/bucket", "internal/clockref", "internal/dynamo",
-		"internal/envoyrules", "internal/fallback", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
+		"internal/envoyrules", "internal/fallback", "internal/policy", "internal/protect", "internal/proxy", "internal/rls",
+		"internal/telemetry"},
 	"internal/cli": {"internal/admin", "internal/policy", "internal/server"},
 
 	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
