@@ -43,6 +43,7 @@ var allowedImports = map[string][]string{
 	"internal/testkit/exactmutant": {"internal/bucket", "internal/dynamo"},
 	"internal/testkit/faultnet":    {},
 	"internal/testkit/harness":     {},
+	"internal/testkit/otlpsink":    {},
 	"internal/testkit/gateway":     {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
 }
 
