@@ -137,8 +137,8 @@ func TestTraceContextTrust(t *testing.T) {
 		t.Errorf("untrusted peer: span in trace %x under %x (state %q), want a new root", un.GetTraceId(), un.GetParentSpanId(), un.GetTraceState())
 	}
 	for _, c := range []struct {
-		seen string
-		span otlpsink.Span
+		seen  string
+		span  otlpsink.Span
 		state string
 	}{{trusted, tr, " k=v"}, {untrusted, un, ""}} {
 		want := "00-" + hex.EncodeToString(c.span.GetTraceId()) + "-" + hex.EncodeToString(c.span.GetSpanId()) + "-01" + c.state
