@@ -155,11 +155,6 @@ func (g *gateway) buildProxy(context.Context) error {
 	if err != nil {
 		return err
 	}
-	// on_error local never reaches the proxy as an error: the fallback store decides locally.
-	onError := proxy.Allow
-	if cfg.Store.OnError == "deny" {
-		onError = proxy.Deny
-	}
 	for _, w := range policy.Warnings(cfg) {
 		g.log.Warn("configuration: " + w)
 	}
@@ -173,7 +168,6 @@ func (g *gateway) buildProxy(context.Context) error {
 		Policies:            g.rl.Current,
 		Limiter:             g.limiter(),
 		Backend:             cfg.Store.Backend,
-		OnError:             onError,
 		StoreTimeout:        cfg.Store.Timeout,
 		UpstreamTimeout:     cfg.UpstreamTimeout,
 		GRPCUpstreamTimeout: cfg.GRPCUpstreamTimeout,
