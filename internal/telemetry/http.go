@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -48,30 +49,33 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		delete(hdr, headerTracestate)
 	}
 	ctx, span := h.t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer))
-	if span.IsRecording() {
-		span.SetAttributes(
-			semconv.HTTPRequestMethodKey.String(r.Method),
-			semconv.NetworkProtocolVersion(protocolVersion(r)),
-			semconv.URLScheme(scheme(r)),
-		)
-	}
 	h.t.prop.Inject(ctx, propagation.HeaderCarrier(hdr))
+	r = r.WithContext(ctx)
+	if !span.IsRecording() {
+		// Not sampled: the upstream gets the context (not sampled either), nothing is recorded.
+		h.next.ServeHTTP(w, r)
+		span.End()
+		return
+	}
+	span.SetAttributes(
+		semconv.HTTPRequestMethodKey.String(r.Method),
+		semconv.NetworkProtocolVersion(protocolVersion(r)),
+		semconv.URLScheme(scheme(r)),
+	)
 	sw := &statusWriter{ResponseWriter: w}
-	defer func() {
-		if span.IsRecording() {
-			status := sw.status
-			if status == 0 {
-				status = http.StatusOK // a handler that wrote nothing answered 200, or nothing at all
-			}
-			span.SetAttributes(semconv.HTTPResponseStatusCode(status))
-			if status >= 500 {
-				span.SetStatus(codes.Error, "")
-				span.SetAttributes(attribute.String("error.type", http.StatusText(status)))
-			}
+	defer func() { // a deferred End: the reverse proxy aborts a failed copy with a panic
+		status := sw.status
+		if status == 0 {
+			status = http.StatusOK // a handler that wrote nothing answered 200
+		}
+		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+		if status >= 500 {
+			span.SetStatus(codes.Error, "")
+			span.SetAttributes(attribute.String("error.type", strconv.Itoa(status)))
 		}
 		span.End()
 	}()
-	h.next.ServeHTTP(sw, r.WithContext(ctx))
+	h.next.ServeHTTP(sw, r)
 }
 
 // peerTrusted reports whether the direct peer at remoteAddr is a trusted proxy.
