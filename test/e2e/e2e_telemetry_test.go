@@ -18,6 +18,8 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
@@ -241,5 +243,51 @@ policies:
 		if sink.Contains([]byte(secret)) {
 			t.Errorf("%q was exported", secret)
 		}
+	}
+}
+
+// TestTelemetryGRPCUpstream: a gRPC call through the proxy, exported over OTLP/HTTP: the
+// upstream's call metadata holds the request span's traceparent, not the untrusted client's.
+func TestTelemetryGRPCUpstream(t *testing.T) {
+	sink := otlpsink.Start(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan string, 1)
+	s := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		seen <- strings.Join(md.Get("traceparent"), ",")
+		return h(ctx, req)
+	}))
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	g := startGateway(t, "http://"+l.Addr().String(), fmt.Sprintf(`upstream_protocol: h2c
+telemetry:
+  otlp: {endpoint: "%s", protocol: http/protobuf}
+`, sink.HTTPURL)+lenientPolicy, "OTEL_BSP_SCHEDULE_DELAY=50")
+	if _, err := grpcClient(t, g).Check(callCtx(t, "traceparent", traceparentOf(traceUntrusted)), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	got := <-seen
+	if !sink.Wait(20*time.Second, func(s []otlpsink.Span) bool { return len(s) >= 2 }) {
+		t.Fatalf("got %d spans, want the call's and its store call's", len(sink.Spans()))
+	}
+	var call otlpsink.Span
+	for _, s := range sink.Spans() {
+		if s.GetName() == http.MethodPost {
+			call = s
+		}
+	}
+	if call.Span == nil {
+		t.Fatal("no span of the call")
+	}
+	want := "00-" + hex.EncodeToString(call.GetTraceId()) + "-" + hex.EncodeToString(call.GetSpanId()) + "-01"
+	if got != want || strings.Contains(got, traceUntrusted) {
+		t.Errorf("the gRPC upstream saw traceparent %q, want the call span's %q", got, want)
+	}
+	if v := otlpsink.Attr(call.Span, "network.protocol.version"); v != "2" {
+		t.Errorf("network.protocol.version %q, want 2", v)
 	}
 }
