@@ -5,7 +5,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // A charge whose Lease is on is answered from units this Store reserved from the shared
@@ -100,6 +100,8 @@ type Config struct {
 	Throttled error
 	// Now is the sweeper's clock (default time.Now).
 	Now func() time.Time
+	// Rand is the source of markers, jitter and shard choices (nil: math/rand/v2's).
+	Rand func() uint64
 }
 
 // Pools is a Store's lease pools. It is safe for concurrent use.
@@ -108,6 +110,7 @@ type Pools struct {
 	m            Metrics
 	errThrottled error
 	now          func() time.Time
+	rnd          schema.Rand
 
 	mu       sync.Mutex
 	pools    map[leaseKey]*pool
@@ -149,7 +152,7 @@ func NewPools(c Config) *Pools {
 		c.Metrics.Units.WithLabelValues(o)
 	}
 	return &Pools{
-		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now,
+		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now, rnd: c.Rand,
 		pools: make(map[leaseKey]*pool), stop: make(chan struct{}),
 	}
 }
@@ -260,7 +263,7 @@ func newPool(ls *Pools, k leaseKey, n int64) *pool {
 	}
 	// Replicas start on different shards (the key's digest and this Store's address would do;
 	// a random start spreads them without coordination).
-	p.home = rand.IntN(shards)
+	p.home = ls.rnd.IntN(shards)
 	for i := range p.shards {
 		sh := &p.shards[i]
 		if p.gcra {
