@@ -90,8 +90,8 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 	if g.units <= 0 {
 		return g.mark, true
 	}
-	p.giveMu.Lock()
-	defer p.giveMu.Unlock()
+	p.give <- struct{}{}
+	defer func() { <-p.give }()
 	m := p.ls.m
 	if !p.gcra {
 		cg := p.ls.t.CountGiveBack(g.pk, g.units, "attribute_exists(#count)")

@@ -168,9 +168,11 @@ type pool struct {
 	ttl, horizon int64
 	home         int // the shard tried first
 
-	// giveMu makes the pool's give-backs serial: a token bucket's chunks go back newest first,
-	// each conditioned on the marker the one before it left.
-	giveMu sync.Mutex
+	// give makes the pool's give-backs serial (a lock of one place): a token bucket's chunks go
+	// back newest first, each conditioned on the marker the one before it left. A channel
+	// rather than a sync.Mutex because it is held across calls to the table: a goroutine waiting
+	// on it is durably blocked, so the simulator's fake clock (testing/synctest) can run.
+	give chan struct{}
 
 	mu        sync.Mutex
 	forgotten bool // removed from ls.pools by the sweeper: a request that found it looks again
@@ -251,7 +253,7 @@ func newPool(ls *Pools, k leaseKey, n int64) *pool {
 	l, shards := k.limit, max(k.lease.Shards, 1)
 	ttl := int64(bucket.LeaseTTL(l, k.lease))
 	p := &pool{
-		ls: ls, key: k, base: k.key.String(), gcra: l.Algorithm == bucket.TokenBucket,
+		ls: ls, key: k, give: make(chan struct{}, 1), base: k.key.String(), gcra: l.Algorithm == bucket.TokenBucket,
 		ttl: ttl, horizon: max(ttl/2, 1), shards: make([]shard, shards), estAt: n, lastUse: n,
 		// The store's round trip so far (its warm-up reads at startup, other pools' calls):
 		// the first renewal is placed and sized like the later ones.
