@@ -34,8 +34,10 @@ var allowedImports = map[string][]string{
 	"internal/configschema":           {"internal/limitspec", "internal/policy"},
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
+	"internal/telemetry":              {"internal/bucket", "internal/envoyrules", "internal/limitspec", "internal/policy"},
 	"internal/server": {"internal/admin", "internal/bucket", "internal/clockref", "internal/dynamo",
-		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
+		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls",
+		"internal/telemetry"},
 	"internal/cli": {"internal/admin", "internal/policy", "internal/server"},
 
 	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
@@ -45,6 +47,7 @@ var allowedImports = map[string][]string{
 	"internal/testkit/exactmutant": {"internal/bucket", "internal/dynamo"},
 	"internal/testkit/faultnet":    {},
 	"internal/testkit/harness":     {},
+	"internal/testkit/otlpsink":    {},
 	"internal/testkit/gateway":     {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
 }
 
