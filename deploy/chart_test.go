@@ -590,3 +590,82 @@ func writeTestCert(t *testing.T, dir string) {
 }
 
 var metricName = regexp.MustCompile(`\bratelimit_[a-z_]+`)
+
+// TestManifestsMatchChart: deploy/kubernetes/ (the plain manifests of the HTTP sidecar example)
+// is what the chart renders with examples/sidecar.yaml, so the two cannot drift: the same
+// configuration, the Deployment equal to the application's with the chart's sidecar patch
+// applied, the same NetworkPolicy, metrics Service and ServiceMonitor.
+func TestManifestsMatchChart(t *testing.T) {
+	c := chartCase{name: "sidecar.yaml", values: chartDir + "/examples/sidecar.yaml", release: "orders", namespace: ""}
+	vals := c.vals(t)
+	chart := decodeDocs(t, renderChart(t, c, vals))
+	raw := decodeExample(t, k8sExample{"deploy/kubernetes", glob(t, "deploy/kubernetes/*.yaml")})
+	name := str(vals["fullnameOverride"])
+
+	// The configuration, as the gateway reads it.
+	parsed := func(o objects, what string) any {
+		cm := o.configMaps[nsName("", name)]
+		if cm == nil {
+			t.Fatalf("%s: no ConfigMap %s", what, name)
+		}
+		var v any
+		if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &v); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	sameJSON(t, "ConfigMap "+name+" config.yaml", parsed(raw, "deploy/kubernetes"), parsed(chart, "the chart"))
+
+	// The Deployment: the application alone, patched.
+	if len(raw.deployments) != 1 {
+		t.Fatalf("deploy/kubernetes: %d Deployments", len(raw.deployments))
+	}
+	want := raw.deployments[0]
+	app := want.DeepCopy()
+	app.Spec.Template.Spec.Containers = slices.DeleteFunc(app.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return isGatewayImage(c.Image) })
+	app.Spec.Template.Spec.Volumes = slices.DeleteFunc(app.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return strings.HasPrefix(v.Name, "ratelimit-proxy-") })
+	got := applySidecarPatch(t, chart, name, toJSON(t, app))
+	got.Namespace = want.Namespace
+	for _, d := range []*appsv1.Deployment{want, got} { // kubectl patch puts new containers first
+		spec := &d.Spec.Template.Spec
+		slices.SortFunc(spec.Containers, func(a, b corev1.Container) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(spec.Volumes, func(a, b corev1.Volume) int { return strings.Compare(a.Name, b.Name) })
+	}
+	sameJSON(t, "Deployment "+want.Name, want, got)
+
+	pick := func(o objects, what string) (np, svc, sm any) {
+		for _, n := range o.netpols {
+			if n.Name == name {
+				np = n.Spec
+			}
+		}
+		for _, s := range o.services {
+			if s.Name == name+"-metrics" {
+				svc = []any{s.Labels["app.kubernetes.io/component"], s.Spec}
+			}
+		}
+		for _, m := range o.serviceMonitors {
+			if m.Name == name {
+				sm = m.Spec
+			}
+		}
+		if np == nil || svc == nil || sm == nil {
+			t.Fatalf("%s: a NetworkPolicy %s (%v), a Service %s-metrics (%v) and a ServiceMonitor %s (%v) expected", what, name, np != nil, name, svc != nil, name, sm != nil)
+		}
+		return np, svc, sm
+	}
+	rnp, rsvc, rsm := pick(raw, "deploy/kubernetes")
+	cnp, csvc, csm := pick(chart, "the chart")
+	sameJSON(t, "NetworkPolicy "+name, rnp, cnp)
+	sameJSON(t, "Service "+name+"-metrics", rsvc, csvc)
+	sameJSON(t, "ServiceMonitor "+name, rsm, csm)
+}
+
+// sameJSON fails when want and got differ as JSON, showing both.
+func sameJSON(t *testing.T, what string, want, got any) {
+	t.Helper()
+	w, g := toJSON(t, want), toJSON(t, got)
+	if !bytes.Equal(w, g) {
+		t.Errorf("%s: deploy/kubernetes and the chart differ:\n manifests: %s\n chart:     %s", what, w, g)
+	}
+}
