@@ -9,8 +9,17 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
-    -o /out/ratelimit-proxy ./cmd/ratelimit-proxy
+    -o /out/ratelimit-proxy ./cmd/ratelimit-proxy && \
+    CGO_ENABLED=0 go build -trimpath -o /out/demo-upstream ./cmd/demo-upstream
 
+# The demo upstream of `make run`, for docker-compose.yaml (docker build --target demo-upstream).
+FROM gcr.io/distroless/static-debian12:nonroot AS demo-upstream
+COPY --from=build /out/demo-upstream /demo-upstream
+USER 65532:65532
+EXPOSE 3000
+ENTRYPOINT ["/demo-upstream", "-listen", ":3000"]
+
+# The gateway's image (the default target: the last stage).
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ratelimit-proxy /ratelimit-proxy
 # The default configuration listens on :8080 (proxy) and :9090 (admin). The ports come from the

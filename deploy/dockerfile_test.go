@@ -108,7 +108,7 @@ func TestDockerfileBuildStage(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	d := parseDockerfile(t, filepath.Join(root(), "Dockerfile"))
-	if len(d.stages) != 2 {
+	if len(d.stages) < 2 {
 		t.Fatalf("%d stages, want a build stage and the image", len(d.stages))
 	}
 	build := d.stages[0]
@@ -164,27 +164,32 @@ func TestDockerfileBuildStage(t *testing.T) {
 		}
 	}
 
+	// Every later stage's COPY finds its files: in the context, or in the build stage's output.
 	image := d.final()
 	var bin string
-	for _, c := range image.Commands {
-		cp, ok := c.(*instructions.CopyCommand)
-		if !ok {
-			continue
-		}
-		for _, src := range cp.SourcePaths {
-			var p string
-			switch cp.From {
-			case build.Name:
-				p = rooted(src)
-				bin = p
-			case "":
-				p = filepath.Join(absRoot, src)
-			default:
-				t.Errorf("COPY --from=%s: no such stage", cp.From)
+	for _, st := range d.stages[1:] {
+		for _, c := range st.Commands {
+			cp, ok := c.(*instructions.CopyCommand)
+			if !ok {
 				continue
 			}
-			if _, err := os.Stat(p); err != nil {
-				t.Errorf("image: COPY %s: %v", src, err)
+			for _, src := range cp.SourcePaths {
+				var p string
+				switch cp.From {
+				case build.Name:
+					p = rooted(src)
+					if st.Name == image.Name {
+						bin = p
+					}
+				case "":
+					p = filepath.Join(absRoot, src)
+				default:
+					t.Errorf("stage %s: COPY --from=%s: no such stage", st.Name, cp.From)
+					continue
+				}
+				if _, err := os.Stat(p); err != nil {
+					t.Errorf("stage %s: COPY %s: %v", st.Name, src, err)
+				}
 			}
 		}
 	}
@@ -261,4 +266,17 @@ func goModVersion(t *testing.T) string {
 		t.Fatal("go.mod has no go line")
 	}
 	return string(m[1])
+}
+
+// TestMakeImageTag: `make image` tags the image the chart runs by default.
+func TestMakeImageTag(t *testing.T) {
+	cmd := exec.CommandContext(t.Context(), "make", "-s", "-n", "image")
+	cmd.Dir = root()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n image: %v\n%s", err, out)
+	}
+	if want := "docker build -t ratelimit-proxy:" + chartMeta(t).AppVersion + " "; !strings.Contains(string(out), want) {
+		t.Errorf("make image runs %q; want %q…", out, want)
+	}
 }
