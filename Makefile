@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build image run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload check-exact profile-c profile-d schema clean
+.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload check-exact profile-c profile-d schema clean
 
 all: build
 
@@ -23,6 +23,12 @@ image:
 ## run: the example config on the in-memory store, in front of the demo upstream.
 run: build
 	./scripts/run-demo.sh
+
+## deps: the Debian packages the tests use (Java and npm for DynamoDB Local, curl, python3-flask,
+## chromium), installed with apt-get when missing (root). make test names the missing ones and
+## installs them only when CI=true or RATELIMIT_INSTALL_DEPS=1.
+deps:
+	./scripts/deps.sh install
 
 ## test: formatting, vet, lint, the static build, the race-enabled test suite, short fuzz runs;
 ## skipped tests are listed.

@@ -669,3 +669,42 @@ func sameJSON(t *testing.T, what string, want, got any) {
 		t.Errorf("%s: deploy/kubernetes and the chart differ:\n manifests: %s\n chart:     %s", what, w, g)
 	}
 }
+
+// TestDeployDocShowsNotes: the notes docs/deploy.md shows after a `helm install` (a block after
+// `<!-- notes: EXAMPLE RELEASE NAMESPACE -->`) are what the chart prints for them, and the page
+// links every example of examples/.
+func TestDeployDocShowsNotes(t *testing.T) {
+	const page = "docs/deploy.md"
+	data, err := os.ReadFile(filepath.Join(root(), page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	for _, f := range glob(t, chartDir+"/examples/*.yaml") {
+		if !strings.Contains(text, "(../"+f+")") {
+			t.Errorf("%s links no %s: every example is documented", page, f)
+		}
+	}
+	m := regexp.MustCompile("(?s)<!-- notes: (\\S+) (\\S+) (\\S+) -->\n```\n(.*?)```").FindAllStringSubmatch(text, -1)
+	if len(m) == 0 {
+		t.Fatalf("%s shows no notes", page)
+	}
+	for _, n := range m {
+		c := chartCase{name: n[1], values: chartDir + "/examples/" + n[1], release: n[2], namespace: n[3]}
+		ch, err := loader.Load(filepath.Join(root(), chartDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rv, err := chartutil.ToRenderValues(ch, c.vals(t), common.ReleaseOptions{Name: c.release, Namespace: c.namespace, IsInstall: true}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := engine.Render(ch, rv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(out["ratelimit-proxy/templates/NOTES.txt"]); got != strings.TrimSpace(n[4]) {
+			t.Errorf("%s: the notes of %s differ; the chart prints:\n%s", page, n[1], got)
+		}
+	}
+}
