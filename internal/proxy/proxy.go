@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -189,11 +190,13 @@ type Handler struct {
 	grpcAll  bool     // every path may carry gRPC calls (Options.GRPCRoutes nil)
 	grpcAt   []string // else the path prefixes that may
 	grpcIdle time.Duration
-	stall    time.Duration // Options.WriteStallTimeout
-	prot     *protection   // nil without Options.Protect
-	states   sync.Pool     // *reqState
-	byPolicy sync.Map      // policy name -> *policyState
-	console  Console       // nil without one
+	stall    time.Duration                // Options.WriteStallTimeout
+	prot     *protection                  // nil without Options.Protect
+	states   sync.Pool                    // *reqState
+	byPolicy sync.Map                     // policy name -> *policyState
+	slots    atomic.Pointer[[]policySlot] // policy index -> its state (policyOf)
+	slotMu   sync.Mutex                   // serialises installing slots
+	console  Console                      // nil without one
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL

@@ -22,8 +22,9 @@ type reqState struct {
 	now     time.Time // the instant handed to the limiter; headers are relative to it
 	ctx     *storeCtx // reused while no store materialised it
 	taken   []bucket.Taken
-	grpc    bool  // the request is a gRPC call: the gateway's own answers are gRPC statuses
-	proto   uint8 // protoHTTP1, protoHTTP2 or protoGRPC: the metrics' and logs' protocol label
+	values  valueArena // the X-RateLimit values of admitted answers (headers.go)
+	grpc    bool       // the request is a gRPC call: the gateway's own answers are gRPC statuses
+	proto   uint8      // protoHTTP1, protoHTTP2 or protoGRPC: the metrics' and logs' protocol label
 	// callExpired: the last Take ran out of time at the request's own deadline (a gRPC call's
 	// grpc-timeout), not at StoreTimeout.
 	callExpired bool
@@ -51,6 +52,7 @@ func (st *reqState) reset(grpc bool, proto uint8, wantIdentity bool) {
 		buf:      st.buf[:0],
 		ctx:      st.ctx,
 		taken:    st.taken[:0],
+		values:   st.values,
 		grpc:     grpc,
 		proto:    proto,
 		decision: decNone,
@@ -86,7 +88,7 @@ func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
 		case st.plan.Charges[i].Limit.Algorithm == bucket.Concurrency:
 			return true
 		case pol.ChargeOn != nil && refundable && !pol.ChargeOn.Has(status):
-			h.policy(pol.Name).counters.refunded.Inc()
+			h.policyOf(pol).counters.refunded.Inc()
 			return true
 		}
 		return false
