@@ -325,17 +325,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	}
 	st := h.states.Get().(*reqState)
-	defer h.states.Put(st)
+	defer h.done(st)
 	st.reset(grpc, protocolOf(r, grpc), h.access != nil)
 	if h.access == nil {
 		h.serve(w, r, st)
 		return
 	}
 	start := time.Now()
-	st.sw = statusWriter{ResponseWriter: w}
-	h.serve(&st.sw, r, st)
+	h.serve(st.writer(w), r, st)
 	h.logAccess(r, st, start, time.Now())
-	st.sw = statusWriter{} // do not keep the response alive in the pool
+}
+
+// done returns a request's state to the pool, once the request is over (also when the reverse
+// proxy aborted it with a panic): without its writer and body, which the pool must not keep
+// alive.
+func (h *Handler) done(st *reqState) {
+	st.fw.ResponseWriter, st.fw.body = nil, nil
+	h.states.Put(st)
 }
 
 // decide counts the request's decision (by its protocol) and remembers it for the access log.
@@ -393,9 +399,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 		// Slots and reservations are given back once the answer is complete, the client left
 		// or the upstream failed, so in a defer: the reverse proxy aborts a response whose
 		// upstream body fails with a panic (http.ErrAbortHandler).
-		sw := &statusWriter{ResponseWriter: w}
-		defer func() { h.giveBack(r, st, sw.status) }()
-		h.admit(sw, r, st, pols)
+		fw := st.writer(w)
+		defer func() { h.giveBack(r, st, fw.status) }()
+		h.admit(fw, r, st, pols)
 		return
 	}
 	h.admit(w, r, st, pols)

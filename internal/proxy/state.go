@@ -29,15 +29,15 @@ type reqState struct {
 	// grpc-timeout), not at StoreTimeout.
 	callExpired bool
 
-	fw forwardWriter // the writer of the forward, once there is one: its fate decides refunds
-	pw timingWriter  // the writer of a forward behind a protection slot (protect.go)
+	// fw is the answer's writer, once one is needed (st.writer): its status goes to the access
+	// log and decides charge_on refunds, its fate whether a refund may be made.
+	fw forwardWriter
 	// givenBack: every charge was given back already (a request the protection shed).
 	givenBack bool
 
 	// For the access log.
 	decision int    // index into decisionLabels, or decNone while undecided
 	rejector string // the policy named in a 429
-	sw       statusWriter
 }
 
 // reset readies a pooled state for a request: everything of the last request forgotten, in

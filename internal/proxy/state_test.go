@@ -16,7 +16,7 @@ import (
 func TestReqStateResetForgetsTheLastRequest(t *testing.T) {
 	st := &reqState{buf: make([]byte, 3, 512), results: make([]bucket.Result, 2), taken: make([]bucket.Taken, 1, 4), ctx: new(storeCtx)}
 	st.now, st.callExpired, st.givenBack, st.rejector, st.decision = time.Unix(1, 0), true, true, "p", decLimited
-	st.fw.fate, st.fw.wrote, st.sw.status = fateAnswered, true, 429
+	st.fw.fate, st.fw.status, st.fw.timed = fateAnswered, 429, true
 	st.plan.Charges = append(st.plan.Charges, bucket.Charge{Cost: 2})
 	ctx := st.ctx
 
