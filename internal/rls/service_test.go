@@ -215,7 +215,9 @@ func TestStoreErrorsFollowOnError(t *testing.T) {
 	}
 	_ = reg
 
-	s, _, _ = newTestService(t, st, func(o *Options) { o.OnError = Deny })
+	// The fallback store decides on_error; the call renders the rule its error carries.
+	st = &errStore{err: &bucket.UndecidedError{Rule: bucket.Deny, Err: errors.New("store down")}}
+	s, _, _ = newTestService(t, st, nil)
 	_, err := s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlext.RateLimitDescriptor{d("fw", "a")}})
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("on_error deny: got %v, want UNAVAILABLE (Envoy's failure_mode_deny applies)", err)
@@ -283,7 +285,8 @@ func TestHeadersAndLabels(t *testing.T) {
 func TestUnlimitedAndUnmatchedNeedNoStore(t *testing.T) {
 	rules := compileRules(t, "domain: d\ndescriptors:\n  - key: vip\n    rate_limit: {unlimited: true}\n")
 	st := &errStore{err: errors.New("must not be called")}
-	s, _, _ := newTestService(t, st, func(o *Options) { o.Rules = func() *envoyrules.Rules { return rules }; o.OnError = Deny })
+	st.err = &bucket.UndecidedError{Rule: bucket.Deny, Err: st.err}
+	s, _, _ := newTestService(t, st, func(o *Options) { o.Rules = func() *envoyrules.Rules { return rules } })
 	resp := ask(t, s, d("vip", "x"), d("other", "y"))
 	if resp.GetOverallCode() != pb.RateLimitResponse_OK || resp.Statuses[0].GetLimitRemaining() != math.MaxUint32 {
 		t.Errorf("got %v, want OK with vip unlimited", resp)
@@ -433,5 +436,38 @@ func TestValueLabelsBounded(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestHeadersDescribeTheLongestWait: when several descriptors are over their limits, the headers
+// describe the one the client must wait for longest (as the proxy's 429 does), not the first
+// one over: here the minute window (50 s left), not the token bucket (half a second).
+func TestHeadersDescribeTheLongestWait(t *testing.T) {
+	s, _, _ := newTestService(t, memstore.New(memstore.Options{}), nil)
+	for range 4 {
+		ask(t, s, d("tb", "a"))
+	}
+	for range 3 {
+		ask(t, s, d("fw", "a"))
+	}
+	resp := ask(t, s, d("tb", "a"), d("fw", "a"))
+	if resp.GetOverallCode() != pb.RateLimitResponse_OVER_LIMIT ||
+		resp.Statuses[0].GetCode() != pb.RateLimitResponse_OVER_LIMIT || resp.Statuses[1].GetCode() != pb.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("got %v, want both descriptors over their limits", resp)
+	}
+	want := map[string]string{"X-RateLimit-Limit": "3", "X-RateLimit-Reset": "50", "RateLimit": `"d.fw";r=0;t=50`}
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		for k, w := range want {
+			// Envoy, like HTTP, compares header names without case.
+			if strings.EqualFold(h.GetKey(), k) {
+				if h.GetValue() != w {
+					t.Errorf("%s: got %q, want %q (the longest wait: fw)", k, h.GetValue(), w)
+				}
+				delete(want, k)
+			}
+		}
+	}
+	for k := range want {
+		t.Errorf("header %s missing", k)
 	}
 }

@@ -194,12 +194,11 @@ func (g *gateway) dynamoBackend(ctx context.Context) (backend, error) {
 // wrapFallback wraps b's store in the circuit breaker and the on_error rule.
 func (g *gateway) wrapFallback(b backend) (*fallback.Store, error) {
 	cfg, log := g.cfg, g.log
-	onError := fallback.Allow
-	switch cfg.Store.OnError {
-	case "deny":
-		onError = fallback.Deny
-	case "local":
-		onError = fallback.Local
+	// Parsed once, here, and decided once, in the fallback store; the front ends only render
+	// what it decided (bucket.UndecidedError).
+	onError, err := bucket.ParseOnError(cfg.Store.OnError)
+	if err != nil {
+		return nil, err
 	}
 	return fallback.New(b.primary, fallback.Options{
 		OnError:  onError,
@@ -217,7 +216,7 @@ func (g *gateway) wrapFallback(b backend) (*fallback.Store, error) {
 				return
 			}
 			log.Warn("rate-limit store failing; circuit open, decisions follow store.on_error",
-				zap.String("store", cfg.Store.Backend), zap.String("on_error", cfg.Store.OnError), zap.Error(err))
+				zap.String("store", cfg.Store.Backend), zap.Stringer("on_error", onError), zap.Error(err))
 		},
 		Registerer: g.reg,
 	})
