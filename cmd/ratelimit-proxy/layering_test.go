@@ -22,7 +22,7 @@ var allowedImports = map[string][]string{
 	"internal/policy":                 {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/limitspec"},
 	"internal/protect":                {"internal/policy"},
 	"internal/replay":                 {"internal/bucket", "internal/memstore", "internal/policy"},
-	"internal/admin":                  {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/policy"},
+	"internal/console":                {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/policy"},
 	"internal/verdict":                {"internal/bucket"},
 	"internal/proxy":                  {"internal/answer", "internal/bucket", "internal/policy", "internal/protect", "internal/verdict"},
 	"internal/rls":                    {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/verdict"},
@@ -33,9 +33,9 @@ var allowedImports = map[string][]string{
 	"internal/configschema":           {"internal/limitspec", "internal/policy"},
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
-	"internal/server": {"internal/admin", "internal/bucket", "internal/clockref", "internal/dynamo",
+	"internal/server": {"internal/bucket", "internal/clockref", "internal/console", "internal/dynamo",
 		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
-	"internal/cli": {"internal/admin", "internal/policy", "internal/server"},
+	"internal/cli": {"internal/console", "internal/policy", "internal/server"},
 
 	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
 	"internal/testkit/ddbrelay":    {},
