@@ -132,7 +132,7 @@ type Store struct {
 	// giveLogAt is when the last failed give-back was logged (Unix ns); giveLogged counts the
 	// failures not logged since.
 	giveLogAt, giveLogged atomic.Int64
-	adm                   adminState // the console's resets applied here (admin.go)
+	adm                   adminState // the console's resets applied here (console.go)
 }
 
 var _ bucket.Releaser = (*Store)(nil)
