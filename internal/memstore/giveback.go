@@ -8,7 +8,7 @@ import (
 )
 
 // Release implements Releaser: each charge is given back under its shard's lock (see
-// Store.Release for what is given back, and GCRARefundN for a token bucket's rule). A key that is
+// Store.Release for what is given back, and GCRAGiveBackN for a token bucket's rule). A key that is
 // no longer stored (idle and swept, or evicted) has nothing to give back. It never fails, and
 // ignores ctx: a slot must come back even when the request's context has ended, and the work is
 // a few lock-protected writes.
@@ -48,7 +48,7 @@ func (sh *shard) releaseSlot(k *bucket.Key, token uint64) {
 		// A key with nothing in flight stays until the next sweep (it is idle then): a busy
 		// key is not deleted and inserted again on every request.
 		e := &sh.conc.slots[i].st
-		e.n = bucket.ConcurrentRelease(e.n-concStored) + concStored
+		e.n = bucket.ConcurrentGiveBack(e.n-concStored) + concStored
 	}
 }
 
@@ -63,22 +63,22 @@ func (m *Store) release(sh *shard, tk *bucket.Taken) {
 	case bucket.TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
 			if e := &sh.gcra.slots[i].st; m.gcraToken(e.meta, e.tat) == tk.Token {
-				e.tat, _ = bucket.GCRARefundN(e.tat, e.tat, c.Limit, c.N())
+				e.tat, _ = bucket.GCRAGiveBackN(e.tat, e.tat, c.Limit, c.N())
 			}
 		}
 	case bucket.FixedWindow:
 		if i, ok := sh.fixed.find(&c.Key); ok && genToken(sh.fixed.slots[i].st.meta) == tk.Token {
 			e := &sh.fixed.slots[i].st
-			e.FixedState, _ = bucket.FixedRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
+			e.FixedState, _ = bucket.FixedGiveBackN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
 		}
 	case bucket.Quota:
 		if i, ok := sh.fixed.find(&c.Key); ok && genToken(sh.fixed.slots[i].st.meta) == tk.Token {
 			e := &sh.fixed.slots[i].st
-			e.FixedState, _ = bucket.QuotaRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
+			e.FixedState, _ = bucket.QuotaGiveBackN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
 		}
 	case bucket.SlidingWindow:
 		if st, meta, ok := sh.slidingState(c.Key); ok && genToken(meta) == tk.Token {
-			if st, ok = bucket.SlidingRefundN(st, tk.At.UnixNano(), c.Limit, c.N()); ok {
+			if st, ok = bucket.SlidingGiveBackN(st, tk.At.UnixNano(), c.Limit, c.N()); ok {
 				sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N(), meta)
 			}
 		}

@@ -68,8 +68,8 @@ func TestMemoryGiveBackAdversary(t *testing.T) {
 	}
 }
 
-// TestMemoryReleasesWeightedQuota: the memory store refunds a weighted quota charge whole.
-func TestMemoryReleasesWeightedQuota(t *testing.T) {
+// TestMemoryGivesBackWeightedQuota: the memory store gives a weighted quota charge back whole.
+func TestMemoryGivesBackWeightedQuota(t *testing.T) {
 	m := memstore.New(memstore.Options{})
 	c := bucket.Charge{Key: keyN(7), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Month}, Cost: 4}
 	ok, r := takeAt(t, m, t0, c)
