@@ -94,9 +94,9 @@ type Charge struct {
 	// Cost is how many requests' worth this charge spends, all or nothing: a charge of cost 5
 	// conforms only when 5 fit. 0 means 1, so that a Charge literal without it spends one.
 	Cost int64
-	// Refundable charges may be given back by Releaser.Release (charge_on), so a store must not
-	// assume that their counts only grow: the DynamoDB store's deny cache skips them.
-	Refundable bool
+	// MayGiveBack marks a charge that Releaser.Release may give back (charge_on), so a store must
+	// not assume that its counts only grow: the DynamoDB store's deny cache skips such charges.
+	MayGiveBack bool
 	// Lease asks a shared store to serve the charge from capacity leased in batches; stores
 	// that keep state in this process ignore it.
 	Lease Lease

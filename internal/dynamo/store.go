@@ -453,7 +453,7 @@ func (s *Store) remember(o *op, n int64) {
 	r := o.result
 	// A concurrency slot, or a refundable charge, may come back any moment: such refusals are
 	// not cached.
-	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 && o.c.Limit.Algorithm != bucket.Concurrency && !o.c.Refundable {
+	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 && o.c.Limit.Algorithm != bucket.Concurrency && !o.c.MayGiveBack {
 		retryAt := n + int64(r.RetryAfter)
 		s.deny.put(o.c.Key, denial{limit: o.c.Limit, cost: o.c.N(), retryAt: retryAt, resetAt: n + int64(r.Reset), remaining: r.Remaining}, retryAt, n)
 	}

@@ -19,7 +19,7 @@ import (
 func TestGiveBackIssueExample(t *testing.T) {
 	ctx := context.Background()
 	m := memstore.New(memstore.Options{})
-	c := bucket.Charge{Key: bucket.Key{1}, Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}, Refundable: true}
+	c := bucket.Charge{Key: bucket.Key{1}, Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}, MayGiveBack: true}
 	take := func(at time.Duration) (bool, bucket.Taken) {
 		t.Helper()
 		var r [1]bucket.Result

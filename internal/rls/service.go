@@ -318,7 +318,7 @@ func cost(ch *bucket.Charge, callHits uint32, descHits *wrapperspb.UInt64Value) 
 	}
 	// A check that consumes nothing: take one, refundable (never cached as a denial), straight
 	// from the item (no lease), and give it back once the call is decided.
-	ch.Cost, ch.Refundable, ch.Lease = 1, true, bucket.Lease{}
+	ch.Cost, ch.MayGiveBack, ch.Lease = 1, true, bucket.Lease{}
 	return true, nil
 }
 

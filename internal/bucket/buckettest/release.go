@@ -166,7 +166,7 @@ func ConcurrencyInFlight(t *testing.T, stores []bucket.Releaser, now func() time
 }
 
 func testRefundFixed(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: fixedLimit, Refundable: true} // 3 per minute
+	c := bucket.Charge{Key: NewKey(t), Limit: fixedLimit, MayGiveBack: true} // 3 per minute
 	var taken [3]bucket.Taken
 	for i := range taken {
 		_, _, taken[i] = takeToken(t, s, base.Add(10*time.Second), c)
@@ -194,7 +194,7 @@ func testRefundFixed(t *testing.T, s bucket.Releaser) {
 }
 
 func testRefundSliding(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: slidingLimit, Refundable: true} // 3 per 10 s, 1 s slots
+	c := bucket.Charge{Key: NewKey(t), Limit: slidingLimit, MayGiveBack: true} // 3 per 10 s, 1 s slots
 	var taken [3]bucket.Taken
 	for i := range taken {
 		_, _, taken[i] = takeToken(t, s, base.Add(time.Second+time.Duration(i)*time.Second), c)
@@ -215,7 +215,7 @@ func testRefundSliding(t *testing.T, s bucket.Releaser) {
 }
 
 func testRefundToken(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: tokenLimit, Refundable: true} // T = 100ms, burst 3
+	c := bucket.Charge{Key: NewKey(t), Limit: tokenLimit, MayGiveBack: true} // T = 100ms, burst 3
 	var taken [3]bucket.Taken
 	for i := range taken {
 		_, _, taken[i] = takeToken(t, s, base, c)
@@ -232,7 +232,7 @@ func testRefundToken(t *testing.T, s bucket.Releaser) {
 }
 
 func testNoRefundLeaky(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: leakyLimit, Refundable: true} // Burst+1 = 3 at once
+	c := bucket.Charge{Key: NewKey(t), Limit: leakyLimit, MayGiveBack: true} // Burst+1 = 3 at once
 	var first bucket.Taken
 	for i := range 3 {
 		_, _, tk := takeToken(t, s, base, c)
@@ -253,7 +253,7 @@ func testNoRefundLeaky(t *testing.T, s bucket.Releaser) {
 func testRefundConcurrent(t *testing.T, s bucket.Releaser) {
 	const goroutines, each = 8, 6
 	l := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 4, Window: time.Minute}
-	c := bucket.Charge{Key: NewKey(t), Limit: l, Refundable: true}
+	c := bucket.Charge{Key: NewKey(t), Limit: l, MayGiveBack: true}
 	var (
 		wg       sync.WaitGroup
 		out, max atomic.Int64
@@ -315,7 +315,7 @@ func testRefundCostAndQuota(t *testing.T, s bucket.Releaser) {
 		{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 2, Period: bucket.Day}, 1, time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := bucket.Charge{Key: NewKey(t), Limit: tc.l, Cost: tc.cost, Refundable: true}
+			c := bucket.Charge{Key: NewKey(t), Limit: tc.l, Cost: tc.cost, MayGiveBack: true}
 			take(t, s, base, c)
 			// The last write is given back: for a token bucket, exact only while nothing wrote
 			// since.
