@@ -19,17 +19,17 @@ func (m *Store) Release(_ context.Context, _ time.Time, taken []bucket.Taken) er
 	for i := range taken {
 		tk := &taken[i]
 		if tk.Token&sketchToken != 0 {
-			m.releaseSketch(tk)
+			m.giveBackSketch(tk)
 			continue
 		}
 		sh := &m.shards[m.shardOf(tk.Charge.Key)]
 		sh.mu.Lock()
-		// A concurrency slot, the release of every request under a concurrency limit, is
-		// given back here; refunds (charge_on, rarer and heavier) go through release.
+		// A concurrency slot, given back by every request under a concurrency limit, goes
+		// back here; the other give-backs (charge_on, rarer and heavier) go through giveBack.
 		if tk.Charge.Limit.Algorithm == bucket.Concurrency {
-			sh.releaseSlot(&tk.Charge.Key, tk.Token)
+			sh.giveBackSlot(&tk.Charge.Key, tk.Token)
 		} else {
-			m.release(&sh.shard, tk)
+			m.giveBack(&sh.shard, tk)
 		}
 		// A key at its limit may no longer be: a full shard must look again before it sends
 		// a new key to the sketch.
@@ -40,10 +40,10 @@ func (m *Store) Release(_ context.Context, _ time.Time, taken []bucket.Taken) er
 	return nil
 }
 
-// releaseSlot frees one concurrency slot of k, taken in the entry whose generation token
+// giveBackSlot frees one concurrency slot of k, taken in the entry whose generation token
 // names: a slot of an entry since evicted (and perhaps created again) is not taken from the new
 // one's count. The caller holds sh.mu.
-func (sh *shard) releaseSlot(k *bucket.Key, token uint64) {
+func (sh *shard) giveBackSlot(k *bucket.Key, token uint64) {
 	if i, ok := sh.conc.find(k); ok && genToken(sh.conc.slots[i].st.meta) == token {
 		// A key with nothing in flight stays until the next sweep (it is idle then): a busy
 		// key is not deleted and inserted again on every request.
@@ -52,12 +52,12 @@ func (sh *shard) releaseSlot(k *bucket.Key, token uint64) {
 	}
 }
 
-// release refunds one charge of an algorithm other than Concurrency, only to the entry it was
+// giveBack gives back one charge of an algorithm other than Concurrency, only to the entry it was
 // counted in: the token carries the entry's generation (and a token bucket's, the tat its write
 // left), so a give-back after the entry was evicted and created again finds another generation
 // and gives nothing, where it once subtracted from a count it never added. The caller holds
 // sh.mu.
-func (m *Store) release(sh *shard, tk *bucket.Taken) {
+func (m *Store) giveBack(sh *shard, tk *bucket.Taken) {
 	c := &tk.Charge
 	switch c.Limit.Algorithm {
 	case bucket.TokenBucket:
