@@ -34,8 +34,10 @@ var allowedImports = map[string][]string{
 	"internal/configschema":           {"internal/limitspec", "internal/policy"},
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
+	"internal/telemetry":              {"internal/bucket", "internal/envoyrules", "internal/limitspec", "internal/policy"},
 	"internal/server": {"internal/bucket", "internal/clockref", "internal/console", "internal/dynamo",
-		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
+		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls",
+		"internal/telemetry"},
 	"internal/cli": {"internal/console", "internal/policy", "internal/server"},
 
 	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
@@ -45,7 +47,11 @@ var allowedImports = map[string][]string{
 	"internal/testkit/exactmutant": {"internal/bucket", "internal/dynamo"},
 	"internal/testkit/faultnet":    {},
 	"internal/testkit/harness":     {},
-	"internal/testkit/gateway":     {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
+	"internal/testkit/sim": {"internal/bucket", "internal/dynamo", "internal/dynamo/schema", "internal/memstore", "internal/policy",
+		"internal/testkit/exactcheck", "internal/testkit/exactmutant", "internal/testkit/simddb"},
+	"internal/testkit/simddb":   {},
+	"internal/testkit/otlpsink": {},
+	"internal/testkit/gateway":  {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
 }
 
 // tooling is where the test and benchmark tooling lives: nothing below it ships.

@@ -78,6 +78,9 @@ type Config struct {
 	// Admin configures the operators' console on admin_listen: the /v1/ API, the live page at
 	// / and `ratelimit-proxy admin` (docs/operations.md, "The operators' console").
 	Admin AdminConfig `yaml:"admin"`
+	// Telemetry exports traces, and on request the /metrics series, over OpenTelemetry's
+	// OTLP (docs/observability.md). (Optional) default: off.
+	Telemetry TelemetryConfig `yaml:"telemetry"`
 
 	// src is where Parse read the file, for placing validation's problems.
 	src source

@@ -271,13 +271,15 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
 		"RATELIMIT_ADMIN_MAX_EXEMPTIONS",
 		"RATELIMIT_ADMIN_HOSTS",
+		"RATELIMIT_TELEMETRY_OTLP_ENDPOINT", "RATELIMIT_TELEMETRY_OTLP_PROTOCOL", "RATELIMIT_TELEMETRY_OTLP_INSECURE",
+		"RATELIMIT_TELEMETRY_TRACES_SAMPLE_RATIO", "RATELIMIT_TELEMETRY_METRICS_OTLP", "RATELIMIT_TELEMETRY_METRICS_INTERVAL",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 70 {
-		t.Errorf("got %d overrides, want 70: a new field needs a line above", len(got))
+	if len(got) != 76 {
+		t.Errorf("got %d overrides, want 76: a new field needs a line above", len(got))
 	}
 }
 

@@ -251,7 +251,8 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 		rls = checkRLS(&es, c, rlsOnly)
 		checkRLSLabels(&es, c, rls)
 	}
-	checkProtect(&es, c) // validate_protect.go
+	checkProtect(&es, c)              // validate_protect.go
+	checkTelemetry(&es, &c.Telemetry) // validate_telemetry.go
 	return es, keys, tlsm, rls
 }
 
