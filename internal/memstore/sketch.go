@@ -132,7 +132,7 @@ func leUint64(b []byte) uint64 {
 		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
-// A counted cell: the count in the low 32 bits (Counts are at most limitspec.MaxCount, below
+// A counted cell: the count in the low 32 bits (Counts are at most limitterms.MaxCount, below
 // 2^32), above it the second by which every counted request has left, as an offset from
 // sketchEpoch (so 1902 to 2106 fit; later saturates to never, which only keeps a count longer).
 const sketchEpoch = -1 << 31
