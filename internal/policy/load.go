@@ -162,6 +162,15 @@ func Parse(data []byte, opts LoadOptions) (*Config, error) {
 			cfg.Policies[i].Mode = modeEnforce
 		}
 	}
+	if r := cfg.Store.Redis; r != nil {
+		// Defaulted here, as store.dynamodb's are: a default would create the block.
+		if r.Mode == "" {
+			r.Mode = redisSingle
+		}
+		if r.KeyPrefix == "" {
+			r.KeyPrefix = "rl:"
+		}
+	}
 	if d := cfg.Store.DynamoDB; d != nil {
 		// Defaulted here, not as viper defaults, for the same reason as the JWT claim: a
 		// default under store.dynamodb would create the block for every memory-backed config.

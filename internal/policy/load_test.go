@@ -269,13 +269,16 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
 		"RATELIMIT_ADMIN_MAX_EXEMPTIONS",
 		"RATELIMIT_ADMIN_HOSTS",
+		"RATELIMIT_STORE_REDIS_URL", "RATELIMIT_STORE_REDIS_MODE", "RATELIMIT_STORE_REDIS_ADDRS",
+		"RATELIMIT_STORE_REDIS_SENTINEL_MASTER", "RATELIMIT_STORE_REDIS_USERNAME", "RATELIMIT_STORE_REDIS_PASSWORD_ENV",
+		"RATELIMIT_STORE_REDIS_KEY_PREFIX", "RATELIMIT_STORE_REDIS_WAIT_REPLICAS",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 70 {
-		t.Errorf("got %d overrides, want 70: a new field needs a line above", len(got))
+	if len(got) != 78 {
+		t.Errorf("got %d overrides, want 78: a new field needs a line above", len(got))
 	}
 }
 
