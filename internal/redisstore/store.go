@@ -60,6 +60,8 @@ type Store struct {
 	dialing   atomic.Bool
 	dialAt    atomic.Int64 // when the last connection attempt started (Unix ns)
 	dialErr   atomic.Pointer[error]
+	firstDial chan struct{} // closed when the first connection attempt has ended
+	firstOnce sync.Once
 	prefix    string
 	cluster   bool
 	slotLease time.Duration
@@ -85,6 +87,7 @@ var ErrDisagree = errors.New("redisstore: script and algorithm disagree")
 func New(client rueidis.Client, o Options) *Store {
 	s := newStore(o)
 	s.cl.Store(&client)
+	s.firstOnce.Do(func() { close(s.firstDial) })
 	return s
 }
 
@@ -98,6 +101,23 @@ func NewDialed(dial func() (rueidis.Client, error), o Options) *Store {
 	return s
 }
 
+// Connected waits until the first connection attempt has ended, within ctx, and reports its
+// failure: what a start logs.
+func (s *Store) Connected(ctx context.Context) error {
+	select {
+	case <-s.firstDial:
+	case <-ctx.Done():
+		return fmt.Errorf("redisstore: connect: %w", ctx.Err())
+	}
+	if s.cl.Load() != nil {
+		return nil
+	}
+	if e := s.dialErr.Load(); e != nil {
+		return fmt.Errorf("%w: %w", ErrNotConnected, *e)
+	}
+	return ErrNotConnected
+}
+
 // ErrNotConnected is returned (wrapped) while a Store from NewDialed has no connection.
 var ErrNotConnected = errors.New("redisstore: not connected")
 
@@ -106,6 +126,7 @@ func newStore(o Options) *Store {
 		prefix: o.KeyPrefix, cluster: o.Cluster, slotLease: o.SlotLease,
 		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger,
 		held: make(map[uint64]string), stop: make(chan struct{}), done: make(chan struct{}),
+		firstDial: make(chan struct{}),
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultKeyPrefix
@@ -159,6 +180,7 @@ func (s *Store) connect() {
 	}
 	s.dialAt.Store(time.Now().UnixNano())
 	go func() {
+		defer s.firstOnce.Do(func() { close(s.firstDial) })
 		defer s.dialing.Store(false)
 		c, err := s.dial()
 		if err != nil {
