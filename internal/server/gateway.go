@@ -153,11 +153,6 @@ func (g *gateway) buildProxy(context.Context) error {
 	if err != nil {
 		return err
 	}
-	// on_error local never reaches the proxy as an error: the fallback store decides locally.
-	onError := proxy.Allow
-	if cfg.Store.OnError == "deny" {
-		onError = proxy.Deny
-	}
 	for _, w := range policy.Warnings(cfg) {
 		g.log.Warn("configuration: " + w)
 	}
@@ -171,7 +166,6 @@ func (g *gateway) buildProxy(context.Context) error {
 		Policies:            g.rl.Current,
 		Limiter:             g.st,
 		Backend:             cfg.Store.Backend,
-		OnError:             onError,
 		StoreTimeout:        cfg.Store.Timeout,
 		UpstreamTimeout:     cfg.UpstreamTimeout,
 		GRPCUpstreamTimeout: cfg.GRPCUpstreamTimeout,

@@ -34,15 +34,10 @@ func (g *gateway) newRLS(ctx context.Context, tlsCfg *tls.Config) (*rlsServer, e
 	if err != nil {
 		return nil, err
 	}
-	onError := rls.Allow
-	if cfg.Store.OnError == "deny" {
-		onError = rls.Deny
-	}
 	svc, err := rls.New(rls.Options{
 		Rules:        func() *envoyrules.Rules { return rl.Set().RLS() },
 		Store:        g.st,
 		Backend:      cfg.Store.Backend,
-		OnError:      onError,
 		StoreTimeout: cfg.Store.Timeout,
 		Headers:      rls.ParseHeaders(cfg.RLS.ResponseHeaders, cfg.Headers.Reset == "delta"),
 		ShadowMode:   cfg.RLS.ShadowMode,

@@ -1,8 +1,10 @@
-package bucket
+package memstore
 
 import (
 	"encoding/binary"
 	"math/bits"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // table maps keys to states of type S: an open-addressing hash table with linear probing, each
@@ -25,7 +27,7 @@ import (
 // The probe sequence starts at a multiply-shift hash of the key's second half with a random odd
 // multiplier per table: keys are digests, but a client who can choose key values could otherwise
 // pile them onto one slot run (the shard is picked by a hash keyed with another secret, see
-// Memory.shardOf).
+// Store.shardOf).
 //
 // The zero table is empty but needs a multiplier: create one with newTable. Not safe for
 // concurrent use; the shard's mutex guards it.
@@ -41,7 +43,7 @@ type table[S comparable] struct {
 
 // tableSlot is one table slot; a zero st marks it empty.
 type tableSlot[S comparable] struct {
-	key Key
+	key bucket.Key
 	st  S
 }
 
@@ -52,14 +54,14 @@ func newTable[S comparable](mul uint64) table[S] { return table[S]{mul: mul | 1}
 
 // home is the slot a key's probe sequence starts at: the top log2(len(t.slots)) bits of the
 // product. The shift, 64-log2(len), is derived from the length rather than kept (see table).
-func (t *table[S]) home(k *Key) int {
+func (t *table[S]) home(k *bucket.Key) int {
 	shift := bits.LeadingZeros64(uint64(len(t.slots))) + 1
 	return int((binary.LittleEndian.Uint64(k[8:]) * t.mul) >> shift)
 }
 
 // find returns the slot holding k and true, or the empty slot where a probe for k ended and
 // false. With no slots it returns -1, false.
-func (t *table[S]) find(k *Key) (int, bool) {
+func (t *table[S]) find(k *bucket.Key) (int, bool) {
 	if len(t.slots) == 0 {
 		return -1, false
 	}
@@ -79,7 +81,7 @@ func (t *table[S]) find(k *Key) (int, bool) {
 // insertNew adds k, which the table does not hold, with state st (not the zero S), growing the
 // table first if it would become more than 3/4 full. (Half full made 100k rotating keys 30%
 // slower: the longer probes cost less than the larger footprint's cache and TLB misses.)
-func (t *table[S]) insertNew(k *Key, st *S) {
+func (t *table[S]) insertNew(k *bucket.Key, st *S) {
 	if 4*(t.n+1) > 3*len(t.slots) {
 		t.resize(max(2*len(t.slots), minTableSlots))
 	}
@@ -89,7 +91,7 @@ func (t *table[S]) insertNew(k *Key, st *S) {
 }
 
 // put stores st (not the zero S) for k, adding k if needed.
-func (t *table[S]) put(k *Key, st *S) {
+func (t *table[S]) put(k *bucket.Key, st *S) {
 	if i, ok := t.find(k); ok {
 		t.slots[i].st = *st
 		return
@@ -98,7 +100,7 @@ func (t *table[S]) put(k *Key, st *S) {
 }
 
 // get returns k's state and true, or the zero S and false.
-func (t *table[S]) get(k *Key) (S, bool) {
+func (t *table[S]) get(k *bucket.Key) (S, bool) {
 	if i, ok := t.find(k); ok {
 		return t.slots[i].st, true
 	}
@@ -107,7 +109,7 @@ func (t *table[S]) get(k *Key) (S, bool) {
 }
 
 // remove deletes k if the table holds it.
-func (t *table[S]) remove(k *Key) {
+func (t *table[S]) remove(k *bucket.Key) {
 	if i, ok := t.find(k); ok {
 		t.deleteAt(i)
 	}

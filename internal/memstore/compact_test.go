@@ -1,10 +1,12 @@
-package bucket
+package memstore
 
 import (
 	"context"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 func TestWidthTag(t *testing.T) {
@@ -19,7 +21,7 @@ func TestWidthTag(t *testing.T) {
 		{540_000_000_000, true}, // 1h30m
 		{123_457, false},        // a Window of 1234567ns
 		{123_456_780, false},    // 1.2345678s
-		{maxSpan / SlidingSlots, false},
+		{bucket.MaxSpan / bucket.SlidingSlots, false},
 		{4095e15, true}, // the largest exponent
 		{1e16, true},    // the exponent stops at 15: m = 10
 		{4096e15, false},
@@ -46,7 +48,7 @@ func TestWidthTag(t *testing.T) {
 
 // memSliding returns where the shard holding k keeps k's sliding state: "compact", "wide", or
 // "" when neither map holds it; it fails if both do.
-func memSliding(t *testing.T, m *Memory, k Key) (SlidingState, string) {
+func memSliding(t *testing.T, m *Store, k bucket.Key) (bucket.SlidingState, string) {
 	t.Helper()
 	sh := &m.shards[m.shardOf(k)]
 	sh.mu.Lock()
@@ -61,10 +63,10 @@ func memSliding(t *testing.T, m *Memory, k Key) (SlidingState, string) {
 	case inWide:
 		return ws.SlidingState, "wide"
 	}
-	return SlidingState{}, ""
+	return bucket.SlidingState{}, ""
 }
 
-// TestMemorySlidingMatchesSliding drives one Memory key and a SlidingState kept by hand with
+// TestMemorySlidingMatchesSliding drives one memory-store key and a SlidingState kept by hand with
 // the same requests, alone or in groups (next to another key, or twice in one group), while the
 // Limit changes as reloads would: Counts either side of the compact form's 65535, Windows whose
 // slot width has a tag and ones whose width has none, bursts that push one counter above 65535.
@@ -76,18 +78,18 @@ func TestMemorySlidingMatchesSliding(t *testing.T) {
 	windows := []time.Duration{100 * time.Millisecond, time.Second, time.Minute, 333 * time.Millisecond,
 		1_234_567, 1_234_567_800, 10} // 1234567ns and 1.2345678s have no width tag
 	rng := rand.New(rand.NewPCG(7, 11))
-	key, other := Key{1, 2, 3}, Key{4, 5, 6}
-	roomy := Limit{Algorithm: TokenBucket, Rate: 1e9, Burst: 1 << 40}
+	key, other := bucket.Key{1, 2, 3}, bucket.Key{4, 5, 6}
+	roomy := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1e9, Burst: 1 << 40}
 	bursts := 0
 	seen := map[string]int{}
 	for round := range 24 {
-		m := NewMemory(MemoryOptions{Shards: 1 + round%2*15})
-		l := Limit{Algorithm: SlidingWindow, Count: counts[rng.IntN(len(counts))], Window: windows[rng.IntN(len(windows))]}
-		var ref SlidingState
+		m := New(Options{Shards: 1 + round%2*15})
+		l := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: counts[rng.IntN(len(counts))], Window: windows[rng.IntN(len(windows))]}
+		var ref bucket.SlidingState
 		now := t0ns + int64(round)*int64(time.Hour)
-		var res [2]Result
+		var res [2]bucket.Result
 		for i := range 400 {
-			w := SlidingWidth(l)
+			w := bucket.SlidingWidth(l)
 			n := 1
 			switch r := rng.IntN(100); {
 			case r < 40:
@@ -108,14 +110,14 @@ func TestMemorySlidingMatchesSliding(t *testing.T) {
 				bursts++
 			}
 			for range n {
-				var got Result
+				var got bucket.Result
 				switch mode := rng.IntN(4); mode {
 				case 0, 1: // one charge
-					if _, err := m.Take(ctx, time.Unix(0, now), []Charge{{Key: key, Limit: l}}, res[:1]); err != nil {
+					if _, err := m.Take(ctx, time.Unix(0, now), []bucket.Charge{{Key: key, Limit: l}}, res[:1]); err != nil {
 						t.Fatal(err)
 					}
 					got = noToken(res[0])
-					next, r := Sliding(ref, now, l)
+					next, r := bucket.Sliding(ref, now, l)
 					if r.Allowed {
 						ref = next
 					}
@@ -123,10 +125,10 @@ func TestMemorySlidingMatchesSliding(t *testing.T) {
 						t.Fatalf("round %d step %d (one charge, %+v at %d): got %+v, want %+v", round, i, l, now, got, r)
 					}
 				case 2: // a group with another key, which always conforms
-					if _, err := m.Take(ctx, time.Unix(0, now), []Charge{{Key: other, Limit: roomy}, {Key: key, Limit: l}}, res[:]); err != nil {
+					if _, err := m.Take(ctx, time.Unix(0, now), []bucket.Charge{{Key: other, Limit: roomy}, {Key: key, Limit: l}}, res[:]); err != nil {
 						t.Fatal(err)
 					}
-					next, r := Sliding(ref, now, l)
+					next, r := bucket.Sliding(ref, now, l)
 					if r.Allowed {
 						ref = next
 					}
@@ -134,16 +136,16 @@ func TestMemorySlidingMatchesSliding(t *testing.T) {
 						t.Fatalf("round %d step %d (group, %+v at %d): got %+v, want %+v", round, i, l, now, res[1], r)
 					}
 				case 3: // the key twice in one group: committed only if both conform
-					admitted, err := m.Take(ctx, time.Unix(0, now), []Charge{{Key: key, Limit: l}, {Key: key, Limit: l}}, res[:])
+					admitted, err := m.Take(ctx, time.Unix(0, now), []bucket.Charge{{Key: key, Limit: l}, {Key: key, Limit: l}}, res[:])
 					if err != nil {
 						t.Fatal(err)
 					}
-					next1, r1 := Sliding(ref, now, l)
+					next1, r1 := bucket.Sliding(ref, now, l)
 					from := ref
 					if r1.Allowed {
 						from = next1
 					}
-					next2, r2 := Sliding(from, now, l)
+					next2, r2 := bucket.Sliding(from, now, l)
 					if r1.Allowed && r2.Allowed {
 						ref = next2
 					}
@@ -180,17 +182,17 @@ const t0ns = 1_700_000_040 * int64(time.Second)
 // whose counter no longer fits 16 bits stays wide under a small Count.
 func TestMemorySlidingConversionsKeepCounts(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory(MemoryOptions{Shards: 1})
-	key := Key{9}
+	m := New(Options{Shards: 1})
+	key := bucket.Key{9}
 	now := time.Unix(0, t0ns)
-	small := Limit{Algorithm: SlidingWindow, Count: 100, Window: 10 * time.Second}
+	small := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 100, Window: 10 * time.Second}
 	big := small
 	big.Count = 100_000
-	var r [1]Result
-	take := func(l Limit, n int) {
+	var r [1]bucket.Result
+	take := func(l bucket.Limit, n int) {
 		t.Helper()
 		for range n {
-			if _, err := m.Take(ctx, now, []Charge{{Key: key, Limit: l}}, r[:]); err != nil {
+			if _, err := m.Take(ctx, now, []bucket.Charge{{Key: key, Limit: l}}, r[:]); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -217,8 +219,8 @@ func TestMemorySlidingConversionsKeepCounts(t *testing.T) {
 	if r[0].Allowed || r[0].RetryAfter != 11*time.Second {
 		t.Errorf("under Count 100 with 70000 counted: got %+v, want rejected for 11s (K+1 slots)", r[0])
 	}
-	if st, where := memSliding(t, m, key); where != "wide" || st.Counts[ring(st.Slot)] != 70_000 {
-		t.Errorf("after the rejection: %q map, newest counter %d, want wide, 70000", where, st.Counts[ring(st.Slot)])
+	if st, where := memSliding(t, m, key); where != "wide" || st.Counts[bucket.SlidingIndex(st.Slot)] != 70_000 {
+		t.Errorf("after the rejection: %q map, newest counter %d, want wide, 70000", where, st.Counts[bucket.SlidingIndex(st.Slot)])
 	}
 	// Once the 70000 have left, the next request under Count 100 brings it back to compact.
 	now = now.Add(11 * time.Second)
@@ -230,18 +232,18 @@ func TestMemorySlidingConversionsKeepCounts(t *testing.T) {
 // never exceeds it with compact and wide sliding keys mixed, and evicts only what it must.
 func TestMemoryCapCountsWideKeys(t *testing.T) {
 	const maxKeys, keys = 160, 1000
-	m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: maxKeys})
+	m := New(Options{Shards: 1, MaxKeys: maxKeys})
 	now := time.Unix(0, t0ns)
-	limits := []Limit{
-		{Algorithm: SlidingWindow, Count: 100_000, Window: time.Minute}, // wide: Count
-		{Algorithm: SlidingWindow, Count: 10, Window: 1_234_567_800},    // wide: width
-		{Algorithm: SlidingWindow, Count: 10, Window: time.Minute},      // compact
-		{Algorithm: FixedWindow, Count: 10, Window: time.Minute},        // another map
+	limits := []bucket.Limit{
+		{Algorithm: bucket.SlidingWindow, Count: 100_000, Window: time.Minute}, // wide: Count
+		{Algorithm: bucket.SlidingWindow, Count: 10, Window: 1_234_567_800},    // wide: width
+		{Algorithm: bucket.SlidingWindow, Count: 10, Window: time.Minute},      // compact
+		{Algorithm: bucket.FixedWindow, Count: 10, Window: time.Minute},        // another map
 	}
-	var r [1]Result
+	var r [1]bucket.Result
 	for i := range keys {
-		k := Key{byte(i), byte(i >> 8), 1}
-		admitted, err := m.Take(context.Background(), now, []Charge{{Key: k, Limit: limits[i%len(limits)]}}, r[:])
+		k := bucket.Key{byte(i), byte(i >> 8), 1}
+		admitted, err := m.Take(context.Background(), now, []bucket.Charge{{Key: k, Limit: limits[i%len(limits)]}}, r[:])
 		if err != nil || !admitted {
 			t.Fatalf("key %d: got admitted=%v err=%v, want a fresh key admitted", i, admitted, err)
 		}
@@ -260,8 +262,8 @@ func TestMemoryCapCountsWideKeys(t *testing.T) {
 	later := now.Add(time.Minute + 7*time.Second)
 	before := m.Evicted()
 	for i := range maxKeys / 2 {
-		k := Key{byte(i), byte(i >> 8), 2}
-		if _, err := m.Take(context.Background(), later, []Charge{{Key: k, Limit: limits[2]}}, r[:]); err != nil {
+		k := bucket.Key{byte(i), byte(i >> 8), 2}
+		if _, err := m.Take(context.Background(), later, []bucket.Charge{{Key: k, Limit: limits[2]}}, r[:]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -275,7 +277,7 @@ func TestMemoryCapCountsWideKeys(t *testing.T) {
 
 // noToken is r without its Token: the memory store's is the entry's generation (opaque), which
 // the pure functions the tests compare with know nothing of.
-func noToken(r Result) Result {
+func noToken(r bucket.Result) bucket.Result {
 	r.Token = 0
 	return r
 }

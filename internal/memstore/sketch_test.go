@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // Issue 32 item 6: a flood of keys at their limit must not lock out the flooded policy's new
@@ -15,13 +17,13 @@ import (
 // token bucket's state and cells), for the flood and the fresh keys.
 var sketchLimits = []struct {
 	name         string
-	flood, fresh Limit
+	flood, fresh bucket.Limit
 }{
-	{"token_bucket", Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: 1}, Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: 1}},
-	{"fixed_window", Limit{Algorithm: FixedWindow, Count: 1, Window: time.Hour}, Limit{Algorithm: FixedWindow, Count: 1, Window: time.Hour}},
-	{"sliding_window", Limit{Algorithm: SlidingWindow, Count: 1, Window: time.Hour}, Limit{Algorithm: SlidingWindow, Count: 1, Window: time.Hour}},
-	{"quota", Limit{Algorithm: Quota, Count: 1, Period: Day}, Limit{Algorithm: Quota, Count: 1, Period: Day}},
-	{"concurrency", Limit{Algorithm: Concurrency, Count: 1}, Limit{Algorithm: Concurrency, Count: 1}},
+	{"token_bucket", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 1}, bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 1}},
+	{"fixed_window", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}, bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1, Window: time.Hour}},
+	{"sliding_window", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 1, Window: time.Hour}, bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 1, Window: time.Hour}},
+	{"quota", bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}, bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}},
+	{"concurrency", bucket.Limit{Algorithm: bucket.Concurrency, Count: 1}, bucket.Limit{Algorithm: bucket.Concurrency, Count: 1}},
 }
 
 // TestMemoryFloodLeavesFreshKeysTheirLimits is the issue's flood on the store: 1,500 requests
@@ -35,24 +37,24 @@ func TestMemoryFloodLeavesFreshKeysTheirLimits(t *testing.T) {
 	for _, sl := range sketchLimits {
 		t.Run(sl.name, func(t *testing.T) {
 			ctx := context.Background()
-			m := NewMemory(MemoryOptions{MaxKeys: 1000})
+			m := New(Options{MaxKeys: 1000})
 			m.SetPools("per-ip", "api")
 			rng := rand.New(rand.NewPCG(32, 6))
-			newKey := func() Key {
-				var k Key
+			newKey := func() bucket.Key {
+				var k bucket.Key
 				binary.LittleEndian.PutUint64(k[:8], rng.Uint64())
 				binary.LittleEndian.PutUint64(k[8:], rng.Uint64())
 				return k
 			}
-			perIP := Limit{Algorithm: TokenBucket, Rate: 1000, Burst: 1000}
-			addrs := make([]Key, 10)
+			perIP := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1000, Burst: 1000}
+			addrs := make([]bucket.Key, 10)
 			for i := range addrs {
 				addrs[i] = newKey()
 			}
 			now := time.Unix(0, t0ns)
-			take := func(cs ...Charge) (bool, []Result) {
+			take := func(cs ...bucket.Charge) (bool, []bucket.Result) {
 				t.Helper()
-				r := make([]Result, len(cs))
+				r := make([]bucket.Result, len(cs))
 				ok, err := m.Take(ctx, now, cs, r)
 				if err != nil {
 					t.Fatal(err)
@@ -62,7 +64,7 @@ func TestMemoryFloodLeavesFreshKeysTheirLimits(t *testing.T) {
 			flooded := 0
 			for i := range 1500 {
 				now = now.Add(time.Millisecond)
-				if ok, _ := take(Charge{Key: addrs[i%10], Limit: perIP, Pool: "per-ip"}, Charge{Key: newKey(), Limit: sl.flood, Pool: "api"}); ok {
+				if ok, _ := take(bucket.Charge{Key: addrs[i%10], Limit: perIP, Pool: "per-ip"}, bucket.Charge{Key: newKey(), Limit: sl.flood, Pool: "api"}); ok {
 					flooded++
 				}
 			}
@@ -72,8 +74,8 @@ func TestMemoryFloodLeavesFreshKeysTheirLimits(t *testing.T) {
 			// While the flood lasts: the same second, every flood key still at its limit.
 			fresh := func(n int) (admitted int) {
 				for range n {
-					c := Charge{Key: newKey(), Limit: sl.fresh, Pool: "api"}
-					ok, r := take(Charge{Key: addrs[0], Limit: perIP, Pool: "per-ip"}, c)
+					c := bucket.Charge{Key: newKey(), Limit: sl.fresh, Pool: "api"}
+					ok, r := take(bucket.Charge{Key: addrs[0], Limit: perIP, Pool: "per-ip"}, c)
 					if !ok {
 						continue
 					}
@@ -108,35 +110,35 @@ func TestMemoryKeyAtLimitCannotEscapeByFlood(t *testing.T) {
 	const limit = 3
 	victims := []struct {
 		name string
-		l    Limit
+		l    bucket.Limit
 	}{
-		{"token_bucket", Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: limit}},
-		{"leaky_bucket", Limit{Algorithm: LeakyBucket, Rate: 1.0 / 3600, Burst: limit - 1}}, // one served, two queued
-		{"fixed_window", Limit{Algorithm: FixedWindow, Count: limit, Window: time.Hour}},
-		{"sliding_window", Limit{Algorithm: SlidingWindow, Count: limit, Window: time.Hour}},
-		{"quota", Limit{Algorithm: Quota, Count: limit, Period: Day}},
-		{"concurrency", Limit{Algorithm: Concurrency, Count: limit}},
+		{"token_bucket", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: limit}},
+		{"leaky_bucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1.0 / 3600, Burst: limit - 1}}, // one served, two queued
+		{"fixed_window", bucket.Limit{Algorithm: bucket.FixedWindow, Count: limit, Window: time.Hour}},
+		{"sliding_window", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: limit, Window: time.Hour}},
+		{"quota", bucket.Limit{Algorithm: bucket.Quota, Count: limit, Period: bucket.Day}},
+		{"concurrency", bucket.Limit{Algorithm: bucket.Concurrency, Count: limit}},
 	}
 	for _, v := range victims {
 		t.Run(v.name, func(t *testing.T) {
 			ctx := context.Background()
-			m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: 64})
+			m := New(Options{Shards: 1, MaxKeys: 64})
 			m.SetPools("api")
 			now := time.Unix(0, t0ns)
-			take := func(c Charge) Result {
+			take := func(c bucket.Charge) bucket.Result {
 				t.Helper()
-				var r [1]Result
-				if _, err := m.Take(ctx, now, []Charge{c}, r[:]); err != nil {
+				var r [1]bucket.Result
+				if _, err := m.Take(ctx, now, []bucket.Charge{c}, r[:]); err != nil {
 					t.Fatal(err)
 				}
 				return r[0]
 			}
 			// The pool's share (all 64) full of keys at their limit for a second.
-			brief := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}
+			brief := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1}
 			for i := range 64 {
-				take(Charge{Key: Key{1, byte(i)}, Limit: brief, Pool: "api"})
+				take(bucket.Charge{Key: bucket.Key{1, byte(i)}, Limit: brief, Pool: "api"})
 			}
-			victim := Charge{Key: Key{2}, Limit: v.l, Pool: "api"}
+			victim := bucket.Charge{Key: bucket.Key{2}, Limit: v.l, Pool: "api"}
 			admitted := 0
 			for range 2 * limit {
 				if r := take(victim); r.Allowed {
@@ -158,7 +160,7 @@ func TestMemoryKeyAtLimitCannotEscapeByFlood(t *testing.T) {
 			// requests from other keys through the victim's own cells cannot lower them.
 			now = now.Add(2 * time.Second)
 			for i := range 2000 {
-				take(Charge{Key: Key{3, byte(i), byte(i >> 8)}, Limit: v.l, Pool: "api"})
+				take(bucket.Charge{Key: bucket.Key{3, byte(i), byte(i >> 8)}, Limit: v.l, Pool: "api"})
 				if i%100 == 0 {
 					if r := take(victim); r.Allowed {
 						t.Fatalf("victim at its limit admitted again after %d flood keys: %+v", i, r)
@@ -166,14 +168,14 @@ func TestMemoryKeyAtLimitCannotEscapeByFlood(t *testing.T) {
 				}
 			}
 			// A key stored at its limit is not evicted by the flood either.
-			stored := Charge{Key: Key{4}, Limit: v.l, Pool: "api"}
-			m2 := NewMemory(MemoryOptions{Shards: 1, MaxKeys: 64})
+			stored := bucket.Charge{Key: bucket.Key{4}, Limit: v.l, Pool: "api"}
+			m2 := New(Options{Shards: 1, MaxKeys: 64})
 			m = m2
 			for range limit {
 				take(stored)
 			}
 			for i := range 2000 {
-				take(Charge{Key: Key{5, byte(i), byte(i >> 8)}, Limit: v.l, Pool: "api"})
+				take(bucket.Charge{Key: bucket.Key{5, byte(i), byte(i >> 8)}, Limit: v.l, Pool: "api"})
 			}
 			if r := take(stored); r.Allowed {
 				t.Fatalf("a stored key at its limit admitted again after a flood: %+v", r)
@@ -190,35 +192,35 @@ func TestMemoryKeyAtLimitCannotEscapeByFlood(t *testing.T) {
 // charging one row only (the others left below the key's state), every algorithm fails it
 // within 300 steps.
 func TestMemorySketchNeverAdmitsPastOwnLimit(t *testing.T) {
-	limits := map[string]Limit{
-		"token_bucket":   {Algorithm: TokenBucket, Rate: 1, Burst: 3},
-		"leaky_bucket":   {Algorithm: LeakyBucket, Rate: 2, Burst: 2},
-		"fixed_window":   {Algorithm: FixedWindow, Count: 3, Window: 10 * time.Second},
-		"sliding_window": {Algorithm: SlidingWindow, Count: 3, Window: 10 * time.Second},
-		"quota":          {Algorithm: Quota, Count: 5, Period: Day},
-		"concurrency":    {Algorithm: Concurrency, Count: 2},
+	limits := map[string]bucket.Limit{
+		"token_bucket":   {Algorithm: bucket.TokenBucket, Rate: 1, Burst: 3},
+		"leaky_bucket":   {Algorithm: bucket.LeakyBucket, Rate: 2, Burst: 2},
+		"fixed_window":   {Algorithm: bucket.FixedWindow, Count: 3, Window: 10 * time.Second},
+		"sliding_window": {Algorithm: bucket.SlidingWindow, Count: 3, Window: 10 * time.Second},
+		"quota":          {Algorithm: bucket.Quota, Count: 5, Period: bucket.Day},
+		"concurrency":    {Algorithm: bucket.Concurrency, Count: 2},
 	}
 	for name, l := range limits {
 		t.Run(name, func(t *testing.T) {
-			m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: 16})
+			m := New(Options{Shards: 1, MaxKeys: 16})
 			m.sk.width = 64 // collisions on purpose
 			m.SetPools("p")
 			ctx := context.Background()
 			now := time.Unix(0, t0ns)
 			// The share full of keys at their limit for a day: every new key goes to the sketch.
-			day := Limit{Algorithm: Quota, Count: 1, Period: Day}
+			day := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}
 			for i := range 16 {
-				var r [1]Result
-				if _, err := m.Take(ctx, now, []Charge{{Key: Key{9, byte(i)}, Limit: day, Pool: "p"}}, r[:]); err != nil {
+				var r [1]bucket.Result
+				if _, err := m.Take(ctx, now, []bucket.Charge{{Key: bucket.Key{9, byte(i)}, Limit: day, Pool: "p"}}, r[:]); err != nil {
 					t.Fatal(err)
 				}
 			}
 			type model struct {
 				tat      int64
-				fixed    FixedState
-				sliding  SlidingState
+				fixed    bucket.FixedState
+				sliding  bucket.SlidingState
 				inflight int64
-				held     []Taken
+				held     []bucket.Taken
 			}
 			models := make([]model, 200)
 			rng := rand.New(rand.NewPCG(32, 66))
@@ -227,53 +229,53 @@ func TestMemorySketchNeverAdmitsPastOwnLimit(t *testing.T) {
 				now = now.Add(time.Duration(rng.IntN(20)) * time.Millisecond)
 				i := rng.IntN(len(models))
 				md := &models[i]
-				c := Charge{Key: Key{1, byte(i), byte(i >> 8)}, Limit: l, Pool: "p"}
-				if l.Algorithm == Concurrency && len(md.held) > 0 && rng.IntN(2) == 0 {
+				c := bucket.Charge{Key: bucket.Key{1, byte(i), byte(i >> 8)}, Limit: l, Pool: "p"}
+				if l.Algorithm == bucket.Concurrency && len(md.held) > 0 && rng.IntN(2) == 0 {
 					if err := m.Release(ctx, now, md.held[:1]); err != nil {
 						t.Fatal(err)
 					}
 					md.held = md.held[1:]
-					md.inflight = ConcurrentRelease(md.inflight)
+					md.inflight = bucket.ConcurrentRelease(md.inflight)
 					continue
 				}
-				var r [1]Result
-				ok, err := m.Take(ctx, now, []Charge{c}, r[:])
+				var r [1]bucket.Result
+				ok, err := m.Take(ctx, now, []bucket.Charge{c}, r[:])
 				if err != nil {
 					t.Fatal(err)
 				}
 				ns := now.UnixNano()
-				var want Result
+				var want bucket.Result
 				switch l.Algorithm {
-				case TokenBucket, LeakyBucket:
+				case bucket.TokenBucket, bucket.LeakyBucket:
 					var nt int64
-					nt, _ = gcraTo(md.tat, ns, l.Rate, l.Burst, l.Algorithm, 1, &want)
+					nt, _ = bucket.GCRAInto(md.tat, ns, l.Rate, l.Burst, l.Algorithm, 1, &want)
 					if want.Allowed && ok {
 						md.tat = nt
 					}
-				case FixedWindow:
-					var st FixedState
-					st, want = FixedN(md.fixed, ns, l, 1)
+				case bucket.FixedWindow:
+					var st bucket.FixedState
+					st, want = bucket.FixedN(md.fixed, ns, l, 1)
 					if want.Allowed && ok {
 						md.fixed = st
 					}
-				case Quota:
-					var st FixedState
-					st, want = QuotaN(md.fixed, ns, l, 1)
+				case bucket.Quota:
+					var st bucket.FixedState
+					st, want = bucket.QuotaN(md.fixed, ns, l, 1)
 					if want.Allowed && ok {
 						md.fixed = st
 					}
-				case SlidingWindow:
+				case bucket.SlidingWindow:
 					st := md.sliding
-					st.take(ns, &l, 1, &want)
+					st.TakeInto(ns, &l, 1, &want)
 					if want.Allowed && ok {
 						md.sliding = st
 					}
-				case Concurrency:
+				case bucket.Concurrency:
 					var n int64
-					n, want = Concurrent(md.inflight, l)
+					n, want = bucket.Concurrent(md.inflight, l)
 					if want.Allowed && ok {
 						md.inflight = n
-						md.held = append(md.held, Taken{Charge: c, Token: r[0].Token, At: now})
+						md.held = append(md.held, bucket.Taken{Charge: c, Token: r[0].Token, At: now})
 					}
 				}
 				if ok {

@@ -1,10 +1,12 @@
-package bucket
+package memstore
 
 import (
 	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 	"unsafe"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // TestShardTablesInOneLinePair: a decision touches the shard's mutex and one table header;
@@ -36,19 +38,21 @@ func TestTableMatchesMap(t *testing.T) {
 	t.Run("compactSliding", func(t *testing.T) {
 		testTableMatchesMap(t,
 			func(rng *rand.Rand) compactSliding {
-				return compactSliding{slot: rng.Int64N(1000), tag: uint16(1 + rng.IntN(3)), counts: [slidingRing]uint16{uint16(rng.IntN(3))}}
+				return compactSliding{slot: rng.Int64N(1000), tag: uint16(1 + rng.IntN(3)), counts: [bucket.SlidingRing]uint16{uint16(rng.IntN(3))}}
 			},
 			func(s *compactSliding) bool { return s.counts[0] == 0 })
 	})
 	t.Run("gcra", func(t *testing.T) {
 		testTableMatchesMap(t,
 			func(rng *rand.Rand) int64 { return 1 + rng.Int64N(6) },
-			func(tat *int64) bool { return GCRAIdle(*tat, 2) })
+			func(tat *int64) bool { return bucket.GCRAIdle(*tat, 2) })
 	})
 	t.Run("fixed", func(t *testing.T) {
 		testTableMatchesMap(t,
-			func(rng *rand.Rand) FixedState { return FixedState{End: 1 + rng.Int64N(3), Count: 1 + rng.Int64N(2)} },
-			func(s *FixedState) bool { return s.Idle(1) })
+			func(rng *rand.Rand) bucket.FixedState {
+				return bucket.FixedState{End: 1 + rng.Int64N(3), Count: 1 + rng.Int64N(2)}
+			},
+			func(s *bucket.FixedState) bool { return s.Idle(1) })
 	})
 }
 
@@ -58,14 +62,14 @@ func testTableMatchesMap[S comparable](t *testing.T, state func(*rand.Rand) S, i
 	t.Helper()
 	rng := rand.New(rand.NewPCG(1, 9))
 	tops := []uint64{0, 0x7f, 0xff, 0xfe}
-	newKey := func() Key {
-		var k Key
+	newKey := func() bucket.Key {
+		var k bucket.Key
 		binary.LittleEndian.PutUint64(k[:8], rng.Uint64N(64))
 		binary.LittleEndian.PutUint64(k[8:], tops[rng.IntN(len(tops))]<<56|rng.Uint64N(4)<<50)
 		return k
 	}
 	tab := newTable[S](1)
-	model := map[Key]S{}
+	model := map[bucket.Key]S{}
 	var zero S
 	most := 0
 	check := func(step int, op string) {

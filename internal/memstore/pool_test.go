@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // TestMemoryPoolFloodLeavesOtherPools is issue 26 item 7 on the store: a flood of 20 times
@@ -18,21 +20,21 @@ import (
 func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 	const maxKeys = 2000
 	ctx := context.Background()
-	m := NewMemory(MemoryOptions{MaxKeys: maxKeys})
+	m := New(Options{MaxKeys: maxKeys})
 	m.SetPools("flood", "victim")
 	rng := rand.New(rand.NewPCG(26, 7))
-	newKey := func() Key {
-		var k Key
+	newKey := func() bucket.Key {
+		var k bucket.Key
 		binary.LittleEndian.PutUint64(k[:8], rng.Uint64())
 		binary.LittleEndian.PutUint64(k[8:], rng.Uint64())
 		return k
 	}
 	now := time.Unix(0, t0ns)
-	once := Limit{Algorithm: Quota, Count: 1, Period: Day}
-	perIP := Limit{Algorithm: TokenBucket, Rate: 5, Burst: 5}
-	take := func(cs ...Charge) (bool, []Result) {
+	once := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}
+	perIP := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 5, Burst: 5}
+	take := func(cs ...bucket.Charge) (bool, []bucket.Result) {
 		t.Helper()
-		r := make([]Result, len(cs))
+		r := make([]bucket.Result, len(cs))
 		now = now.Add(time.Microsecond)
 		ok, err := m.Take(ctx, now, cs, r)
 		if err != nil {
@@ -40,16 +42,16 @@ func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 		}
 		return ok, r
 	}
-	stored := func(c Charge) bool {
+	stored := func(c bucket.Charge) bool {
 		sh := &m.shards[m.shardOf(c.Key)]
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
 		return sh.has(&c)
 	}
-	var flooded []Key
+	var flooded []bucket.Key
 	for range 20 * maxKeys {
 		k := newKey()
-		if _, r := take(Charge{Key: k, Limit: once, Pool: "flood"}); r[0].Allowed && r[0].Token&sketchToken == 0 {
+		if _, r := take(bucket.Charge{Key: k, Limit: once, Pool: "flood"}); r[0].Allowed && r[0].Token&sketchToken == 0 {
 			flooded = append(flooded, k)
 		}
 	}
@@ -64,21 +66,21 @@ func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 	}
 	// Another pool's new keys: alone, two in a group, and beside a new key of the flood.
 	for i := range 300 {
-		c := Charge{Key: newKey(), Limit: perIP, Pool: "victim"}
+		c := bucket.Charge{Key: newKey(), Limit: perIP, Pool: "victim"}
 		switch i % 3 {
 		case 0:
 			if ok, r := take(c); !ok || r[0].Token&sketchToken != 0 || !stored(c) {
 				t.Fatalf("victim key %d after the flood: got %v %+v (stored %v), want admitted and stored", i, ok, r[0], stored(c))
 			}
 		case 1:
-			d := Charge{Key: newKey(), Limit: perIP, Pool: "victim"}
+			d := bucket.Charge{Key: newKey(), Limit: perIP, Pool: "victim"}
 			if ok, _ := take(c, d); !ok || !stored(c) || !stored(d) {
 				t.Fatalf("a group of two new victim keys after the flood: got %v (stored %v %v), want admitted and stored", ok, stored(c), stored(d))
 			}
 		case 2:
 			// The flood has saturated the sketch (38,000 keys at their limit in 4 rows of 4,096
 			// cells): a new flood key is refused early, the group is rejected, and commits nothing.
-			f := Charge{Key: newKey(), Limit: once, Pool: "flood"}
+			f := bucket.Charge{Key: newKey(), Limit: once, Pool: "flood"}
 			if ok, r := take(c, f); ok || !r[0].Allowed || r[1].Allowed || stored(c) {
 				t.Fatalf("a victim key beside a flood key: got %v %+v, want rejected by the saturated sketch alone, nothing stored", ok, r)
 			}
@@ -86,7 +88,7 @@ func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 	}
 	// No key at its limit was reset.
 	for i, k := range flooded {
-		if ok, r := take(Charge{Key: k, Limit: once, Pool: "flood"}); ok {
+		if ok, r := take(bucket.Charge{Key: k, Limit: once, Pool: "flood"}); ok {
 			t.Fatalf("flooded key %d of %d: admitted again (%+v), want still at its limit", i, len(flooded), r[0])
 		}
 	}
@@ -99,23 +101,23 @@ func TestMemoryPoolFloodLeavesOtherPools(t *testing.T) {
 // shard; past it, the pool's least used keys go first (idle ones before), never another pool's.
 func TestMemoryPoolShare(t *testing.T) {
 	ctx := context.Background()
-	m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: 64})
+	m := New(Options{Shards: 1, MaxKeys: 64})
 	m.SetPools("a", "b")
 	now := time.Unix(0, t0ns)
-	l := Limit{Algorithm: FixedWindow, Count: 10, Window: time.Hour}
-	take := func(k Key, pool string) Result {
+	l := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 10, Window: time.Hour}
+	take := func(k bucket.Key, pool string) bucket.Result {
 		t.Helper()
-		var r [1]Result
-		if _, err := m.Take(ctx, now, []Charge{{Key: k, Limit: l, Pool: pool}}, r[:]); err != nil {
+		var r [1]bucket.Result
+		if _, err := m.Take(ctx, now, []bucket.Charge{{Key: k, Limit: l, Pool: pool}}, r[:]); err != nil {
 			t.Fatal(err)
 		}
 		return r[0]
 	}
 	for i := range 32 {
-		take(Key{'b', byte(i)}, "b")
+		take(bucket.Key{'b', byte(i)}, "b")
 	}
 	for i := range 200 {
-		if r := take(Key{'a', byte(i)}, "a"); !r.Allowed {
+		if r := take(bucket.Key{'a', byte(i)}, "a"); !r.Allowed {
 			t.Fatalf("pool a key %d: got %+v, want admitted (its own least used make room)", i, r)
 		}
 	}
@@ -128,7 +130,7 @@ func TestMemoryPoolShare(t *testing.T) {
 	}
 	for i := range 32 {
 		sh.mu.Lock()
-		ok := sh.has(&Charge{Key: Key{'b', byte(i)}, Limit: l})
+		ok := sh.has(&bucket.Charge{Key: bucket.Key{'b', byte(i)}, Limit: l})
 		sh.mu.Unlock()
 		if !ok {
 			t.Errorf("pool b key %d evicted by pool a's keys", i)

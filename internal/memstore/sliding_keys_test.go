@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // TestMemorySlidingManyKeys drives many sliding-window keys of one shard (compact and wide,
@@ -18,19 +20,19 @@ func TestMemorySlidingManyKeys(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
 	counts := []int64{1, 3, 50, 65_535, 65_536, 1 << 20}
 	windows := []time.Duration{time.Second, 100 * time.Millisecond, 1_234_567_800}
-	m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: 1 << 24})
+	m := New(Options{Shards: 1, MaxKeys: 1 << 24})
 	sh := &m.shards[0]
 	const nkeys = 4000
-	keys := make([]Key, nkeys)
-	limits := make([]Limit, nkeys)
+	keys := make([]bucket.Key, nkeys)
+	limits := make([]bucket.Limit, nkeys)
 	for i := range keys {
 		binary.LittleEndian.PutUint64(keys[i][:8], rng.Uint64())
 		binary.LittleEndian.PutUint64(keys[i][8:], rng.Uint64())
-		limits[i] = Limit{Algorithm: SlidingWindow, Count: counts[rng.IntN(len(counts))], Window: windows[rng.IntN(len(windows))]}
+		limits[i] = bucket.Limit{Algorithm: bucket.SlidingWindow, Count: counts[rng.IntN(len(counts))], Window: windows[rng.IntN(len(windows))]}
 	}
-	ref := map[Key]SlidingState{}
+	ref := map[bucket.Key]bucket.SlidingState{}
 	now := t0ns
-	var res [2]Result
+	var res [2]bucket.Result
 	maxSlots := 0
 	shrinks := 0
 	for step := range 200_000 {
@@ -58,12 +60,12 @@ func TestMemorySlidingManyKeys(t *testing.T) {
 				continue
 			}
 			k2, l2 := keys[j], limits[j]
-			admitted, err := m.Take(ctx, time.Unix(0, now), []Charge{{Key: k, Limit: l}, {Key: k2, Limit: l2}}, res[:])
+			admitted, err := m.Take(ctx, time.Unix(0, now), []bucket.Charge{{Key: k, Limit: l}, {Key: k2, Limit: l2}}, res[:])
 			if err != nil {
 				t.Fatal(err)
 			}
-			n1, r1 := Sliding(ref[k], now, l)
-			n2, r2 := Sliding(ref[k2], now, l2)
+			n1, r1 := bucket.Sliding(ref[k], now, l)
+			n2, r2 := bucket.Sliding(ref[k2], now, l2)
 			if noToken(res[0]) != r1 || noToken(res[1]) != r2 || admitted != (r1.Allowed && r2.Allowed) {
 				t.Fatalf("step %d group: got %v %+v %+v, want %+v %+v", step, admitted, res[0], res[1], r1, r2)
 			}
@@ -71,10 +73,10 @@ func TestMemorySlidingManyKeys(t *testing.T) {
 				ref[k], ref[k2] = n1, n2
 			}
 		} else {
-			if _, err := m.Take(ctx, time.Unix(0, now), []Charge{{Key: k, Limit: l}}, res[:1]); err != nil {
+			if _, err := m.Take(ctx, time.Unix(0, now), []bucket.Charge{{Key: k, Limit: l}}, res[:1]); err != nil {
 				t.Fatal(err)
 			}
-			next, r := Sliding(ref[k], now, l)
+			next, r := bucket.Sliding(ref[k], now, l)
 			if noToken(res[0]) != r {
 				t.Fatalf("step %d key %d (%+v at %d): got %+v, want %+v", step, i, l, now, res[0], r)
 			}

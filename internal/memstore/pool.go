@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"math/bits"
@@ -13,7 +13,7 @@ import (
 // keys all sit at their limit fills its own share of each shard and no more: the others' shares
 // stay free for their new keys. A new key of a pool whose share of its shard is full (after its
 // idle keys are forgotten and its least used evicted, never one at its limit) is judged in the
-// store's count-min sketch instead (memory_sketch.go): at its own limit, refused early only when
+// store's count-min sketch instead (sketch.go): at its own limit, refused early only when
 // every cell it hashes to was charged by other keys. A key at its limit is never reset; memory
 // stays within MaxKeys entries plus the sketch's fixed size.
 
@@ -43,17 +43,17 @@ type pools struct {
 // among fewer pools. The server calls it with every policy and RLS domain at startup and on
 // reload; pools are never forgotten (a reload that removes a policy keeps its share until the
 // process restarts). Safe for concurrent use.
-func (m *Memory) SetPools(names ...string) {
+func (m *Store) SetPools(names ...string) {
 	for _, n := range names {
 		m.poolIndex(n)
 	}
 }
 
 // Pools returns how many pools the store knows.
-func (m *Memory) Pools() int { return int(m.pools.n.Load()) }
+func (m *Store) Pools() int { return int(m.pools.n.Load()) }
 
 // poolIndex returns the index of the pool name, registering it when new.
-func (m *Memory) poolIndex(name string) uint16 {
+func (m *Store) poolIndex(name string) uint16 {
 	m.pools.mu.RLock()
 	i, ok := m.pools.idx[name]
 	m.pools.mu.RUnlock()
@@ -82,7 +82,7 @@ func share(maxKeys, n int) int { return max(maxKeys/max(n, 1), 1) }
 // state to tell whether anything wrote since (the tat) and whether the entry is still the one
 // the charge was counted in (the generation: an entry evicted and created again may come back
 // to the same tat). Never 0, below sketchToken.
-func (m *Memory) gcraToken(meta uint64, tat int64) uint64 {
+func (m *Store) gcraToken(meta uint64, tat int64) uint64 {
 	hi, lo := bits.Mul64(metaGen(meta)^m.seed[2], uint64(tat)^m.seed[1])
 	t := (hi ^ lo) & tokenMask
 	if t == 0 {

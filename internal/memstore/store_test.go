@@ -1,4 +1,4 @@
-package bucket_test
+package memstore_test
 
 import (
 	"context"
@@ -11,17 +11,24 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket/buckettest"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 func TestMemoryConformance(t *testing.T) {
-	buckettest.Run(t, func(*testing.T) bucket.Store { return bucket.NewMemory(bucket.MemoryOptions{}) })
+	buckettest.Run(t, func(*testing.T) bucket.Store { return memstore.New(memstore.Options{}) })
 }
 
 // TestMemoryConformanceOneShard runs the suite with every key in one shard, so groups lock one
 // shard once.
 func TestMemoryConformanceOneShard(t *testing.T) {
-	buckettest.Run(t, func(*testing.T) bucket.Store { return bucket.NewMemory(bucket.MemoryOptions{Shards: 1}) })
+	buckettest.Run(t, func(*testing.T) bucket.Store { return memstore.New(memstore.Options{Shards: 1}) })
 }
+
+// t0 is the tests' first instant (a Unix second in 2023, so that no test starts at the epoch).
+var t0 = time.Unix(1_700_000_040, 0)
+
+func ms(n int) time.Duration  { return time.Duration(n) * time.Millisecond }
+func sec(n int) time.Duration { return time.Duration(n) * time.Second }
 
 // keyN returns a deterministic key whose first 8 bytes (the shard selector) are n.
 func keyN(n uint64) bucket.Key {
@@ -31,7 +38,7 @@ func keyN(n uint64) bucket.Key {
 	return k
 }
 
-func takeAt(t *testing.T, m *bucket.Memory, now time.Time, cs ...bucket.Charge) (bool, []bucket.Result) {
+func takeAt(t *testing.T, m *memstore.Store, now time.Time, cs ...bucket.Charge) (bool, []bucket.Result) {
 	t.Helper()
 	r := make([]bucket.Result, len(cs))
 	ok, err := m.Take(context.Background(), now, cs, r)
@@ -44,7 +51,7 @@ func takeAt(t *testing.T, m *bucket.Memory, now time.Time, cs ...bucket.Charge) 
 var tokenOne = bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1}
 
 func TestMemoryTakeErrors(t *testing.T) {
-	m := bucket.NewMemory(bucket.MemoryOptions{})
+	m := memstore.New(memstore.Options{})
 	ok := bucket.Charge{Key: keyN(1), Limit: tokenOne}
 	for _, tc := range []struct {
 		name    string
@@ -66,7 +73,7 @@ func TestMemoryTakeErrors(t *testing.T) {
 
 // TestMemorySameKeyTwiceInGroup: two charges on one key in a group spend two requests.
 func TestMemorySameKeyTwiceInGroup(t *testing.T) {
-	m := bucket.NewMemory(bucket.MemoryOptions{})
+	m := memstore.New(memstore.Options{})
 	two := bucket.Charge{Key: keyN(1), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}}
 	admitted, r := takeAt(t, m, t0, two, two)
 	if !admitted || r[0].Remaining != 1 || r[1].Remaining != 0 {
@@ -86,7 +93,7 @@ func TestMemorySameKeyTwiceInGroup(t *testing.T) {
 
 // TestMemoryLargeGroup covers groups beyond the stack buffers.
 func TestMemoryLargeGroup(t *testing.T) {
-	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 4})
+	m := memstore.New(memstore.Options{Shards: 4})
 	group := make([]bucket.Charge, 20)
 	for i := range group {
 		group[i] = bucket.Charge{Key: keyN(uint64(i)), Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 2, Window: time.Second}}
@@ -107,7 +114,7 @@ func TestMemoryLargeGroup(t *testing.T) {
 // TestMemoryForgetsIdleKeys: keys whose state equals a fresh key's are swept as new keys arrive,
 // and the cap evicts none of them.
 func TestMemoryForgetsIdleKeys(t *testing.T) {
-	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: 1000})
+	m := memstore.New(memstore.Options{Shards: 1, MaxKeys: 1000})
 	limits := []bucket.Limit{
 		tokenOne,
 		{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: 3},
@@ -137,7 +144,7 @@ func TestMemoryForgetsIdleKeys(t *testing.T) {
 // shard ends one key over its cap.
 func TestMemoryCapHoldsWithinAGroup(t *testing.T) {
 	const maxKeys = 16
-	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: maxKeys})
+	m := memstore.New(memstore.Options{Shards: 1, MaxKeys: maxKeys})
 	slow := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1e-6, Burst: 2} // live for days, not at its limit
 	fast := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1000, Burst: 1} // idle after 1ms
 	idle := keyN(1000)
@@ -161,7 +168,7 @@ func TestMemoryCapHoldsWithinAGroup(t *testing.T) {
 
 func TestMemoryCapEvictsLiveKeys(t *testing.T) {
 	const maxKeys, keys = 160, 1000
-	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: maxKeys})
+	m := memstore.New(memstore.Options{Shards: 1, MaxKeys: maxKeys})
 	two := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2} // one request leaves room for one more
 	for i := range uint64(keys) {
 		if admitted, _ := takeAt(t, m, t0, bucket.Charge{Key: keyN(i), Limit: two}); !admitted {
@@ -187,7 +194,7 @@ func TestMemoryCapEvictsLiveKeys(t *testing.T) {
 // exactly the admitted groups that charged it.
 func TestMemoryGroupsDoNotDeadlock(t *testing.T) {
 	const keys, burst, goroutines, each = 6, 40, 8, 200
-	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 4})
+	m := memstore.New(memstore.Options{Shards: 4})
 	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: burst}
 	var (
 		mu   sync.Mutex
@@ -242,7 +249,7 @@ var (
 )
 
 // insertKeys takes one request of l for each key at one instant, so all stay live.
-func insertKeys(tb testing.TB, m *bucket.Memory, keys []bucket.Key, l bucket.Limit) {
+func insertKeys(tb testing.TB, m *memstore.Store, keys []bucket.Key, l bucket.Limit) {
 	charge := []bucket.Charge{{Limit: l}}
 	var r [1]bucket.Result
 	for _, k := range keys {
@@ -269,7 +276,7 @@ func heapBytesPerKey(tb testing.TB, keys []bucket.Key, l bucket.Limit) float64 {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: 2 * len(keys)})
+	m := memstore.New(memstore.Options{MaxKeys: 2 * len(keys)})
 	insertKeys(tb, m, keys, l)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
@@ -295,7 +302,7 @@ func TestMemoryBytesPerKey(t *testing.T) {
 // TestMemoryDecidesPastTheDeadline: an overloaded process may reach Take after the decision's
 // deadline; the memory store still decides (and spends), so overload never means "no limits".
 func TestMemoryDecidesPastTheDeadline(t *testing.T) {
-	m := bucket.NewMemory(bucket.MemoryOptions{})
+	m := memstore.New(memstore.Options{})
 	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
 	defer cancel()
 	c := []bucket.Charge{{Key: buckettest.NewKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 1}}}
@@ -309,5 +316,5 @@ func TestMemoryDecidesPastTheDeadline(t *testing.T) {
 }
 
 func TestMemoryReleaseConformance(t *testing.T) {
-	buckettest.RunRelease(t, func(*testing.T) bucket.Releaser { return bucket.NewMemory(bucket.MemoryOptions{}) })
+	buckettest.RunRelease(t, func(*testing.T) bucket.Releaser { return memstore.New(memstore.Options{}) })
 }

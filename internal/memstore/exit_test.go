@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // Issue 32 item 5: every way an entry leaves the memory store gives its place in its pool's
@@ -17,7 +19,7 @@ import (
 
 // checkPoolCounts reports a shard whose count of a pool's keys differs from the entries of that
 // pool it holds.
-func checkPoolCounts(t *testing.T, m *Memory) {
+func checkPoolCounts(t *testing.T, m *Store) {
 	t.Helper()
 	for s := range m.shards {
 		sh := &m.shards[s]
@@ -48,27 +50,27 @@ func checkPoolCounts(t *testing.T, m *Memory) {
 // exitStore is a store of max_keys 2,000 with two pools, a random key source and a take helper.
 type exitStore struct {
 	t   *testing.T
-	m   *Memory
+	m   *Store
 	rng *rand.Rand
 	now time.Time
 }
 
 func newExitStore(t *testing.T) *exitStore {
-	m := NewMemory(MemoryOptions{MaxKeys: 2000})
+	m := New(Options{MaxKeys: 2000})
 	m.SetPools("api", "other")
 	return &exitStore{t: t, m: m, rng: rand.New(rand.NewPCG(32, 5)), now: time.Unix(0, t0ns)}
 }
 
-func (s *exitStore) key() Key {
-	var k Key
+func (s *exitStore) key() bucket.Key {
+	var k bucket.Key
 	binary.LittleEndian.PutUint64(k[:8], s.rng.Uint64())
 	binary.LittleEndian.PutUint64(k[8:], s.rng.Uint64())
 	return k
 }
 
-func (s *exitStore) take(cs ...Charge) (bool, []Result) {
+func (s *exitStore) take(cs ...bucket.Charge) (bool, []bucket.Result) {
 	s.t.Helper()
-	r := make([]Result, len(cs))
+	r := make([]bucket.Result, len(cs))
 	ok, err := s.m.Take(context.Background(), s.now, cs, r)
 	if err != nil {
 		s.t.Fatal(err)
@@ -76,7 +78,7 @@ func (s *exitStore) take(cs ...Charge) (bool, []Result) {
 	return ok, r
 }
 
-func (s *exitStore) stored(c Charge) bool {
+func (s *exitStore) stored(c bucket.Charge) bool {
 	sh := &s.m.shards[s.m.shardOf(c.Key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -89,10 +91,10 @@ func (s *exitStore) stored(c Charge) bool {
 func (s *exitStore) newClientsOwnBuckets(exit string) {
 	s.t.Helper()
 	checkPoolCounts(s.t, s.m)
-	once := Limit{Algorithm: Quota, Count: 1, Period: Day}
+	once := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}
 	own := 0
 	for range 20 {
-		c := Charge{Key: s.key(), Limit: once, Pool: "api"}
+		c := bucket.Charge{Key: s.key(), Limit: once, Pool: "api"}
 		if ok, r := s.take(c); ok && r[0].Token&sketchToken == 0 && s.stored(c) {
 			own++
 		}
@@ -109,16 +111,16 @@ func (s *exitStore) newClientsOwnBuckets(exit string) {
 // (0 of 20 stored in their own entries; the shards' counts above their entries).
 func TestMemoryResetGivesPoolPlaceBack(t *testing.T) {
 	s := newExitStore(t)
-	once := Limit{Algorithm: Quota, Count: 1, Period: Day}
-	kinds := []Limit{once,
-		{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: 1},
-		{Algorithm: SlidingWindow, Count: 1, Window: 24 * time.Hour},
-		{Algorithm: SlidingWindow, Count: 70_000, Window: 24 * time.Hour}, // kept wide
-		{Algorithm: Concurrency, Count: 1},
+	once := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}
+	kinds := []bucket.Limit{once,
+		{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 1},
+		{Algorithm: bucket.SlidingWindow, Count: 1, Window: 24 * time.Hour},
+		{Algorithm: bucket.SlidingWindow, Count: 70_000, Window: 24 * time.Hour}, // kept wide
+		{Algorithm: bucket.Concurrency, Count: 1},
 	}
 	refused := 0
 	for i := range 3000 {
-		c := Charge{Key: s.key(), Limit: kinds[i%len(kinds)], Pool: "api"}
+		c := bucket.Charge{Key: s.key(), Limit: kinds[i%len(kinds)], Pool: "api"}
 		s.now = s.now.Add(time.Millisecond)
 		if ok, _ := s.take(c); !ok {
 			refused++
@@ -142,16 +144,16 @@ func TestMemoryResetGivesPoolPlaceBack(t *testing.T) {
 // leave, and the next new key of the pool is stored at once. Failed first on main (the pool
 // read full until a key's own limit ended, a day later).
 func TestMemoryResetOfFullPoolLetsNewKeysIn(t *testing.T) {
-	m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: 64})
+	m := New(Options{Shards: 1, MaxKeys: 64})
 	m.SetPools("api", "other")
-	once := Limit{Algorithm: Quota, Count: 1, Period: Day}
+	once := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}
 	now := time.Unix(0, t0ns)
 	ctx := context.Background()
-	var held []Charge
+	var held []bucket.Charge
 	for i := range 40 { // the share of 32 and 8 judged in the sketch
-		c := Charge{Key: Key{byte(i), byte(i >> 8), 1}, Limit: once, Pool: "api"}
-		var r [1]Result
-		if _, err := m.Take(ctx, now, []Charge{c}, r[:]); err != nil {
+		c := bucket.Charge{Key: bucket.Key{byte(i), byte(i >> 8), 1}, Limit: once, Pool: "api"}
+		var r [1]bucket.Result
+		if _, err := m.Take(ctx, now, []bucket.Charge{c}, r[:]); err != nil {
 			t.Fatal(err)
 		}
 		if r[0].Allowed && r[0].Token&sketchToken == 0 {
@@ -164,9 +166,9 @@ func TestMemoryResetOfFullPoolLetsNewKeysIn(t *testing.T) {
 	if err := m.Reset(ctx, now, held[0]); err != nil {
 		t.Fatal(err)
 	}
-	c := Charge{Key: Key{9, 9, 9}, Limit: once, Pool: "api"}
-	var r [1]Result
-	if _, err := m.Take(ctx, now, []Charge{c}, r[:]); err != nil {
+	c := bucket.Charge{Key: bucket.Key{9, 9, 9}, Limit: once, Pool: "api"}
+	var r [1]bucket.Result
+	if _, err := m.Take(ctx, now, []bucket.Charge{c}, r[:]); err != nil {
 		t.Fatal(err)
 	}
 	sh := &m.shards[0]
@@ -188,10 +190,10 @@ func TestMemoryExitsGivePoolPlacesBack(t *testing.T) {
 	// millisecond) are forgotten by the next sweep. Mutant: no forget in sweepOf's first pass.
 	t.Run("idle", func(t *testing.T) {
 		s := newExitStore(t)
-		fast := Limit{Algorithm: TokenBucket, Rate: 1000, Burst: 1}
+		fast := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1000, Burst: 1}
 		for range 3000 {
 			s.now = s.now.Add(10 * time.Millisecond)
-			s.take(Charge{Key: s.key(), Limit: fast, Pool: "api"})
+			s.take(bucket.Charge{Key: s.key(), Limit: fast, Pool: "api"})
 		}
 		if e := s.m.Evictions(); e.Idle == 0 {
 			t.Fatalf("got %+v, want idle keys forgotten", e)
@@ -202,9 +204,9 @@ func TestMemoryExitsGivePoolPlacesBack(t *testing.T) {
 	// forget in sweepOf's evict.
 	t.Run("least_used", func(t *testing.T) {
 		s := newExitStore(t)
-		roomy := Limit{Algorithm: FixedWindow, Count: 100, Window: time.Hour}
+		roomy := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 100, Window: time.Hour}
 		for range 3000 {
-			s.take(Charge{Key: s.key(), Limit: roomy, Pool: "api"})
+			s.take(bucket.Charge{Key: s.key(), Limit: roomy, Pool: "api"})
 		}
 		if e := s.m.Evictions(); e.LeastUsed == 0 {
 			t.Fatalf("got %+v, want least-used evictions", e)
@@ -216,11 +218,11 @@ func TestMemoryExitsGivePoolPlacesBack(t *testing.T) {
 	// back. Mutant: no forget of the unused reservations at the end of Take.
 	t.Run("group_not_stored", func(t *testing.T) {
 		s := newExitStore(t)
-		victim := Charge{Key: s.key(), Limit: Limit{Algorithm: Quota, Count: 1, Period: Day}, Pool: "other"}
+		victim := bucket.Charge{Key: s.key(), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}, Pool: "other"}
 		s.take(victim) // now at its limit: every group with it is refused
-		once := Limit{Algorithm: Quota, Count: 1, Period: Day}
+		once := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}
 		for i := range 3000 {
-			if ok, _ := s.take(Charge{Key: s.key(), Limit: once, Pool: "api"}, victim); ok {
+			if ok, _ := s.take(bucket.Charge{Key: s.key(), Limit: once, Pool: "api"}, victim); ok {
 				t.Fatalf("group %d admitted beside a key at its limit", i)
 			}
 		}
@@ -231,11 +233,11 @@ func TestMemoryExitsGivePoolPlacesBack(t *testing.T) {
 	// moved into the wide map as a new entry.
 	t.Run("sliding_moves", func(t *testing.T) {
 		s := newExitStore(t)
-		small := Limit{Algorithm: SlidingWindow, Count: 5, Window: time.Hour}
-		big := Limit{Algorithm: SlidingWindow, Count: 70_000, Window: time.Hour}
+		small := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 5, Window: time.Hour}
+		big := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 70_000, Window: time.Hour}
 		for range 600 {
-			c := Charge{Key: s.key(), Limit: small, Pool: "api"}
-			for _, l := range []Limit{small, big, small, big, small} {
+			c := bucket.Charge{Key: s.key(), Limit: small, Pool: "api"}
+			for _, l := range []bucket.Limit{small, big, small, big, small} {
 				c.Limit = l
 				s.take(c)
 			}

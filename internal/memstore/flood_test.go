@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"context"
@@ -6,19 +6,21 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // floodVictims are keys at their limit, one per algorithm, that a flood must not reset.
 var floodVictims = []struct {
 	name  string
-	limit Limit
+	limit bucket.Limit
 	takes int // takes that bring a fresh key to its limit
 }{
-	{"quota", Limit{Algorithm: Quota, Count: 5, Period: Day}, 5},
-	{"token_bucket", Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: 3}, 3},
-	{"fixed_window", Limit{Algorithm: FixedWindow, Count: 3, Window: time.Hour}, 3},
-	{"sliding_window", Limit{Algorithm: SlidingWindow, Count: 3, Window: time.Hour}, 3},
-	{"concurrency", Limit{Algorithm: Concurrency, Count: 2}, 2},
+	{"quota", bucket.Limit{Algorithm: bucket.Quota, Count: 5, Period: bucket.Day}, 5},
+	{"token_bucket", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 3}, 3},
+	{"fixed_window", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 3, Window: time.Hour}, 3},
+	{"sliding_window", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 3, Window: time.Hour}, 3},
+	{"concurrency", bucket.Limit{Algorithm: bucket.Concurrency, Count: 2}, 2},
 }
 
 // TestMemoryFloodKeepsExhaustedKeys is issue 18's flood on the store: max_keys 2,000; victims at
@@ -31,24 +33,24 @@ var floodVictims = []struct {
 func TestMemoryFloodKeepsExhaustedKeys(t *testing.T) {
 	const maxKeys = 2000
 	ctx := context.Background()
-	m := NewMemory(MemoryOptions{MaxKeys: maxKeys})
+	m := New(Options{MaxKeys: maxKeys})
 	rng := rand.New(rand.NewPCG(18, 3))
-	newKey := func() Key {
-		var k Key
+	newKey := func() bucket.Key {
+		var k bucket.Key
 		binary.LittleEndian.PutUint64(k[:8], rng.Uint64())
 		binary.LittleEndian.PutUint64(k[8:], rng.Uint64())
 		return k
 	}
 	now := t0ns
-	take := func(k Key, l Limit) bool {
-		var r [1]Result
-		ok, err := m.Take(ctx, time.Unix(0, now), []Charge{{Key: k, Limit: l}}, r[:])
+	take := func(k bucket.Key, l bucket.Limit) bool {
+		var r [1]bucket.Result
+		ok, err := m.Take(ctx, time.Unix(0, now), []bucket.Charge{{Key: k, Limit: l}}, r[:])
 		if err != nil {
 			t.Fatal(err)
 		}
 		return ok
 	}
-	victims := make([]Key, len(floodVictims))
+	victims := make([]bucket.Key, len(floodVictims))
 	for i, v := range floodVictims {
 		victims[i] = newKey()
 		for j := range v.takes {
@@ -62,16 +64,16 @@ func TestMemoryFloodKeepsExhaustedKeys(t *testing.T) {
 	}
 	// Keys crafted for the quota victim's shard under the old choice.
 	oldShard := binary.LittleEndian.Uint64(victims[0][:8]) & m.mask
-	crafted := make([]Key, 0, 4000)
+	crafted := make([]bucket.Key, 0, 4000)
 	for len(crafted) < cap(crafted) {
 		if k := newKey(); binary.LittleEndian.Uint64(k[:8])&m.mask == oldShard {
 			crafted = append(crafted, k)
 		}
 	}
-	roomy := Limit{Algorithm: Quota, Count: 5, Period: Day}      // one request leaves four
-	exhausting := Limit{Algorithm: Quota, Count: 1, Period: Day} // one request is the limit
-	for _, l := range []Limit{roomy, exhausting} {
-		flood := append([]Key(nil), crafted...)
+	roomy := bucket.Limit{Algorithm: bucket.Quota, Count: 5, Period: bucket.Day}      // one request leaves four
+	exhausting := bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day} // one request is the limit
+	for _, l := range []bucket.Limit{roomy, exhausting} {
+		flood := append([]bucket.Key(nil), crafted...)
 		for range 20 * maxKeys {
 			flood = append(flood, newKey())
 		}
@@ -102,13 +104,13 @@ func TestMemoryFloodKeepsExhaustedKeys(t *testing.T) {
 // shard the store once picked from them) spread over the shards like random keys, and two
 // stores place the same key independently.
 func TestMemoryShardChoiceIsKeyed(t *testing.T) {
-	m := NewMemory(MemoryOptions{MaxKeys: 2000})
+	m := New(Options{MaxKeys: 2000})
 	shards := len(m.shards)
 	rng := rand.New(rand.NewPCG(18, 4))
 	const n = 4000
 	var count = make([]int, shards)
 	for i := 0; i < n; {
-		var k Key
+		var k bucket.Key
 		binary.LittleEndian.PutUint64(k[:8], rng.Uint64())
 		binary.LittleEndian.PutUint64(k[8:], rng.Uint64())
 		if binary.LittleEndian.Uint64(k[:8])&m.mask != 0 {
@@ -126,10 +128,10 @@ func TestMemoryShardChoiceIsKeyed(t *testing.T) {
 	if limit := 3 * n / shards; top > limit {
 		t.Errorf("crafted keys: the fullest shard got %d of %d, want at most %d (%d shards, uniform %d)", top, n, limit, shards, n/shards)
 	}
-	other := NewMemory(MemoryOptions{MaxKeys: 2000})
+	other := New(Options{MaxKeys: 2000})
 	same := 0
 	for i := range 1000 {
-		k := Key{byte(i), byte(i >> 8)}
+		k := bucket.Key{byte(i), byte(i >> 8)}
 		if m.shardOf(k) == other.shardOf(k) {
 			same++
 		}
@@ -145,28 +147,28 @@ func TestMemoryShardChoiceIsKeyed(t *testing.T) {
 func TestMemoryEvictionOrder(t *testing.T) {
 	const maxKeys = 32
 	ctx := context.Background()
-	m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: maxKeys})
+	m := New(Options{Shards: 1, MaxKeys: maxKeys})
 	sh := &m.shards[0]
-	hour := Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600}
+	hour := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600}
 	atLimit, half, light := hour, hour, hour
 	atLimit.Burst, half.Burst, light.Burst = 2, 4, 16
-	fast := Limit{Algorithm: TokenBucket, Rate: 1000, Burst: 2} // idle a millisecond later
+	fast := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1000, Burst: 2} // idle a millisecond later
 	now := time.Unix(0, t0ns)
-	take := func(k Key, l Limit, n int) Result {
+	take := func(k bucket.Key, l bucket.Limit, n int) bucket.Result {
 		t.Helper()
-		var r [1]Result
+		var r [1]bucket.Result
 		for range n {
-			if _, err := m.Take(ctx, now, []Charge{{Key: k, Limit: l}}, r[:]); err != nil {
+			if _, err := m.Take(ctx, now, []bucket.Charge{{Key: k, Limit: l}}, r[:]); err != nil {
 				t.Fatal(err)
 			}
 		}
 		return r[0]
 	}
-	key := func(group, i int) Key { return Key{byte(group), byte(i)} }
-	stored := func(k Key, l Limit) bool {
+	key := func(group, i int) bucket.Key { return bucket.Key{byte(group), byte(i)} }
+	stored := func(k bucket.Key, l bucket.Limit) bool {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		return sh.has(&Charge{Key: k, Limit: l})
+		return sh.has(&bucket.Charge{Key: k, Limit: l})
 	}
 	for i := range 8 {
 		take(key(1, i), atLimit, 2)
@@ -205,7 +207,7 @@ func TestMemoryEvictionOrder(t *testing.T) {
 	// A flood of keys that each reach their limit with one request: the shard ends full of
 	// keys at their limit (the half-used ones are evicted on the way), and the rest are judged
 	// in the sketch, each at its own limit.
-	exhausted := Limit{Algorithm: TokenBucket, Rate: 1.0 / 3600, Burst: 1}
+	exhausted := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 1}
 	for i := range 200 {
 		take(key(6, i), exhausted, 1)
 	}
@@ -214,8 +216,8 @@ func TestMemoryEvictionOrder(t *testing.T) {
 	}
 	// A shadow charge that needs a new key is judged in the sketch and not stored.
 	before, overflowed := m.Evictions(), m.Overflowed()
-	var sr [1]Result
-	if ok, err := m.Take(ctx, now, []Charge{{Key: key(7, 1), Limit: light, Shadow: true}}, sr[:]); err != nil || !ok || !sr[0].Allowed {
+	var sr [1]bucket.Result
+	if ok, err := m.Take(ctx, now, []bucket.Charge{{Key: key(7, 1), Limit: light, Shadow: true}}, sr[:]); err != nil || !ok || !sr[0].Allowed {
 		t.Errorf("shadow charge for a new key in a full shard: got admitted=%v %+v %v, want admitted by the sketch", ok, sr[0], err)
 	}
 	if stored(key(7, 1), light) || m.Overflowed() != overflowed {
@@ -232,7 +234,7 @@ func TestMemoryEvictionOrder(t *testing.T) {
 		}
 	}
 	admitted, judged := 1, 21
-	var r Result
+	var r bucket.Result
 	for r = take(key(8, 0), light, 1); r.Allowed; r = take(key(8, 0), light, 1) {
 		admitted, judged = admitted+1, judged+1
 		if admitted > 16 {

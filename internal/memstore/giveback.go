@@ -1,8 +1,10 @@
-package bucket
+package memstore
 
 import (
 	"context"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // Release implements Releaser: each charge is given back under its shard's lock (see
@@ -13,7 +15,7 @@ import (
 //
 // A rejected group needs no give-back here: Take evaluates a whole group under the locks of all
 // its shards and commits nothing unless the group is admitted.
-func (m *Memory) Release(_ context.Context, _ time.Time, taken []Taken) error {
+func (m *Store) Release(_ context.Context, _ time.Time, taken []bucket.Taken) error {
 	for i := range taken {
 		tk := &taken[i]
 		if tk.Token&sketchToken != 0 {
@@ -24,7 +26,7 @@ func (m *Memory) Release(_ context.Context, _ time.Time, taken []Taken) error {
 		sh.mu.Lock()
 		// A concurrency slot, the release of every request under a concurrency limit, is
 		// given back here; refunds (charge_on, rarer and heavier) go through release.
-		if tk.Charge.Limit.Algorithm == Concurrency {
+		if tk.Charge.Limit.Algorithm == bucket.Concurrency {
 			sh.releaseSlot(&tk.Charge.Key, tk.Token)
 		} else {
 			m.release(&sh.shard, tk)
@@ -41,12 +43,12 @@ func (m *Memory) Release(_ context.Context, _ time.Time, taken []Taken) error {
 // releaseSlot frees one concurrency slot of k, taken in the entry whose generation token
 // names: a slot of an entry since evicted (and perhaps created again) is not taken from the new
 // one's count. The caller holds sh.mu.
-func (sh *shard) releaseSlot(k *Key, token uint64) {
+func (sh *shard) releaseSlot(k *bucket.Key, token uint64) {
 	if i, ok := sh.conc.find(k); ok && genToken(sh.conc.slots[i].st.meta) == token {
 		// A key with nothing in flight stays until the next sweep (it is idle then): a busy
 		// key is not deleted and inserted again on every request.
 		e := &sh.conc.slots[i].st
-		e.n = ConcurrentRelease(e.n-concStored) + concStored
+		e.n = bucket.ConcurrentRelease(e.n-concStored) + concStored
 	}
 }
 
@@ -55,29 +57,30 @@ func (sh *shard) releaseSlot(k *Key, token uint64) {
 // left), so a give-back after the entry was evicted and created again finds another generation
 // and gives nothing, where it once subtracted from a count it never added. The caller holds
 // sh.mu.
-func (m *Memory) release(sh *shard, tk *Taken) {
+func (m *Store) release(sh *shard, tk *bucket.Taken) {
 	c := &tk.Charge
 	switch c.Limit.Algorithm {
-	case TokenBucket:
+	case bucket.TokenBucket:
 		if i, ok := sh.gcra.find(&c.Key); ok {
 			if e := &sh.gcra.slots[i].st; m.gcraToken(e.meta, e.tat) == tk.Token {
-				e.tat, _ = GCRARefundN(e.tat, e.tat, c.Limit, c.N())
+				e.tat, _ = bucket.GCRARefundN(e.tat, e.tat, c.Limit, c.N())
 			}
 		}
-	case FixedWindow:
+	case bucket.FixedWindow:
 		if i, ok := sh.fixed.find(&c.Key); ok && genToken(sh.fixed.slots[i].st.meta) == tk.Token {
 			e := &sh.fixed.slots[i].st
-			e.FixedState, _ = FixedRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
+			e.FixedState, _ = bucket.FixedRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
 		}
-	case Quota:
+	case bucket.Quota:
 		if i, ok := sh.fixed.find(&c.Key); ok && genToken(sh.fixed.slots[i].st.meta) == tk.Token {
 			e := &sh.fixed.slots[i].st
-			e.FixedState, _ = QuotaRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
+			e.FixedState, _ = bucket.QuotaRefundN(e.FixedState, tk.At.UnixNano(), c.Limit, c.N())
 		}
-	case SlidingWindow:
-		st, meta, ok := sh.slidingState(c.Key)
-		if ok && genToken(meta) == tk.Token && st.refund(tk.At.UnixNano(), &c.Limit, c.N()) {
-			sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N(), meta)
+	case bucket.SlidingWindow:
+		if st, meta, ok := sh.slidingState(c.Key); ok && genToken(meta) == tk.Token {
+			if st, ok = bucket.SlidingRefundN(st, tk.At.UnixNano(), c.Limit, c.N()); ok {
+				sh.storeSliding(c.Key, &st, c.Limit.Count, c.Limit.Count-c.N(), meta)
+			}
 		}
 	}
 }

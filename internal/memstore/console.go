@@ -1,9 +1,11 @@
-package bucket
+package memstore
 
 import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // Peek returns a key's state at instant now without charging it: what an operator's console
@@ -13,19 +15,19 @@ import (
 // not) when it will, and Reset when the key is full again. c.Cost is ignored: the peek is for a
 // request of cost 1. A key the store does not hold is full, unless the sketch still counts it
 // (then it reads as the sketch would judge it). It never fails but for a canceled ctx.
-func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, error) {
+func (m *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucket.Result, error) {
 	if err := ctx.Err(); err != nil {
-		return Result{}, fmt.Errorf("bucket: memory peek: %w", err)
+		return bucket.Result{}, fmt.Errorf("memstore: peek: %w", err)
 	}
-	if a := c.Limit.Algorithm; a < TokenBucket || a > Quota {
-		return Result{}, fmt.Errorf("bucket: memory peek: unknown algorithm %d", a)
+	if a := c.Limit.Algorithm; a < bucket.TokenBucket || a > bucket.Quota {
+		return bucket.Result{}, fmt.Errorf("memstore: peek: unknown algorithm %d", a)
 	}
 	c.Cost = 1
 	ns := now.UnixNano()
 	sh := &m.shards[m.shardOf(c.Key)]
 	var (
 		p   pending
-		r   Result
+		r   bucket.Result
 		tat int64
 	)
 	sh.mu.Lock()
@@ -42,7 +44,7 @@ func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, err
 		}
 	}
 	sh.eval(&c, ns, &p, nil, &r)
-	if c.Limit.Algorithm == TokenBucket || c.Limit.Algorithm == LeakyBucket {
+	if c.Limit.Algorithm == bucket.TokenBucket || c.Limit.Algorithm == bucket.LeakyBucket {
 		e, _ := sh.gcra.get(&c.Key)
 		tat = e.tat
 	}
@@ -53,13 +55,13 @@ func (m *Memory) Peek(ctx context.Context, now time.Time, c Charge) (Result, err
 // state before it: an admitted charge's Remaining counted itself out, and a GCRA key's Reset is
 // its tat (the charge's would be one emission interval later). tat is the stored GCRA state, 0
 // for other algorithms.
-func peeked(c *Charge, r Result, tat, now int64) Result {
+func peeked(c *bucket.Charge, r bucket.Result, tat, now int64) bucket.Result {
 	r.Token, r.Wait = 0, 0
 	if r.Allowed {
 		r.Remaining++
 		r.RetryAfter = 0
 	}
-	if a := c.Limit.Algorithm; a == TokenBucket || a == LeakyBucket {
+	if a := c.Limit.Algorithm; a == bucket.TokenBucket || a == bucket.LeakyBucket {
 		r.Reset = time.Duration(max(tat-now, 0))
 	}
 	return r
@@ -70,12 +72,12 @@ func peeked(c *Charge, r Result, tat, now int64) Result {
 // flight under a concurrency limit at the reset give their slots back to nothing (the key starts
 // from zero): until they end, the key may have up to Count more in flight. A charge_on refund of
 // a charge taken before the reset is lost, which never makes the key roomier than full. A key
-// judged in the sketch (see memory_sketch.go) is not reset: its cells are shared with other
+// judged in the sketch (see sketch.go) is not reset: its cells are shared with other
 // keys, and lowering them could let those past their limits. It never fails but for a canceled
 // ctx.
-func (m *Memory) Reset(ctx context.Context, _ time.Time, c Charge) error {
+func (m *Store) Reset(ctx context.Context, _ time.Time, c bucket.Charge) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("bucket: memory reset: %w", err)
+		return fmt.Errorf("memstore: reset: %w", err)
 	}
 	sh := &m.shards[m.shardOf(c.Key)]
 	sh.mu.Lock()

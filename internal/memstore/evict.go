@@ -1,6 +1,10 @@
-package bucket
+package memstore
 
-import "math"
+import (
+	"math"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
 
 // Eviction: what the memory store forgets when a shard fills, and in which order.
 //
@@ -9,7 +13,7 @@ import "math"
 //     window, nothing in flight). Forgetting it changes nothing.
 //   - at its limit: its next request of the cost it was last charged would be rejected. Forgetting
 //     it would hand the client a fresh limit (a daily quota reset), so it is never evicted; when a
-//     full shard holds nothing else, new keys are judged in the sketch instead (memory_sketch.go).
+//     full shard holds nothing else, new keys are judged in the sketch instead (sketch.go).
 //   - in between: forgetting it forgives what the client has used. The least used go first: the
 //     smallest share of their room (the use at which the next request would be rejected).
 
@@ -70,27 +74,27 @@ func (e *wideEntry) rank(now int64) (int, int64) {
 // ringRank ranks a sliding window's ring (newest slot slot, width w): its use is the sum of the
 // slots a request at now counts, and a key at its limit stops being so when enough of the
 // oldest have left that the sum is within room.
-func ringRank[C counter](counts *[slidingRing]C, slot, w, room, now int64) (int, int64) {
+func ringRank[C bucket.SlidingCounter](counts *[bucket.SlidingRing]C, slot, w, room, now int64) (int, int64) {
 	if w <= 0 {
 		return rankIdle, 0
 	}
-	newest := max(floorDiv(now, w), slot) // a clock that stepped back still counts slot
+	newest := max(bucket.FloorDiv(now, w), slot) // a clock that stepped back still counts slot
 	var sum int64
-	for j := newest - SlidingSlots; j <= slot; j++ {
-		if j > slot-slidingRing {
-			sum += int64(counts[ring(j)])
+	for j := newest - bucket.SlidingSlots; j <= slot; j++ {
+		if j > slot-bucket.SlidingRing {
+			sum += int64(counts[bucket.SlidingIndex(j)])
 		}
 	}
 	if sum <= 0 || sum <= room {
 		return rankUse(sum, room, 0)
 	}
 	rest := sum
-	for j := newest - SlidingSlots; j <= slot; j++ {
-		if j > slot-slidingRing {
-			rest -= int64(counts[ring(j)])
+	for j := newest - bucket.SlidingSlots; j <= slot; j++ {
+		if j > slot-bucket.SlidingRing {
+			rest -= int64(counts[bucket.SlidingIndex(j)])
 		}
 		if rest <= room {
-			return rankAtLimit, (j + slidingRing) * w // slot j stops being counted then
+			return rankAtLimit, (j + bucket.SlidingRing) * w // slot j stops being counted then
 		}
 	}
 	return rankAtLimit, math.MaxInt64
@@ -102,9 +106,9 @@ type evictions struct {
 	live uint64 // live keys evicted at the cap, least used first, none at its limit
 }
 
-// MemoryEvictions counts what the memory store has forgotten or refused since it was created,
+// Evictions counts what the memory store has forgotten or refused since it was created,
 // by kind, for metrics.
-type MemoryEvictions struct {
+type Evictions struct {
 	// Idle keys were forgotten because their state equalled a fresh key's: nobody gained
 	// anything.
 	Idle uint64
@@ -118,8 +122,8 @@ type MemoryEvictions struct {
 }
 
 // Evictions returns the store's eviction counts.
-func (m *Memory) Evictions() MemoryEvictions {
-	var e MemoryEvictions
+func (m *Store) Evictions() Evictions {
+	var e Evictions
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
@@ -133,7 +137,7 @@ func (m *Memory) Evictions() MemoryEvictions {
 // Evicted returns the number of live keys evicted by the MaxKeys cap since creation
 // (Evictions().LeastUsed). Idle keys forgotten by sweeps are not counted: forgetting them
 // changes nothing.
-func (m *Memory) Evicted() uint64 { return m.Evictions().LeastUsed }
+func (m *Store) Evicted() uint64 { return m.Evictions().LeastUsed }
 
 // makeRoom makes room for one key the shard is about to add, sweeping when it has reached its
 // sweep size, and reports whether there is room. The caller holds sh.mu.
@@ -282,8 +286,8 @@ func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 }
 
 // rebuilt returns a copy of m sized for its current length.
-func rebuilt[V any](m map[Key]V) map[Key]V {
-	c := make(map[Key]V, len(m))
+func rebuilt[V any](m map[bucket.Key]V) map[bucket.Key]V {
+	c := make(map[bucket.Key]V, len(m))
 	for k, v := range m {
 		c[k] = v
 	}

@@ -1,9 +1,11 @@
-package bucket
+package memstore
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // The memory store's side of issue 32 item 1: a reset with 120 slots in flight at limit 150,
@@ -12,20 +14,20 @@ import (
 func TestMemoryResetWithSlotsInFlight(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	ctx := context.Background()
-	m := NewMemory(MemoryOptions{})
-	c := Charge{Key: Key{4, 5, 6}, Limit: Limit{Algorithm: Concurrency, Count: 150}}
-	fill := func(most int) []Taken {
-		var taken []Taken
-		res := make([]Result, 1)
+	m := New(Options{})
+	c := bucket.Charge{Key: bucket.Key{4, 5, 6}, Limit: bucket.Limit{Algorithm: bucket.Concurrency, Count: 150}}
+	fill := func(most int) []bucket.Taken {
+		var taken []bucket.Taken
+		res := make([]bucket.Result, 1)
 		for range most {
-			ok, err := m.Take(ctx, t0, []Charge{c}, res)
+			ok, err := m.Take(ctx, t0, []bucket.Charge{c}, res)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !ok {
 				break
 			}
-			taken = append(taken, Taken{Charge: c, At: t0, Token: res[0].Token})
+			taken = append(taken, bucket.Taken{Charge: c, At: t0, Token: res[0].Token})
 		}
 		return taken
 	}

@@ -1,6 +1,10 @@
-package bucket
+package memstore
 
-import "math"
+import (
+	"math"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+)
 
 // compactSliding is the memory store's form of a SlidingState: the same ring with 16-bit
 // counters and the slot width as a 16-bit tag, 32 bytes against 64, so that with its 16-byte Key
@@ -15,9 +19,9 @@ import "math"
 type compactSliding struct {
 	slot   int64  // SlidingState.Slot
 	gen    uint32 // the entry's meta (see gcraEntry), in what the struct's 8-byte alignment left
-	counts [slidingRing]uint16
+	counts [bucket.SlidingRing]uint16
 	tag    uint16 // widthTag of SlidingState.Width; 0 for a fresh key
-	room   uint16 // Count-cost of the key's last charge, for eviction (see memory_evict.go)
+	room   uint16 // Count-cost of the key's last charge, for eviction (see evict.go)
 	pool   uint16
 }
 
@@ -57,7 +61,7 @@ func (s *compactSliding) width() int64 {
 }
 
 // compactOf returns s in compact form, or false if a counter or the width does not fit.
-func compactOf(s *SlidingState) (compactSliding, bool) {
+func compactOf(s *bucket.SlidingState) (compactSliding, bool) {
 	tag, ok := widthTag(s.Width)
 	if !ok {
 		return compactSliding{}, false
@@ -73,8 +77,8 @@ func compactOf(s *SlidingState) (compactSliding, bool) {
 }
 
 // wide returns s as a SlidingState.
-func (s *compactSliding) wide() SlidingState {
-	w := SlidingState{Width: s.width(), Slot: s.slot}
+func (s *compactSliding) wide() bucket.SlidingState {
+	w := bucket.SlidingState{Width: s.width(), Slot: s.slot}
 	for i, n := range s.counts {
 		w.Counts[i] = uint32(n)
 	}

@@ -1,4 +1,4 @@
-package bucket_test
+package memstore_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 // TestMemoryConcurrencyMatchesModel holds the memory store's concurrency path (takeSlot for a
@@ -17,7 +18,7 @@ import (
 // as the model says; keys with slots in flight must survive every sweep.
 func TestMemoryConcurrencyMatchesModel(t *testing.T) {
 	ctx := context.Background()
-	m := bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: 10_000})
+	m := memstore.New(memstore.Options{Shards: 1, MaxKeys: 10_000})
 	rng := rand.New(rand.NewPCG(7, 12))
 	keys := randomKeys(300)
 	limit := func(k int) bucket.Limit {

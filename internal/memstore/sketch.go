@@ -1,4 +1,4 @@
-package bucket
+package memstore
 
 import (
 	"math"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // The sketch: where the memory store judges a new key that it cannot give an entry of its own
@@ -60,11 +62,11 @@ const (
 	sketchKinds
 )
 
-func kindOf(a Algorithm) sketchKind {
+func kindOf(a bucket.Algorithm) sketchKind {
 	switch a {
-	case TokenBucket, LeakyBucket:
+	case bucket.TokenBucket, bucket.LeakyBucket:
 		return sketchGCRA
-	case Concurrency:
+	case bucket.Concurrency:
 		return sketchSlots
 	}
 	return sketchCounted
@@ -115,7 +117,7 @@ func (s *sketch) Bytes() int { return sketchDepth * int(s.width) * 8 }
 // cellsOf writes the index of k's cell in each row. Kirsch and Mitzenmacher's double hashing
 // (h1 + i*h2) from a keyed 128-bit multiply, each reduced to the row's width by a multiply-shift
 // (no power of two needed): without the seed no one can choose keys that share cells.
-func (s *sketch) cellsOf(k *Key, pool uint16, idx *[sketchDepth]int) {
+func (s *sketch) cellsOf(k *bucket.Key, pool uint16, idx *[sketchDepth]int) {
 	hi, lo := bits.Mul64(leUint64(k[:8])^s.seed[0], leUint64(k[8:])^s.seed[1]^uint64(pool)<<48)
 	h1, h2 := hi^lo, (lo*s.seed[2])|1
 	for i := range idx {
@@ -174,7 +176,7 @@ type sketchState struct {
 
 // read returns c's state in the sketch at now (zero when the kind was never used). The caller
 // holds s.mu.
-func (s *sketch) read(c *Charge, pool uint16, now int64, idx *[sketchDepth]int) sketchState {
+func (s *sketch) read(c *bucket.Charge, pool uint16, now int64, idx *[sketchDepth]int) sketchState {
 	k := kindOf(c.Limit.Algorithm)
 	cells := s.cells[k]
 	if u := s.pools[sketchPool(k, pool)]; cells == nil || k == sketchSlots && u <= 0 || k != sketchSlots && u <= now {
@@ -199,7 +201,7 @@ func (s *sketch) read(c *Charge, pool uint16, now int64, idx *[sketchDepth]int) 
 }
 
 // fresh reports whether a state read for c equals a fresh key's.
-func (st *sketchState) fresh(c *Charge, now int64) bool {
+func (st *sketchState) fresh(c *bucket.Charge, now int64) bool {
 	if kindOf(c.Limit.Algorithm) == sketchGCRA {
 		return st.v <= now
 	}
@@ -209,17 +211,17 @@ func (st *sketchState) fresh(c *Charge, now int64) bool {
 // judge decides c at now on the state st (read from the sketch, or a pending charge of the same
 // group on the same key), writes the verdict into r and returns the state a taken request
 // leaves (a tat, the new count and its end, the new requests in flight), which commit writes.
-func judge(c *Charge, st sketchState, now int64, r *Result) sketchState {
+func judge(c *bucket.Charge, st sketchState, now int64, r *bucket.Result) sketchState {
 	l := &c.Limit
 	n := c.N()
 	switch l.Algorithm {
-	case TokenBucket, LeakyBucket:
-		tat, _ := gcraTo(st.v, now, l.Rate, l.Burst, l.Algorithm, n, r)
+	case bucket.TokenBucket, bucket.LeakyBucket:
+		tat, _ := bucket.GCRAInto(st.v, now, l.Rate, l.Burst, l.Algorithm, n, r)
 		return sketchState{v: tat}
-	case Concurrency:
+	case bucket.Concurrency:
 		var next sketchState
 		next.v = st.v
-		if concurrentTo(st.v, l.Count, r) {
+		if bucket.ConcurrentInto(st.v, l.Count, r) {
 			next.v++
 		}
 		return next
@@ -227,28 +229,28 @@ func judge(c *Charge, st sketchState, now int64, r *Result) sketchState {
 	// Counted: the requests counted so far, every one until st.end at the latest.
 	var end int64
 	switch l.Algorithm {
-	case FixedWindow:
-		w := windowSpan(l.Window)
-		end = floorDiv(now, w)*w + w
-	case Quota:
-		_, end = QuotaPeriod(now, *l)
+	case bucket.FixedWindow:
+		w := bucket.WindowSpan(l.Window)
+		end = bucket.FloorDiv(now, w)*w + w
+	case bucket.Quota:
+		_, end = bucket.QuotaPeriod(now, *l)
 	default: // SlidingWindow: a request in slot cur counts until slot cur+K+1 starts
-		w := slotWidth(l.Window)
-		end = (floorDiv(now, w) + slidingRing) * w
+		w := bucket.SlotWidth(l.Window)
+		end = (bucket.FloorDiv(now, w) + bucket.SlidingRing) * w
 	}
 	if st.v <= l.Count-n {
-		*r = Result{Allowed: true, Limit: l.Count, Remaining: l.Count - st.v - n, Reset: time.Duration(end - now)}
+		*r = bucket.Result{Allowed: true, Limit: l.Count, Remaining: l.Count - st.v - n, Reset: time.Duration(end - now)}
 		return sketchState{v: st.v + n, end: end}
 	}
 	wait := time.Duration(max(st.end-now, 0))
-	*r = Result{Limit: l.Count, Remaining: max(l.Count-st.v, 0), Reset: wait, RetryAfter: wait}
+	*r = bucket.Result{Limit: l.Count, Remaining: max(l.Count-st.v, 0), Reset: wait, RetryAfter: wait}
 	return st
 }
 
 // commit charges c's cells with next, the state judge returned for an admitted request: raises
 // each to at least next (conservative update), or, for slots, adds one to each. The caller
 // holds s.mu.
-func (s *sketch) commit(c *Charge, pool uint16, next sketchState, now int64) {
+func (s *sketch) commit(c *bucket.Charge, pool uint16, next sketchState, now int64) {
 	k := kindOf(c.Limit.Algorithm)
 	if s.cells[k] == nil {
 		s.cells[k] = make([]uint64, sketchDepth*s.width)
@@ -291,8 +293,8 @@ func (s *sketch) commit(c *Charge, pool uint16, next sketchState, now int64) {
 // release gives back a concurrency slot taken in the sketch: one from each of the key's cells.
 // A refund of any other kind gives nothing back: a cell may have been raised by other keys since,
 // and lowering it could let them past their limits. The caller holds s.mu.
-func (s *sketch) release(c *Charge, pool uint16) {
-	if c.Limit.Algorithm != Concurrency || s.cells[sketchSlots] == nil {
+func (s *sketch) release(c *bucket.Charge, pool uint16) {
+	if c.Limit.Algorithm != bucket.Concurrency || s.cells[sketchSlots] == nil {
 		return
 	}
 	var idx [sketchDepth]int
@@ -314,7 +316,7 @@ func (s *sketch) release(c *Charge, pool uint16) {
 // although it could be stored: the sketch does not read it as fresh (storing it fresh would
 // forget what its cells counted). The caller holds m.sk.mu, or holds it only if inSketch needs
 // it: see lockSketch.
-func (m *Memory) inSketch(c *Charge, now int64) bool {
+func (m *Store) inSketch(c *bucket.Charge, now int64) bool {
 	var idx [sketchDepth]int
 	st := m.sk.read(c, m.poolIndex(c.Pool), now, &idx)
 	return !st.fresh(c, now)
@@ -323,7 +325,7 @@ func (m *Memory) inSketch(c *Charge, now int64) bool {
 // judgeSketch decides c at now in the sketch (on prev, the state a pending charge of the same
 // group on the same key leaves, when not nil) and leaves the state to commit in p. The caller
 // holds m.sk.mu.
-func (m *Memory) judgeSketch(c *Charge, now int64, p *pending, prev *pending, r *Result) {
+func (m *Store) judgeSketch(c *bucket.Charge, now int64, p *pending, prev *pending, r *bucket.Result) {
 	if !c.Shadow {
 		m.sk.decided++
 	}
@@ -340,14 +342,14 @@ func (m *Memory) judgeSketch(c *Charge, now int64, p *pending, prev *pending, r 
 
 // commitSketch charges c's cells with p (judged by judgeSketch) and sets r's token. The caller
 // holds m.sk.mu.
-func (m *Memory) commitSketch(c *Charge, now int64, p *pending, r *Result) {
+func (m *Store) commitSketch(c *bucket.Charge, now int64, p *pending, r *bucket.Result) {
 	m.sk.commit(c, m.poolIndex(c.Pool), sketchState{v: p.tat, end: p.room}, now)
 	r.Token = sketchToken | 1
 }
 
 // takeSketch decides c, a new key its shard will not store, in the sketch, and charges it when it
 // conforms: the result replaces r. The caller holds the shard's lock.
-func (m *Memory) takeSketch(c *Charge, now int64, r *Result) {
+func (m *Store) takeSketch(c *bucket.Charge, now int64, r *bucket.Result) {
 	m.sk.mu.Lock()
 	defer m.sk.mu.Unlock()
 	var p pending
@@ -358,7 +360,7 @@ func (m *Memory) takeSketch(c *Charge, now int64, r *Result) {
 }
 
 // releaseSketch gives back a charge judged in the sketch (see sketch.release).
-func (m *Memory) releaseSketch(tk *Taken) {
+func (m *Store) releaseSketch(tk *bucket.Taken) {
 	m.sk.mu.Lock()
 	defer m.sk.mu.Unlock()
 	m.sk.release(&tk.Charge, m.poolIndex(tk.Charge.Pool))
@@ -367,7 +369,7 @@ func (m *Memory) releaseSketch(tk *Taken) {
 // Overflowed returns how many charges (shadow ones aside) were judged in the sketch, admitted or
 // not: new keys whose pool's share of their shard was full of keys it could not evict, and keys
 // the sketch still counted. For metrics (ratelimit_memory_overflow_total).
-func (m *Memory) Overflowed() uint64 {
+func (m *Store) Overflowed() uint64 {
 	m.sk.mu.Lock()
 	defer m.sk.mu.Unlock()
 	return m.sk.decided
@@ -375,7 +377,7 @@ func (m *Memory) Overflowed() uint64 {
 
 // SketchBytes returns the memory the sketch's cells take now (each kind's cells are allocated
 // the first time a key of that kind is charged in it), and at most (every kind allocated).
-func (m *Memory) SketchBytes() (now, most int) {
+func (m *Store) SketchBytes() (now, most int) {
 	m.sk.mu.Lock()
 	defer m.sk.mu.Unlock()
 	for _, c := range m.sk.cells {

@@ -1,4 +1,4 @@
-package bucket_test
+package memstore_test
 
 import (
 	"context"
@@ -11,10 +11,11 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 // The benchmarks pass an advancing instant (now.Add(step) per operation, per goroutine) instead
-// of reading the clock, for Memory and for the x/time/rate baseline alike. At 10µs per operation
+// of reading the clock, for the memory store and for the x/time/rate baseline alike. At 10µs per operation
 // a hot key is mostly over its limit, and each of 100k rotating keys has refilled by the time it
 // comes round again.
 const benchStep = 10 * time.Microsecond
@@ -47,8 +48,8 @@ func BenchmarkMemory(b *testing.B) {
 	for _, bl := range benchLimits {
 		for _, kc := range benchKeyCounts {
 			keys := randomKeys(kc.n)
-			newStore := func(b *testing.B) *bucket.Memory {
-				m := bucket.NewMemory(bucket.MemoryOptions{})
+			newStore := func(b *testing.B) *memstore.Store {
+				m := memstore.New(memstore.Options{})
 				var r [1]bucket.Result
 				for _, k := range keys {
 					if _, err := m.Take(ctx, t0, []bucket.Charge{{Key: k, Limit: bl.limit}}, r[:]); err != nil {
@@ -110,7 +111,7 @@ func BenchmarkMemory(b *testing.B) {
 func BenchmarkMemoryGroup3(b *testing.B) {
 	ctx := context.Background()
 	keys := randomKeys(100_000)
-	m := bucket.NewMemory(bucket.MemoryOptions{})
+	m := memstore.New(memstore.Options{})
 	charges := []bucket.Charge{{Limit: benchLimits[0].limit}, {Limit: benchLimits[2].limit}, {Limit: benchLimits[3].limit}}
 	var r [3]bucket.Result
 	now := t0
@@ -133,7 +134,7 @@ func BenchmarkMemoryBytesPerKey(b *testing.B) { benchBytesPerKey(b, tokenTen) }
 // state the store keeps in 32 bytes (a SlidingState's compact form) against a token bucket's 8.
 func BenchmarkMemorySlidingBytesPerKey(b *testing.B) { benchBytesPerKey(b, slidingTen) }
 
-// benchBytesPerKey reports the heap per key of a Memory holding 1M live keys of l.
+// benchBytesPerKey reports the heap per key of a memory store holding 1M live keys of l.
 func benchBytesPerKey(b *testing.B, l bucket.Limit) {
 	keys := randomKeys(1_000_000)
 	var sum float64

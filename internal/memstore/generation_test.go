@@ -1,9 +1,11 @@
-package bucket
+package memstore
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 // TestMemoryGiveBackAfterEviction is issue 23's memory-store case: a charge is taken on a key,
@@ -19,48 +21,48 @@ func TestMemoryGiveBackAfterEviction(t *testing.T) {
 	hour := time.Hour
 	cases := []struct {
 		name         string
-		limit        Limit
+		limit        bucket.Limit
 		costA, costB int64
 		// probe, taken right after the give-back, must be rejected: it fits only if the
 		// give-back wrongly came out of the new entry.
 		probe int64
 	}{
-		{"fixed_window", Limit{Algorithm: FixedWindow, Count: 10, Window: hour}, 1, 1, 10},
-		{"quota", Limit{Algorithm: Quota, Count: 10, Period: Day}, 1, 1, 10},
-		{"sliding_window", Limit{Algorithm: SlidingWindow, Count: 10, Window: hour}, 1, 1, 10},
+		{"fixed_window", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 10, Window: hour}, 1, 1, 10},
+		{"quota", bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Day}, 1, 1, 10},
+		{"sliding_window", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 10, Window: hour}, 1, 1, 10},
 		// T = 1s: A's cost 2 at t0 leaves tat t0+2s; B's cost 1 at t0+1s leaves the same tat.
-		{"token_bucket", Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10}, 2, 1, 10},
-		{"concurrency", Limit{Algorithm: Concurrency, Count: 2}, 1, 1, 2},
+		{"token_bucket", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 10}, 2, 1, 10},
+		{"concurrency", bucket.Limit{Algorithm: bucket.Concurrency, Count: 2}, 1, 1, 2},
 	}
-	filler := Limit{Algorithm: FixedWindow, Count: 10, Window: hour}
+	filler := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 10, Window: hour}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			m := NewMemory(MemoryOptions{Shards: 1, MaxKeys: maxKeys})
+			m := New(Options{Shards: 1, MaxKeys: maxKeys})
 			now := time.Unix(0, t0ns).Truncate(hour).Add(time.Minute)
-			take := func(k Key, l Limit, cost int64) Result {
+			take := func(k bucket.Key, l bucket.Limit, cost int64) bucket.Result {
 				t.Helper()
-				var r [1]Result
-				if _, err := m.Take(ctx, now, []Charge{{Key: k, Limit: l, Cost: cost, Refundable: true}}, r[:]); err != nil {
+				var r [1]bucket.Result
+				if _, err := m.Take(ctx, now, []bucket.Charge{{Key: k, Limit: l, Cost: cost, Refundable: true}}, r[:]); err != nil {
 					t.Fatal(err)
 				}
 				return r[0]
 			}
-			victim := Key{0xee}
+			victim := bucket.Key{0xee}
 			a := take(victim, tc.limit, tc.costA)
 			if !a.Allowed {
 				t.Fatalf("charge A: got %+v, want admitted", a)
 			}
-			taken := Taken{Charge: Charge{Key: victim, Limit: tc.limit, Cost: tc.costA, Refundable: true}, At: now, Token: a.Token}
+			taken := bucket.Taken{Charge: bucket.Charge{Key: victim, Limit: tc.limit, Cost: tc.costA, Refundable: true}, At: now, Token: a.Token}
 			// Fillers, each using half of its limit, fill the shard; the next one evicts the
 			// least used key: the victim.
 			for i := range maxKeys {
-				if r := take(Key{1, byte(i)}, filler, 5); !r.Allowed {
+				if r := take(bucket.Key{1, byte(i)}, filler, 5); !r.Allowed {
 					t.Fatalf("filler %d: got %+v, want admitted", i, r)
 				}
 			}
 			sh := &m.shards[0]
 			sh.mu.Lock()
-			evicted := !sh.has(&Charge{Key: victim, Limit: tc.limit})
+			evicted := !sh.has(&bucket.Charge{Key: victim, Limit: tc.limit})
 			sh.mu.Unlock()
 			if !evicted {
 				t.Fatalf("setup: the victim is still stored after %d fillers (%+v)", maxKeys, m.Evictions())
@@ -69,11 +71,11 @@ func TestMemoryGiveBackAfterEviction(t *testing.T) {
 			if b := take(victim, tc.limit, tc.costB); !b.Allowed {
 				t.Fatalf("charge B on the key created again: got %+v, want admitted", b)
 			}
-			if err := m.Release(ctx, now, []Taken{taken}); err != nil {
+			if err := m.Release(ctx, now, []bucket.Taken{taken}); err != nil {
 				t.Fatal(err)
 			}
 			probe := tc.probe
-			if tc.limit.Algorithm == Concurrency {
+			if tc.limit.Algorithm == bucket.Concurrency {
 				// B holds one of 2 slots: one more fits, a second must not.
 				if r := take(victim, tc.limit, 1); !r.Allowed {
 					t.Fatalf("the one free slot: got %+v, want admitted", r)

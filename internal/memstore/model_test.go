@@ -1,4 +1,4 @@
-package bucket_test
+package memstore_test
 
 import (
 	"context"
@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
-// refModel is a reference for Memory: plain maps of the pure functions' states and the
+// refModel is a reference for the memory store: plain maps of the pure functions' states and the
 // Store contract's group semantics written out naively.
 type refModel struct {
 	gcra    map[bucket.Key]int64
@@ -91,7 +92,7 @@ func (m *refModel) take(now int64, cs []bucket.Charge) (bool, []bucket.Result) {
 	return admitted, rs
 }
 
-// TestMemoryMatchesModel drives Memory and the reference with random groups (one to five
+// TestMemoryMatchesModel drives the memory store and the reference with random groups (one to five
 // charges, the same key twice, shadow charges, costs of 1 to 3, limits that change between
 // calls on one key: sliding Counts on both sides of 65535 and Windows with and without a width
 // tag; quotas, one of whose Berlin days ends during the run) at a clock
@@ -129,7 +130,7 @@ func TestMemoryMatchesModel(t *testing.T) {
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 77))
-			mem := bucket.NewMemory(bucket.MemoryOptions{Shards: 1})
+			mem := memstore.New(memstore.Options{Shards: 1})
 			model := &refModel{gcra: map[bucket.Key]int64{}, fixed: map[bucket.Key]bucket.FixedState{}, sliding: map[bucket.Key]bucket.SlidingState{}}
 			keys := make([]bucket.Key, 400)
 			for i := range keys {
@@ -205,7 +206,7 @@ func TestMemoryCapNeverExceeded(t *testing.T) {
 	for _, maxKeys := range []int{1, 7, 16, 100, 1000} {
 		t.Run(fmt.Sprint(maxKeys), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(maxKeys), 5))
-			mem := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: maxKeys, Shards: 4})
+			mem := memstore.New(memstore.Options{MaxKeys: maxKeys, Shards: 4})
 			ls := []bucket.Limit{
 				{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 5},
 				{Algorithm: bucket.FixedWindow, Count: 5, Window: time.Hour},
