@@ -289,6 +289,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 			s.log.Warn("redis: give-back of a refused group's parts failed; those keys stay charged (stricter)", zap.Error(err))
 		}
 	}
+	// Nothing of a refused group is the caller's to release.
+	for _, p := range parts {
+		for _, i := range p.committed {
+			results[i].Token = 0
+		}
+	}
 	if len(errs) > 0 {
 		return false, errors.Join(errs...)
 	}
