@@ -1,7 +1,9 @@
 package redisstore
 
 import (
+	"crypto/sha1" //nolint:gosec // the digest Redis names scripts by, not a security measure
 	"embed"
+	"fmt"
 	"strings"
 
 	"github.com/redis/rueidis"
@@ -31,9 +33,10 @@ func script(main string) string {
 }
 
 var (
-	takeScript  = rueidis.NewLuaScript(script("take.lua"))
+	takeSource  = script("take.lua")
+	takeSHA     = fmt.Sprintf("%x", sha1.Sum([]byte(takeSource)))
+	takeScript  = rueidis.NewLuaScript(takeSource)
 	giveScript  = rueidis.NewLuaScript(script("give.lua"))
-	waitScript  = rueidis.NewLuaScript(mustRead("wait.lua"))
 	adminScript = rueidis.NewLuaScript(mustRead("exempt.lua"))
 )
 

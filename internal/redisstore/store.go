@@ -353,7 +353,13 @@ func (s *Store) takeGroup(ctx context.Context, now int64, charges []bucket.Charg
 			return false, nil, err
 		}
 	}
-	reply, err := s.exec(ctx, takeScript, keys, args)
+	var reply []rueidis.RedisMessage
+	var err error
+	if s.wait > 0 {
+		reply, err = s.execWait(ctx, keys, args)
+	} else {
+		reply, err = s.exec(ctx, takeScript, keys, args)
+	}
 	if err != nil {
 		return false, nil, fmt.Errorf("redisstore: take: %w", err)
 	}
@@ -383,11 +389,6 @@ func (s *Store) takeGroup(ctx context.Context, now int64, charges []bucket.Charg
 			}
 		}
 	}
-	if admitted == 1 && s.wait > 0 && len(committed) > 0 {
-		if err := s.waitReplicas(ctx, keys[0]); err != nil {
-			return false, committed, err
-		}
-	}
 	return admitted == 1, committed, nil
 }
 
@@ -400,28 +401,39 @@ func (s *Store) exec(ctx context.Context, l *rueidis.Lua, keys, args []string) (
 	return l.Exec(ctx, c, keys, args).ToArray()
 }
 
-// waitReplicas waits until s.wait replicas have the connection's writes (WAIT), within ctx.
-// rueidis pipelines commands of many goroutines on one connection, so the WAIT covers the
-// writes sent before it on the node of key: this decision's among them.
-func (s *Store) waitReplicas(ctx context.Context, key string) error {
-	ms := int64(50)
-	if dl, ok := ctx.Deadline(); ok {
-		ms = max(time.Until(dl).Milliseconds(), 1)
-	}
-	// WAIT names no key: in cluster mode it must go to the node of key, which a read-only
-	// script on that key reaches.
+// execWait runs the take script followed by WAIT on the same connection (one pipeline: WAIT
+// counts the replicas that have this connection's writes, the script's included), within ctx.
+// A script whose writes no s.wait replicas confirmed in time fails the decision: its writes
+// stand on the primary (stricter), but its admission is not given, since a failover could lose it.
+func (s *Store) execWait(ctx context.Context, keys, args []string) ([]rueidis.RedisMessage, error) {
 	c, err := s.client()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	n, err := waitScript.Exec(ctx, c, []string{key}, []string{strconv.Itoa(s.wait), strconv.FormatInt(ms, 10)}).AsInt64()
+	ms := int64(50)
+	if dl, ok := ctx.Deadline(); ok {
+		ms = max(time.Until(dl).Milliseconds()-1, 1)
+	}
+	wait := c.B().Wait().Numreplicas(int64(s.wait)).Timeout(ms).Build()
+	run := c.B().Evalsha().Sha1(takeSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	res := c.DoMulti(ctx, run, wait)
+	if e, ok := rueidis.IsRedisErr(res[0].Error()); ok && e.IsNoScript() {
+		run = c.B().Eval().Script(takeSource).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+		wait = c.B().Wait().Numreplicas(int64(s.wait)).Timeout(ms).Build()
+		res = c.DoMulti(ctx, run, wait)
+	}
+	reply, err := res[0].ToArray()
 	if err != nil {
-		return fmt.Errorf("redisstore: wait: %w", err)
+		return nil, err
+	}
+	n, err := res[1].AsInt64()
+	if err != nil {
+		return nil, fmt.Errorf("wait: %w", err)
 	}
 	if n < int64(s.wait) {
-		return fmt.Errorf("redisstore: wait: %d of %d replicas confirmed the write in time: %w", n, s.wait, ErrNotReplicated)
+		return nil, fmt.Errorf("wait: %d of %d replicas confirmed the write in time: %w", n, s.wait, ErrNotReplicated)
 	}
-	return nil
+	return reply, nil
 }
 
 // ErrNotReplicated is returned (wrapped) when store.redis.wait_replicas replicas did not confirm
