@@ -173,3 +173,11 @@ func TestRedisUnreachableFollowsOnError(t *testing.T) {
 		t.Errorf("got %d circuit-open lines in 3 s, want a few at most (one per state change):\n%s", n, logs)
 	}
 }
+
+// TestRLSRedis: envoyproxy/ratelimit's sequences through the rate limit service on Redis, and a
+// reload.
+func TestRLSRedis(t *testing.T) {
+	g := startRLSGateway(t, map[string]string{"e2e.yaml": rlsRules}, redisStore(redisURL(t), "rls"+randomSuffix()+":", "allow"), "")
+	rlsSequences(t, g, randomSuffix())
+	rlsReload(t, g)
+}
