@@ -1,7 +1,7 @@
 // Package configschema generates the configuration's JSON Schema.
 //
 // It generates the JSON Schema of the configuration file from the typed
-// structs of internal/policy (their `mapstructure` tags and doc comments), so that editors
+// structs of internal/policy (their `yaml` tags and doc comments), so that editors
 // complete and flag fields (configs/example.yaml carries the yaml-language-server modeline).
 //
 // The structs are the source of truth: `make schema` (go generate ./internal/configschema/)
@@ -53,7 +53,7 @@ func Generate(policyDir string) ([]byte, error) {
 	// AddGoComments keys comments by the directory as given (joined to its empty base).
 	prefix := gopath.Join("", filepath.ToSlash(filepath.Dir(filepath.Join(policyDir, "config.go"))))
 	r := &jsonschema.Reflector{
-		FieldNameTag:               "mapstructure",
+		FieldNameTag:               "yaml",
 		RequiredFromJSONSchemaTags: true, // required fields are listed below, not inferred
 		ExpandedStruct:             true,
 		Anonymous:                  true,
@@ -106,7 +106,7 @@ func description(t reflect.Type, field, text string) string {
 		return text
 	}
 	if f, ok := t.FieldByName(field); ok {
-		if tag, _, _ := strings.Cut(f.Tag.Get("mapstructure"), ","); tag != "" {
+		if tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); tag != "" {
 			if rest, ok := strings.CutPrefix(text, field+" "); ok {
 				text = tag + " " + rest
 			}
@@ -223,13 +223,18 @@ func (g *gen) refine() {
 	g.set("identity.ipv6_prefix", "minimum", 1, "maximum", 128)
 	g.set("identity.jwt.hs256_secret_env", "pattern", `^[A-Za-z_][A-Za-z0-9_]*$`)
 	g.set("headers.reset", "enum", []any{"unix", "delta"})
-	g.set("store.backend", "enum", []any{"memory", "dynamodb"})
+	g.set("store.backend", "enum", []any{"memory", "dynamodb", "redis"})
 	g.set("store.on_error", "enum", []any{"allow", "deny", "local"})
 	g.set("store.max_keys", "minimum", 1)
 	g.set("store.replicas", "minimum", 1, "maximum", 10000)
 	g.set("store.dynamodb.table", "pattern", tablePattern)
 	g.set("store.dynamodb.region", "pattern", regionPattern)
 	g.set("store.dynamodb.mode", "enum", []any{"refund", "transaction"})
+	g.set("store.redis.mode", "enum", []any{"single", "sentinel", "cluster"})
+	g.set("store.redis.url", "pattern", `^(rediss?|valkeys?)://`)
+	g.set("store.redis.password_env", "pattern", `^[A-Za-z_][A-Za-z0-9_]*$`)
+	g.set("store.redis.key_prefix", "pattern", `^[^{} \t\r\n]{1,64}$`)
+	g.set("store.redis.wait_replicas", "minimum", 0, "maximum", 16)
 	g.set("server.max_header_bytes", "minimum", 1)
 	g.set("upstream_protocol", "enum", []any{"http1", "h2c", "auto"})
 	g.set("server.max_concurrent_streams", "minimum", 1, "maximum", 10000)
@@ -419,7 +424,7 @@ func (g *gen) walkDefaults(v reflect.Value, path string, skip []string) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		tag, _, _ := strings.Cut(f.Tag.Get("mapstructure"), ",")
+		tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		if !f.IsExported() || tag == "" || contains(skip, tag) {
 			continue
 		}
