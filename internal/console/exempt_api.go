@@ -174,6 +174,9 @@ func sharedOf(e *Exemption) sharedExemption {
 // replica applies here within it (plus the store's answer).
 const syncPeriod = time.Second
 
+// syncLogEvery is how often a read that keeps failing is logged again.
+const syncLogEvery = time.Minute
+
 // Run reads the shared exemptions every second until ctx ends (a no-op without Options.Shared).
 func (c *Console) Run(ctx context.Context) {
 	if c.o.Shared == nil {
@@ -181,9 +184,25 @@ func (c *Console) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(syncPeriod)
 	defer t.Stop()
+	// A store that is out fails every read: the first failure is logged, then one line a
+	// minute with how many failed since, and the recovery (not one line a second).
+	var (
+		failing  bool
+		loggedAt time.Time
+		missed   int
+	)
 	for {
-		if err := c.Sync(ctx); err != nil && ctx.Err() == nil {
-			c.o.Logger.Warn("admin: reading the shared exemptions failed", zap.Error(err))
+		err := c.Sync(ctx)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil && (!failing || time.Since(loggedAt) >= syncLogEvery):
+			c.o.Logger.Warn("admin: reading the shared exemptions failed", zap.Int("failed_since_last_line", missed), zap.Error(err))
+			failing, loggedAt, missed = true, time.Now(), 0
+		case err != nil:
+			missed++
+		case failing:
+			c.o.Logger.Info("admin: reading the shared exemptions works again")
+			failing, missed = false, 0
 		}
 		select {
 		case <-ctx.Done():
