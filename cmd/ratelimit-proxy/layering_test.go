@@ -34,15 +34,17 @@ var allowedImports = map[string][]string{
 	"internal/configschema":           {"internal/limitterms", "internal/policy"},
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
+	"internal/redisstore":             {"internal/bucket"},
 	"internal/telemetry":              {"internal/bucket", "internal/envoyrules", "internal/limitterms", "internal/policy"},
 	"internal/server": {"internal/bucket", "internal/clockref", "internal/console", "internal/dynamo",
-		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls",
+		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/redisstore", "internal/rls",
 		"internal/telemetry"},
 	"internal/cli": {"internal/console", "internal/policy", "internal/server"},
 
 	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
 	"internal/testkit/ddbrelay":    {},
 	"internal/testkit/dynamolocal": {"internal/dynamo"},
+	"internal/testkit/redislocal":  {},
 	"internal/testkit/exactcheck":  {},
 	"internal/testkit/exactmutant": {"internal/bucket", "internal/dynamo"},
 	"internal/testkit/faultnet":    {},
