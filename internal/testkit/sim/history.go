@@ -1,10 +1,18 @@
 package sim
 
 import (
+	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simddb"
 )
 
 // The history masks what the Go scheduler may order differently between two runs of a seed: a
@@ -32,3 +40,25 @@ func mask(s string) string {
 }
 
 func newPCG(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x51a)) }
+
+// maskItem formats an item with each attribute masked, in the order of the masked forms (a
+// sort by the real names would follow the random ids).
+func maskItem(it map[string]types.AttributeValue) string {
+	if it == nil {
+		return "<none>"
+	}
+	parts := make([]string, 0, len(it))
+	for k, v := range it {
+		parts = append(parts, mask(simddb.Format(map[string]types.AttributeValue{k: v})))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, "")
+}
+
+// jitter is a duration in (0, most] drawn from what a call is (its masked description) and the
+// seed: the same for the same call whichever goroutine makes it first.
+func jitter(seed uint64, desc string, attempt int, most time.Duration) time.Duration {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d %d %s", seed, attempt, desc)
+	return time.Duration(h.Sum64()%uint64(most)) + 1
+}

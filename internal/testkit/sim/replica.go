@@ -33,12 +33,6 @@ type console interface {
 	Reset(ctx context.Context, now time.Time, c bucket.Charge) error
 }
 
-type exemptions interface {
-	PutExemption(ctx context.Context, id string, data []byte, expires time.Time, most int) (bool, error)
-	DeleteExemption(ctx context.Context, id string) (bool, error)
-	Exemptions(ctx context.Context) ([][]byte, error)
-}
-
 // replica is one gateway process: its store, its clock's offset, the exemptions its console read.
 type replica struct {
 	id      int
