@@ -2,7 +2,8 @@
 # make sim: the deterministic simulator (internal/testkit/sim) on SIM_SEEDS seeds of
 # SIM_DECISIONS decisions each, every mutant, and the differential test of the simulated
 # DynamoDB against DynamoDB Local (DYNAMODB_ENDPOINT, or one it starts); writes
-# .cache/sim/report.json. SEED=N replays seed N alone and prints its history when it fails.
+# .cache/sim/report.json. SEED=N replays seed N alone and prints its history when it fails
+# (SIM_DECISIONS and SIM_HEAL_AT as the failure's replay command says).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .cache/sim
