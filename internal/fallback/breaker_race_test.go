@@ -44,7 +44,7 @@ func TestStaleSuccessDuringProbeKeepsBackoff(t *testing.T) {
 		changes []bool
 	)
 	s, err := New(p, Options{
-		OnError:    Allow,
+		OnError:    bucket.Allow,
 		MinBackoff: time.Second,
 		MaxBackoff: 8 * time.Second,
 		Now:        clk.Now,

@@ -12,7 +12,7 @@
 //     failed probe up to 5 s) one decision is let through as a probe; its success closes the
 //     circuit and resets the backoff. So the gateway recovers by itself when the store returns;
 //   - a degraded mode (OnError Local): while the primary fails or the circuit is open, decisions
-//     come from a private bucket.Memory with every limit divided by Replicas (the number of
+//     come from a private memstore.Store with every limit divided by Replicas (the number of
 //     gateway replicas that share the limits), returned with a nil error. Across N replicas that
 //     enforce limit/N each, the service as a whole stays at or below the limit while the shared
 //     counts are out of reach; when the store is back the shared counts apply again;
@@ -39,21 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-)
-
-// OnError is what a Store does with a decision the primary cannot make.
-type OnError uint8
-
-// The policies. The zero OnError is Allow.
-const (
-	// Allow returns the error; the caller forwards the request (fail open).
-	Allow OnError = iota
-	// Deny returns the error; the caller answers 503 (fail closed). Ready reports an open
-	// circuit.
-	Deny
-	// Local decides from a private memory store with limits divided by Replicas, and never
-	// returns the primary's error.
-	Local
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 // Default breaker timings.
@@ -76,8 +62,11 @@ var ErrOpen = errors.New("fallback: store unavailable (circuit open)")
 
 // Options configure New.
 type Options struct {
-	// OnError selects the degraded behaviour. (Optional) default Allow.
-	OnError OnError
+	// OnError is store.on_error, decided here for every front end. Allow and Deny: a decision
+	// the primary cannot make returns a *bucket.UndecidedError carrying the rule, which the
+	// front ends render (forward or OK; 503 or UNAVAILABLE). Local: decided from a private
+	// memory store with limits divided by Replicas, never an error. (Optional) default Allow.
+	OnError bucket.OnError
 	// Replicas divides every limit in Local mode. (Required with Local, at least 1.)
 	Replicas int
 	// MaxKeys bounds the private memory store of Local mode. (Optional) default: bucket's.
@@ -111,9 +100,9 @@ type Options struct {
 // value is not usable (use New).
 type Store struct {
 	primary  bucket.Store
-	onError  OnError
+	onError  bucket.OnError
 	replicas int64
-	local    *bucket.Memory // Local mode only
+	local    *memstore.Store // Local mode only
 	healthy  func(error) bool
 	onChange func(healthy bool, err error)
 	now      func() time.Time
@@ -149,7 +138,7 @@ func New(primary bucket.Store, o Options) (*Store, error) {
 	if primary == nil {
 		return nil, errors.New("fallback: primary store is required")
 	}
-	if o.OnError > Local {
+	if o.OnError > bucket.Local {
 		return nil, fmt.Errorf("fallback: unknown OnError %d", o.OnError)
 	}
 	s := &Store{
@@ -164,11 +153,11 @@ func New(primary bucket.Store, o Options) (*Store, error) {
 		min:      o.MinBackoff,
 		max:      o.MaxBackoff,
 	}
-	if s.onError == Local {
+	if s.onError == bucket.Local {
 		if o.Replicas < 1 {
 			return nil, fmt.Errorf("fallback: local mode needs replicas >= 1, got %d", o.Replicas)
 		}
-		s.local = bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.MaxKeys})
+		s.local = memstore.New(memstore.Options{MaxKeys: o.MaxKeys})
 	}
 	if s.healthy == nil {
 		s.healthy = func(error) bool { return false }
@@ -230,11 +219,11 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 				return admitted, nil
 			}
 		}
-		if s.onError == Local {
+		if s.onError == bucket.Local {
 			s.m.fallbackSkipped.Inc()
 			return s.takeLocal(ctx, now, charges, results)
 		}
-		return false, s.openError()
+		return false, &bucket.UndecidedError{Rule: s.onError, Err: s.openError()}
 	}
 	admitted, err := s.primary.Take(ctx, now, charges, results)
 	if err == nil {
@@ -251,12 +240,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	} else {
 		s.report(probe, err)
 	}
-	if s.onError == Local {
+	if s.onError == bucket.Local {
 		s.m.fallbackError.Inc()
 		clear(results[:len(charges)])
 		return s.takeLocal(ctx, now, charges, results)
 	}
-	return false, err
+	return false, &bucket.UndecidedError{Rule: s.onError, Err: err}
 }
 
 // takeLocal decides from the private memory store with every limit divided by the replicas.
@@ -438,7 +427,7 @@ var probeLimit = bucket.Limit{Algorithm: bucket.FixedWindow, Count: 1_000_000_00
 // second one bounded by it), so that a gateway that the load balancer no longer sends requests to
 // still finds out when the store is back.
 func (s *Store) Ready(ctx context.Context) error {
-	if s.onError != Deny || s.Healthy() {
+	if !s.onError.FailsClosed() || s.Healthy() {
 		return nil
 	}
 	call, probe := s.acquire()

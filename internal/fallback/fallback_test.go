@@ -135,7 +135,7 @@ func gauge(t *testing.T, g prometheus.Collector) float64 {
 }
 
 func TestBreakerOpensSkipsProbesAndCloses(t *testing.T) {
-	f := newFixture(t, Options{OnError: Deny})
+	f := newFixture(t, Options{OnError: bucket.Deny})
 	if _, err := f.take(t, true); err != nil {
 		t.Fatalf("healthy store: got error %v", err)
 	}
@@ -193,7 +193,7 @@ func TestBreakerOpensSkipsProbesAndCloses(t *testing.T) {
 
 func TestStateChangeCallback(t *testing.T) {
 	var got []string
-	f := newFixture(t, Options{OnError: Allow, OnStateChange: func(healthy bool, err error) {
+	f := newFixture(t, Options{OnError: bucket.Allow, OnStateChange: func(healthy bool, err error) {
 		got = append(got, fmt.Sprint(healthy, " ", err))
 	}})
 	f.primary.set(errDown)
@@ -211,7 +211,7 @@ func TestStateChangeCallback(t *testing.T) {
 }
 
 func TestBackoffDoublesUpToMax(t *testing.T) {
-	f := newFixture(t, Options{OnError: Allow})
+	f := newFixture(t, Options{OnError: bucket.Allow})
 	f.primary.set(errDown)
 	f.take(t, true)
 	for _, want := range []time.Duration{250, 500, 1000, 2000, 4000, 5000, 5000} {
@@ -224,7 +224,7 @@ func TestBackoffDoublesUpToMax(t *testing.T) {
 }
 
 func TestOneProbeAtATime(t *testing.T) {
-	f := newFixture(t, Options{OnError: Allow})
+	f := newFixture(t, Options{OnError: bucket.Allow})
 	f.primary.set(errDown)
 	f.take(t, true)
 	f.clock.advance(DefaultMinBackoff)
@@ -260,7 +260,7 @@ func TestOneProbeAtATime(t *testing.T) {
 
 func TestHealthyErrorsDoNotOpen(t *testing.T) {
 	errBusy := errors.New("too much contention")
-	f := newFixture(t, Options{OnError: Deny, Healthy: func(err error) bool { return errors.Is(err, errBusy) }})
+	f := newFixture(t, Options{OnError: bucket.Deny, Healthy: func(err error) bool { return errors.Is(err, errBusy) }})
 	f.primary.set(errBusy)
 	if _, err := f.take(t, true); !errors.Is(err, errBusy) {
 		t.Fatalf("got %v, want the contention error returned", err)
@@ -272,7 +272,7 @@ func TestHealthyErrorsDoNotOpen(t *testing.T) {
 }
 
 func TestClientCancelDoesNotOpen(t *testing.T) {
-	f := newFixture(t, Options{OnError: Deny})
+	f := newFixture(t, Options{OnError: bucket.Deny})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	f.primary.set(context.Canceled)
@@ -285,7 +285,7 @@ func TestClientCancelDoesNotOpen(t *testing.T) {
 }
 
 func TestTimeoutOpens(t *testing.T) {
-	f := newFixture(t, Options{OnError: Allow})
+	f := newFixture(t, Options{OnError: bucket.Allow})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()
 	<-ctx.Done()
@@ -308,7 +308,7 @@ func TestLocalDividesLimits(t *testing.T) {
 		{"sliding window", bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 9, Window: time.Hour}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, Options{OnError: Local, Replicas: 3})
+			f := newFixture(t, Options{OnError: bucket.Local, Replicas: 3})
 			f.primary.set(errDown)
 			charges := []bucket.Charge{{Key: bucket.Key{7}, Limit: tc.limit}}
 			admitted := 0
@@ -344,7 +344,7 @@ func TestLocalDividesLimits(t *testing.T) {
 }
 
 func TestLocalUsesPrimaryWhenHealthy(t *testing.T) {
-	f := newFixture(t, Options{OnError: Local, Replicas: 3})
+	f := newFixture(t, Options{OnError: bucket.Local, Replicas: 3})
 	r := make([]bucket.Result, 1)
 	ok, err := f.store.Take(context.Background(), t0, oneCharge, r)
 	if err != nil || !ok || r[0].Limit != 42 {
@@ -357,7 +357,7 @@ func TestLocalUsesPrimaryWhenHealthy(t *testing.T) {
 
 func TestLocalAfterTimeoutDecides(t *testing.T) {
 	// The primary used up the decision's deadline; the local decision must still be made.
-	f := newFixture(t, Options{OnError: Local, Replicas: 2})
+	f := newFixture(t, Options{OnError: bucket.Local, Replicas: 2})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()
 	<-ctx.Done()
@@ -389,7 +389,7 @@ func TestDivide(t *testing.T) {
 }
 
 func TestReadyDeny(t *testing.T) {
-	f := newFixture(t, Options{OnError: Deny})
+	f := newFixture(t, Options{OnError: bucket.Deny})
 	if err := f.store.Ready(context.Background()); err != nil {
 		t.Fatalf("healthy: Ready got %v, want nil", err)
 	}
@@ -440,7 +440,7 @@ func TestReadyDeny(t *testing.T) {
 // circuit.
 func TestReadySlowStoreStaysUnready(t *testing.T) {
 	const decide = 20 * time.Millisecond
-	f := newFixture(t, Options{OnError: Deny, DecisionTimeout: decide})
+	f := newFixture(t, Options{OnError: bucket.Deny, DecisionTimeout: decide})
 	f.primary.set(errDown)
 	f.take(t, true)
 	f.primary.mu.Lock()
@@ -480,7 +480,7 @@ func TestReadySlowStoreStaysUnready(t *testing.T) {
 }
 
 func TestReadyAllowAndLocalStayReady(t *testing.T) {
-	for _, o := range []Options{{OnError: Allow}, {OnError: Local, Replicas: 2}} {
+	for _, o := range []Options{{OnError: bucket.Allow}, {OnError: bucket.Local, Replicas: 2}} {
 		f := newFixture(t, o)
 		f.primary.set(errDown)
 		f.store.Take(context.Background(), t0, oneCharge, make([]bucket.Result, 1))
@@ -495,7 +495,7 @@ func TestReadyAllowAndLocalStayReady(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	if _, err := New(&fakeStore{}, Options{OnError: Local}); err == nil {
+	if _, err := New(&fakeStore{}, Options{OnError: bucket.Local}); err == nil {
 		t.Error("Local without Replicas: got nil error")
 	}
 	if _, err := New(nil, Options{}); err == nil {
@@ -533,7 +533,7 @@ func (l *localStore) TakeLocal(_ time.Time, charges []bucket.Charge, results []b
 // primary can decide from what it holds (a lease's units) is decided so, without an error and
 // without calling it; the others follow on_error as before.
 func TestOpenCircuitDecidesLocallyWhatThePrimaryHolds(t *testing.T) {
-	for _, mode := range []OnError{Allow, Deny, Local} {
+	for _, mode := range []bucket.OnError{bucket.Allow, bucket.Deny, bucket.Local} {
 		primary := &localStore{}
 		c := &clock{now: t0}
 		s, err := New(primary, Options{OnError: mode, Replicas: 2, Now: c.Now})
@@ -542,7 +542,7 @@ func TestOpenCircuitDecidesLocallyWhatThePrimaryHolds(t *testing.T) {
 		}
 		primary.set(errDown)
 		r := make([]bucket.Result, 1)
-		if _, err := s.Take(context.Background(), c.Now(), oneCharge, r); !errors.Is(err, errDown) && mode != Local {
+		if _, err := s.Take(context.Background(), c.Now(), oneCharge, r); !errors.Is(err, errDown) && mode != bucket.Local {
 			t.Fatalf("on_error %d: first failure got %v", mode, err)
 		}
 		if primary.local != 0 {
@@ -560,13 +560,33 @@ func TestOpenCircuitDecidesLocallyWhatThePrimaryHolds(t *testing.T) {
 		primary.decided = false
 		ok, err := s.Take(context.Background(), c.Now(), oneCharge, r)
 		switch mode {
-		case Local:
+		case bucket.Local:
 			if err != nil || r[0].Limit != 5 { // burst 10 divided by 2 replicas
 				t.Errorf("on_error local, open, not held: got %v %v limit %d, want the divided local decision", ok, err, r[0].Limit)
 			}
 		default:
 			if !errors.Is(err, ErrOpen) {
 				t.Errorf("on_error %d, open, not held: got %v %v, want ErrOpen", mode, ok, err)
+			}
+		}
+	}
+}
+
+// TestUndecidedCarriesTheRule: the fallback store decides on_error once; a decision it cannot
+// make reaches the front ends as a *bucket.UndecidedError naming the rule, both when the
+// primary fails and while the circuit is open, with the store's error still inside.
+func TestUndecidedCarriesTheRule(t *testing.T) {
+	for _, rule := range []bucket.OnError{bucket.Allow, bucket.Deny} {
+		f := newFixture(t, Options{OnError: rule})
+		f.primary.set(errDown)
+		for _, stage := range []string{"failure", "open circuit"} {
+			_, err := f.take(t, stage == "failure")
+			ue, ok := errors.AsType[*bucket.UndecidedError](err)
+			if !ok || ue.Rule != rule || bucket.RuleOf(err) != rule {
+				t.Errorf("%v, %s: got %v, want an UndecidedError with rule %v", rule, stage, err, rule)
+			}
+			if want := map[string]error{"failure": errDown, "open circuit": ErrOpen}[stage]; !errors.Is(err, want) {
+				t.Errorf("%v, %s: got %v, want %v inside", rule, stage, err, want)
 			}
 		}
 	}

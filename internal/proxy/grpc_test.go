@@ -151,7 +151,8 @@ func TestGRPC_StatusMapping(t *testing.T) {
 		pol := (&fakePolicies{}).add("p", false, 1)
 		lim := newFakeLimiter(true)
 		lim.err = errors.New("store: connection reset")
-		hs := newHarness(t, pol, lim, nil, func(o *Options) { o.OnError = Deny })
+		lim.rule = bucket.Deny
+		hs := newHarness(t, pol, lim, nil, nil)
 		res, body := grpcGet(hs)
 		wantGRPCStatus(t, res, body, "14")
 	})
@@ -177,7 +178,7 @@ func TestGRPC_TimeoutBoundsTheStore(t *testing.T) {
 	pol := (&fakePolicies{}).add("p", false, 1)
 	lim := newFakeLimiter(true)
 	lim.block = true
-	hs := newHarness(t, pol, lim, nil, func(o *Options) { o.OnError = Allow; o.StoreTimeout = time.Minute })
+	hs := newHarness(t, pol, lim, nil, func(o *Options) { o.StoreTimeout = time.Minute })
 	start := time.Now()
 	res, body := grpcGet(hs, "Grpc-Timeout", "50m")
 	if took := time.Since(start); took > 30*time.Second {

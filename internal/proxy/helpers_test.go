@@ -94,6 +94,7 @@ type fakeLimiter struct {
 	admitted bool
 	err      error
 	block    bool
+	rule     bucket.OnError // the on_error rule its errors carry, as the fallback store decides it
 
 	calls       atomic.Int64
 	sawDone     chan struct{} // closed when a blocking Take observed ctx.Done
@@ -117,10 +118,10 @@ func (f *fakeLimiter) Take(ctx context.Context, now time.Time, charges []bucket.
 	if f.block {
 		<-ctx.Done()
 		f.once.Do(func() { close(f.sawDone) })
-		return false, fmt.Errorf("fake store: %w", ctx.Err())
+		return false, &bucket.UndecidedError{Rule: f.rule, Err: fmt.Errorf("fake store: %w", ctx.Err())}
 	}
 	if f.err != nil {
-		return false, f.err
+		return false, &bucket.UndecidedError{Rule: f.rule, Err: f.err}
 	}
 	copy(results, f.results)
 	return f.admitted, nil

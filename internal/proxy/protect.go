@@ -31,9 +31,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/protect"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/verdict"
 )
 
 // DefaultStreamShare is Protection.StreamShare's default.
@@ -341,7 +341,7 @@ func (h *Handler) shed(w http.ResponseWriter, r *http.Request, st *reqState, cla
 
 // giveBackShed gives back every charge of an admitted group whose request was not forwarded
 // because of the protection: a shed request consumes no rate-limit budget. It uses giveBack's
-// path (the store's Release: a concurrency slot is freed; any other charge refunded as far as
+// release (the store's Release: a concurrency slot is freed; any other charge refunded as far as
 // the store can do so exactly, see bucket.Releaser) and marks the group given back, so that
 // the give-back that runs after the answer releases nothing twice.
 func (h *Handler) giveBackShed(r *http.Request, st *reqState) {
@@ -349,24 +349,8 @@ func (h *Handler) giveBackShed(r *http.Request, st *reqState) {
 		return // no charge was taken (no policy matched, or the store failed open)
 	}
 	st.givenBack = true
-	st.taken = st.taken[:0]
-	for i, c := range st.plan.Charges {
-		if st.results[i].Allowed {
-			st.taken = append(st.taken, bucket.Taken{Charge: c, At: st.now, Token: st.results[i].Token})
-		}
-	}
-	if len(st.taken) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.storeTimeout)
-	defer cancel()
-	if err := h.releaser.Release(ctx, h.now(), st.taken); err != nil {
-		h.m.shared.ReleaseErrors.Inc()
-		if ce := h.log.Check(zap.WarnLevel, "rate-limit store release failed"); ce != nil {
-			ce.Write(zap.Int("charges", len(st.taken)), zap.Error(err))
-		}
-	}
-	clear(st.taken)
+	st.taken = verdict.AppendTaken(st.taken[:0], st.plan.Charges, st.results, st.now, nil)
+	h.release(r, st)
 }
 
 // timingWriter records when the upstream's answer began (its status, or a protocol switch):

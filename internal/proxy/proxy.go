@@ -18,9 +18,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,16 +67,6 @@ var (
 	_ Releaser = bucket.Releaser(nil)
 )
 
-// OnError says what happens to a request when the limiter cannot decide (error or timeout).
-type OnError uint8
-
-const (
-	// Allow forwards the request without rate-limit headers (fail open). It is the zero value.
-	Allow OnError = iota
-	// Deny answers 503 with Retry-After: 1 (fail closed).
-	Deny
-)
-
 // DefaultStoreTimeout is used when Options.StoreTimeout is zero. It matches the config default.
 const DefaultStoreTimeout = 50 * time.Millisecond
 
@@ -96,8 +84,6 @@ type Options struct {
 	Limiter Limiter
 	// Backend labels the store metrics ("memory", "dynamodb"). (Optional) default "memory".
 	Backend string
-	// OnError applies when Take fails. (Optional) default Allow.
-	OnError OnError
 	// StoreTimeout is the context deadline around each Take. (Optional) default 50ms.
 	StoreTimeout time.Duration
 	// Logger receives sampled JSON log lines. (Optional) default: no logs.
@@ -156,6 +142,15 @@ type Options struct {
 	// Console is told about every planned and decided request (exemptions, heavy hitters, the
 	// live page), and adds exemplars to the limited counters. (Optional) default: none.
 	Console Console
+	// Tracer is told every request's decision, for its trace span. (Optional) default: none.
+	Tracer Tracer
+}
+
+// Tracer is told the decision about each request, once it is answered, with the request's
+// context (which holds its span); *telemetry.Decisions satisfies it. results are the charges'
+// verdicts, nil when the store decided nothing. It must not keep p or results.
+type Tracer interface {
+	Decided(ctx context.Context, decision string, p *policy.Plan, results []bucket.Result)
 }
 
 // Handler enforces the policies on every request and forwards the admitted ones. It serves every
@@ -182,7 +177,6 @@ type Handler struct {
 	policies     func() Policies
 	limiter      Limiter
 	releaser     Releaser // nil when the limiter cannot give charges back
-	onError      OnError
 	storeTimeout time.Duration
 	now          func() time.Time
 	clockIsNow   bool // now is time.Now: the store timer's start doubles as the decision instant
@@ -209,72 +203,7 @@ type Handler struct {
 	states   sync.Pool     // *reqState
 	byPolicy sync.Map      // policy name -> *policyState
 	console  Console       // nil without one
-}
-
-// policyState is what the handler keeps per policy name: its counters, resolved once instead of
-// per request, and the last 429 it rendered, reused while a client keeps being rejected with the
-// same numbers (a hammering client sees the same Retry-After for a whole second).
-type policyState struct {
-	counters *policyCounters
-	last     atomic.Pointer[rejection]
-	lastGRPC atomic.Pointer[grpcRejection]
-	// exemplarAt is when the limited counter last got an exemplar (Unix ns; see countLimited).
-	exemplarAt atomic.Int64
-}
-
-// rejection is a pre-rendered 429 of one policy: the problem body and the header values, shared
-// read-only by every response that carries the same numbers. The header slices have capacity 1,
-// so Header.Add copies instead of writing into them.
-type rejection struct {
-	typ                 string // problem type: rate-limited or concurrency-limited
-	retry, limit, reset int64
-	cost, remaining     int64 // remaining is 0 unless cost > 1
-	retryAfter          []string
-	vals                [3]string // X-RateLimit-Limit, -Remaining, -Reset
-	body                []byte
-}
-
-func newRejection(typ, name string, retry, limit, reset, cost, remaining int64) *rejection {
-	r := &rejection{typ: typ, retry: retry, limit: limit, reset: reset, cost: cost, remaining: remaining, retryAfter: answer.RetryAfter(retry)}
-	r.vals = [3]string{strconv.FormatInt(limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(reset, 10)}
-	r.body = answer.AppendProblem(nil, answer.Problem{Type: typ, Status: http.StatusTooManyRequests,
-		Policy: name, RetryAfter: retry, Cost: cost, Remaining: remaining})
-	return r
-}
-
-// policy returns name's state, creating it on first use. Like the counters, the states of
-// policies that a reload removed stay (one small value per name ever configured).
-func (h *Handler) policy(name string) *policyState {
-	if v, ok := h.byPolicy.Load(name); ok {
-		return v.(*policyState)
-	}
-	v, _ := h.byPolicy.LoadOrStore(name, &policyState{counters: h.m.policyCounters(name)})
-	return v.(*policyState)
-}
-
-// reqState is the per-request scratch space, pooled so the admitted path allocates little.
-type reqState struct {
-	plan    policy.Plan
-	results []bucket.Result
-	buf     []byte
-	now     time.Time // the instant handed to the limiter; headers are relative to it
-	ctx     *storeCtx // reused while no store materialised it
-	taken   []bucket.Taken
-	grpc    bool  // the request is a gRPC call: the gateway's own answers are gRPC statuses
-	proto   uint8 // protoHTTP1, protoHTTP2 or protoGRPC: the metrics' and logs' protocol label
-	// callExpired: the last Take ran out of time at the request's own deadline (a gRPC call's
-	// grpc-timeout), not at StoreTimeout.
-	callExpired bool
-
-	fw forwardWriter // the writer of the forward, once there is one: its fate decides refunds
-	pw timingWriter  // the writer of a forward behind a protection slot (protect.go)
-	// givenBack: every charge was given back already (a request the protection shed).
-	givenBack bool
-
-	// For the access log.
-	decision int    // index into decisionLabels, or decNone while undecided
-	rejector string // the policy named in a 429
-	sw       statusWriter
+	tracer   Tracer        // nil without one
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -294,9 +223,6 @@ func New(o Options) (*Handler, error) {
 	}
 	if o.Limiter == nil {
 		return nil, errors.New("proxy: limiter is required")
-	}
-	if o.OnError != Allow && o.OnError != Deny {
-		return nil, fmt.Errorf("proxy: on_error %d: want Allow or Deny", o.OnError)
 	}
 	if o.StoreTimeout < 0 {
 		return nil, fmt.Errorf("proxy: store timeout %v: must not be negative", o.StoreTimeout)
@@ -333,7 +259,6 @@ func New(o Options) (*Handler, error) {
 	h := &Handler{
 		policies:     o.Policies,
 		limiter:      o.Limiter,
-		onError:      o.OnError,
 		storeTimeout: o.StoreTimeout,
 		now:          o.Now,
 		clockIsNow:   clockIsNow,
@@ -363,7 +288,7 @@ func New(o Options) (*Handler, error) {
 		}
 		h.prot = p
 	}
-	h.console = o.Console
+	h.console, h.tracer = o.Console, o.Tracer
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
 	h.rpGRPC = h.rp
@@ -408,22 +333,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	st := h.states.Get().(*reqState)
 	defer h.states.Put(st)
-	st.plan.Reset()
-	st.grpc = grpc
-	st.proto = protocolOf(r, grpc)
-	st.decision, st.rejector, st.now = decNone, "", time.Time{}
-	st.fw = forwardWriter{}
-	st.givenBack = false
-	st.plan.WantIdentity = h.access != nil
+	st.reset(grpc, protocolOf(r, grpc), h.access != nil)
 	if h.access == nil {
 		h.serve(w, r, st)
+	} else {
+		start := time.Now()
+		st.sw = statusWriter{ResponseWriter: w}
+		h.serve(&st.sw, r, st)
+		h.logAccess(r, st, start, time.Now())
+		st.sw = statusWriter{} // do not keep the response alive in the pool
+	}
+	if h.tracer != nil {
+		h.traceDecision(r.Context(), st)
+	}
+}
+
+// traceDecision tells the tracer the request's decision.
+func (h *Handler) traceDecision(ctx context.Context, st *reqState) {
+	if st.decision == decNone {
 		return
 	}
-	start := time.Now()
-	st.sw = statusWriter{ResponseWriter: w}
-	h.serve(&st.sw, r, st)
-	h.logAccess(r, st, start, time.Now())
-	st.sw = statusWriter{} // do not keep the response alive in the pool
+	var results []bucket.Result
+	if (st.decision == decAllowed || st.decision == decLimited) && !st.now.IsZero() { // the store decided
+		results = st.results[:len(st.plan.Charges)]
+	}
+	h.tracer.Decided(ctx, decisionNames[st.decision], &st.plan, results)
 }
 
 // decide counts the request's decision (by its protocol) and remembers it for the access log.
@@ -487,349 +421,4 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 		return
 	}
 	h.admit(w, r, st, pols)
-}
-
-// mustGiveBack reports whether an admitted group holds a charge to give back after the answer:
-// a concurrency slot, or a reservation of a charge_on policy.
-func (st *reqState) mustGiveBack() bool {
-	for i, c := range st.plan.Charges {
-		if st.results[i].Allowed && (c.Limit.Algorithm == bucket.Concurrency || st.plan.Policies[i].ChargeOn != nil) {
-			return true
-		}
-	}
-	return false
-}
-
-// giveBack releases what an admitted group must give back now that its answer, of this status
-// (0: none was sent), is over: every concurrency slot, and the reservation of every charge_on
-// policy whose list does not hold the status, unless the request may have reached the upstream
-// without an answer from it (see forwardFate.refundable): then every reservation stays spent.
-// It runs within store.timeout of its own, not the request's context, which has ended when the
-// client went away; a failure is counted (the store keeps the charge: a DynamoDB slot until its
-// lease expires, a refund never).
-func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
-	if st.givenBack {
-		return // shed by the upstream protection: everything went back then
-	}
-	st.taken = st.taken[:0]
-	refundable := st.fw.fate.refundable()
-	for i, c := range st.plan.Charges {
-		if !st.results[i].Allowed {
-			continue
-		}
-		pol := st.plan.Policies[i]
-		switch {
-		case c.Limit.Algorithm == bucket.Concurrency:
-		case pol.ChargeOn != nil && refundable && !pol.ChargeOn.Has(status):
-			h.policy(pol.Name).counters.refunded.Inc()
-		default:
-			continue
-		}
-		st.taken = append(st.taken, bucket.Taken{Charge: c, At: st.now, Token: st.results[i].Token})
-	}
-	if len(st.taken) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.storeTimeout)
-	defer cancel()
-	if err := h.releaser.Release(ctx, h.now(), st.taken); err != nil {
-		h.m.shared.ReleaseErrors.Inc()
-		if ce := h.log.Check(zap.WarnLevel, "rate-limit store release failed"); ce != nil {
-			ce.Write(zap.Int("charges", len(st.taken)), zap.Error(err))
-		}
-	}
-	clear(st.taken) // the pool must not keep charges alive
-}
-
-// take asks the limiter about st.plan.Charges (at least one) under the store timeout, filling
-// st.results and st.now, and observes the store duration. timedOut reports whether the store
-// ran out of time.
-func (h *Handler) take(r *http.Request, st *reqState) (admitted, timedOut bool, err error) {
-	charges := st.plan.Charges
-	if cap(st.results) < len(charges) {
-		st.results = make([]bucket.Result, len(charges))
-	}
-	results := st.results[:len(charges)]
-	clear(results)
-
-	start := time.Now()
-	if st.ctx == nil {
-		st.ctx = new(storeCtx)
-	}
-	ctx := st.ctx
-	ctx.init(r.Context(), start.Add(h.storeTimeout))
-	st.now = start
-	if !h.clockIsNow {
-		st.now = h.now()
-	}
-	admitted, err = h.limiter.Take(ctx, st.now, charges, results)
-	end := time.Now()
-	h.store.Duration.Observe(end.Sub(start).Seconds())
-	timedOut = ctx.timedOut(end)
-	st.callExpired = timedOut && ctx.parentBound
-	ctx.release()
-	if ctx.reusable() {
-		ctx.parent = nil // do not keep the request's context alive in the pool
-	} else {
-		st.ctx = nil
-	}
-	return admitted, timedOut, err
-}
-
-// unauthorized answers a request whose bearer token failed verification. Plan left only its ip
-// charges; they are taken first, because otherwise a flood of garbage tokens would bypass the ip
-// limits: a group that is not admitted gets the ordinary 429. Anything else gets 401: an admitted
-// group (its charges stay consumed, but nothing reaches the upstream, so nothing is counted as
-// allowed) and a store failure too, without OnError, since the request is refused either way and
-// an outage must turn a 401 into neither a 503 nor a forward.
-func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
-	taken := false // the ip charges were admitted: they hold what giveBack must return
-	if len(st.plan.Charges) > 0 {
-		admitted, timedOut, err := h.take(r, st)
-		taken = err == nil && admitted
-		switch {
-		case err != nil:
-			if r.Context().Err() != nil && !timedOut {
-				// The client left while we asked the store: nobody to answer.
-				h.m.canceled[stageStore].Inc()
-				return
-			}
-			reason := h.countStoreError(err, timedOut)
-			if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
-				ce.Write(zap.String("reason", reason), zap.String("answer", "unauthorized"), zap.Error(err))
-			}
-		case !admitted:
-			h.reject(w, r, st, pols)
-			return
-		}
-	}
-	h.decide(st, decUnauthorized)
-	w.Header()["Www-Authenticate"] = wwwAuthenticate
-	st.buf = writeAnswer(w, r, st.buf[:0], answer.Problem{Type: answer.ProblemUnauthorized, Status: http.StatusUnauthorized,
-		Detail: "The bearer token is not valid."})
-	if taken && h.releaser != nil && st.mustGiveBack() {
-		// The 401 is the answer: it ends concurrency slots, and charges of ip policies whose
-		// charge_on does not list 401.
-		h.giveBack(r, st, http.StatusUnauthorized)
-	}
-}
-
-// storeError applies OnError to a request the limiter could not decide.
-func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies, err error, timedOut, callExpired bool) {
-	if callExpired || errors.Is(r.Context().Err(), context.DeadlineExceeded) {
-		// The call's own deadline (grpc-timeout; only gRPC calls carry one) ran out first:
-		// nobody waits for a forward, and on_error cannot help. callExpired says so without
-		// asking the request's context, whose own timer may fire a moment after the store's.
-		h.countStoreError(err, true)
-		h.m.decided(protoGRPC, decStoreErrorDenied)
-		st.decision = decStoreErrorDenied
-		callDeadline(w, r, "The call's deadline passed while the rate limiter decided.")
-		return
-	}
-	if r.Context().Err() != nil && !timedOut {
-		// The client left while we asked the store: not the store's fault, nobody to answer.
-		h.m.canceled[stageStore].Inc()
-		return
-	}
-	proto := protocolOf(r, isGRPC(r))
-	reason := h.countStoreError(err, timedOut)
-	if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
-		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", h.onError == Allow),
-			zap.String("protocol", protocolNames[proto]), zap.Error(err))
-	}
-	if h.onError == Allow {
-		h.m.decided(proto, decStoreErrorAllowed)
-		st.decision = decStoreErrorAllowed
-		h.forward(w, r, st, pols)
-		return
-	}
-	h.m.decided(proto, decStoreErrorDenied)
-	st.decision = decStoreErrorDenied
-	writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemUnavailable, Status: http.StatusServiceUnavailable,
-		Detail: "The rate limiter is unavailable; retry shortly.", RetryAfter: 1})
-}
-
-// callDeadline answers a gRPC call whose deadline (grpc-timeout) ended, or would end, while the
-// gateway itself held it: DEADLINE_EXCEEDED. Only gRPC calls carry such a deadline.
-func callDeadline(w http.ResponseWriter, r *http.Request, detail string) {
-	writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemTimeout, Status: http.StatusGatewayTimeout, Detail: detail})
-}
-
-// countStoreError counts a failed Take by reason and returns the reason's label.
-func (h *Handler) countStoreError(err error, timedOut bool) string {
-	if timedOut || errors.Is(err, context.DeadlineExceeded) {
-		h.store.Timeout.Inc()
-		return "timeout"
-	}
-	h.store.Failure.Inc()
-	return "error"
-}
-
-// reject answers 429 for a group the limiter did not admit. Only the rejecting non-shadow
-// charges are counted (result="limited"): nothing was committed for the others, so counting them
-// as allowed would overstate what reached the upstream.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
-	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
-	pick := -1
-	var pickState *policyState
-	for i := range charges {
-		if charges[i].Shadow || results[i].Allowed {
-			continue
-		}
-		state := h.policy(ps[i].Name)
-		h.countLimited(state, &st.plan, i, st.now)
-		if pick < 0 || results[i].RetryAfter > results[pick].RetryAfter {
-			pick, pickState = i, state
-		}
-	}
-	if pick < 0 {
-		// The store broke its contract (rejected with every enforced charge conforming); answer
-		// from the first enforced charge rather than forward.
-		for i := range charges {
-			if !charges[i].Shadow {
-				pick = i
-				break
-			}
-		}
-		if pick < 0 {
-			pick = 0
-		}
-	}
-	h.decide(st, decLimited)
-	res := results[pick]
-	retry := answer.CeilSeconds(res.RetryAfter)
-	if retry < 1 {
-		retry = 1
-	}
-	name := ps[pick].Name
-	st.rejector = name
-	if ce := h.log.Check(zap.InfoLevel, "rate limited"); ce != nil {
-		ce.Write(zap.String("policy", name), h.logKey(&st.plan, pick),
-			zap.Int64("retry_after_seconds", retry), zap.String("protocol", protocolNames[st.proto]))
-	}
-	// A request of cost 1 was rejected because nothing is left. One of a higher cost may have
-	// been rejected with some left (less than its cost): the headers and the body say how much,
-	// so the client sees which cost did not fit.
-	cost := charges[pick].N()
-	res.Remaining = min(max(res.Remaining, 0), cost-1)
-	typ := answer.ProblemRateLimited
-	if charges[pick].Limit.Algorithm == bucket.Concurrency {
-		typ = answer.ProblemConcurrency
-	}
-	hc := pols.Headers()
-	if st.grpc {
-		h.rejectGRPC(w, r, st, hc, pick, pickState, typ, res, retry)
-		return
-	}
-	if hc.IETF || pickState == nil {
-		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], hc, st, pick, res)
-		st.buf = answer.WriteProblem(w, st.buf[:0], answer.Problem{Type: typ, Status: http.StatusTooManyRequests,
-			Policy: name, RetryAfter: retry, Cost: cost, Remaining: res.Remaining})
-		return
-	}
-	// The common case: reuse the policy's last rendering when the numbers are the same.
-	reset := answer.ResetValue(hc.Reset == policy.ResetDelta, st.now, res.Reset)
-	rj := pickState.last.Load()
-	if rj == nil || rj.typ != typ || rj.retry != retry || rj.limit != res.Limit || rj.reset != reset || rj.cost != cost || rj.remaining != res.Remaining {
-		rj = newRejection(typ, name, retry, res.Limit, reset, cost, res.Remaining)
-		pickState.last.Store(rj)
-	}
-	hdr := w.Header()
-	hdr[answer.HeaderLimit] = rj.vals[0:1:1]
-	hdr[answer.HeaderRemaining] = rj.vals[1:2:2]
-	hdr[answer.HeaderReset] = rj.vals[2:3:3]
-	answer.SetProblemHeaders(hdr, rj.retryAfter)
-	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(rj.body) // the client may be gone; there is nobody left to tell
-}
-
-// admit counts, sets headers, holds a leaky-bucket request if needed and forwards.
-func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
-	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
-	pick := -1
-	var wait time.Duration
-	for i := range charges {
-		c := h.policy(ps[i].Name).counters
-		if !results[i].Allowed {
-			// Only a shadow charge can fail in an admitted group.
-			c.ShadowLimited.Inc()
-			if ce := h.log.Check(zap.InfoLevel, "shadow limit exceeded"); ce != nil {
-				ce.Write(zap.String("policy", ps[i].Name), h.logKey(&st.plan, i))
-			}
-			continue
-		}
-		c.Allowed.Inc()
-		if charges[i].Shadow {
-			// A shadow policy never shapes traffic either: its wait is ignored.
-			continue
-		}
-		if results[i].Wait > wait {
-			wait = results[i].Wait
-		}
-		if pick < 0 || results[i].Remaining < results[pick].Remaining {
-			pick = i
-		}
-	}
-	h.decide(st, decAllowed)
-	if pick >= 0 {
-		st.buf = setRateLimitHeaders(w.Header(), st.buf[:0], pols.Headers(), st, pick, results[pick])
-	}
-	if wait > 0 {
-		if dl, ok := r.Context().Deadline(); ok && st.grpc && st.now.Add(wait).After(dl) {
-			// Holding a call that its caller will abandon before its turn would only keep a
-			// stream open for nothing.
-			callDeadline(w, r, "The call's deadline ends before its turn in the rate limiter's queue.")
-			return
-		}
-		h.m.leakyWait.Observe(wait.Seconds())
-		if err := h.wait(r.Context(), wait); err != nil {
-			if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
-				callDeadline(w, r, "The call's deadline passed in the rate limiter's queue.")
-				return
-			}
-			if r.Context().Err() != nil {
-				h.m.canceled[stageWait].Inc()
-				return
-			}
-			h.log.Error("leaky-bucket wait failed", zap.Error(err))
-			writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemUnavailable, Status: http.StatusServiceUnavailable,
-				Detail: "The request could not be scheduled; retry shortly.", RetryAfter: 1})
-			return
-		}
-	}
-	h.forward(w, r, st, pols)
-}
-
-// forward hands the request to the reverse proxy. The request's policy set travels in its
-// context only when the rewrite needs it, to judge an inbound X-Forwarded-For, -Proto or -Host:
-// copying the request for a new context costs two allocations, and most requests carry none of
-// them.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, st *reqState, pols Policies) {
-	rp := h.rp
-	if st.grpc {
-		rp = h.rpGRPC
-	}
-	st.plan.StripUnjudged(r.Header) // see judged.go
-	h.upgrades.reviewHopByHop(r.Header)
-	if len(r.Header["X-Forwarded-For"]) > 0 || len(r.Header["X-Forwarded-Proto"]) > 0 ||
-		len(r.Header["X-Forwarded-Host"]) > 0 {
-		r = r.WithContext(context.WithValue(r.Context(), policiesKey{}, pols))
-	}
-	if h.prot != nil {
-		h.sendGuarded(w, r, st, rp, pols)
-		return
-	}
-	h.send(w, r, st, rp)
-}
-
-// logKey is the "key" field of a log line about charge i of p: the pseudonym of its key value
-// (see policy.Pseudonyms), never the value, nor the bucket key, which is an unkeyed digest of the
-// policy and the value that small key spaces (every IPv4 address, numeric user ids) could be
-// searched for. Lines are sampled, so the HMAC is not paid per request.
-func (h *Handler) logKey(p *policy.Plan, i int) zap.Field {
-	kind := p.Policies[i].KeyKind
-	if kind == "global" {
-		return zap.String("key", "global")
-	}
-	return zap.String("key", h.pseudonyms.Of(kind, p.KeyValue(i)))
 }

@@ -267,14 +267,14 @@ func TestUnauthorized_IPChargeUnderLimit_401Charged(t *testing.T) {
 func TestUnauthorized_StoreError_401(t *testing.T) {
 	tests := []struct {
 		name       string
-		onError    OnError
+		onError    bucket.OnError
 		block      bool
 		wantReason string
 	}{
-		{"error allow", Allow, false, "error"},
-		{"error deny", Deny, false, "error"},
-		{"timeout allow", Allow, true, "timeout"},
-		{"timeout deny", Deny, true, "timeout"},
+		{"error allow", bucket.Allow, false, "error"},
+		{"error deny", bucket.Deny, false, "error"},
+		{"timeout allow", bucket.Allow, true, "timeout"},
+		{"timeout deny", bucket.Deny, true, "timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -282,8 +282,8 @@ func TestUnauthorized_StoreError_401(t *testing.T) {
 			lim := newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 1})
 			lim.err = errors.New("store: connection reset")
 			lim.block = tt.block
+			lim.rule = tt.onError // as the fallback store decides it
 			hs := newHarness(t, pol, lim, nil, func(o *Options) {
-				o.OnError = tt.onError
 				o.Backend = "dynamodb"
 				o.StoreTimeout = 20 * time.Millisecond
 			})
@@ -371,17 +371,17 @@ func TestUnmatched_ForwardsWithoutHeaders(t *testing.T) {
 func TestStoreError_OnErrorRule(t *testing.T) {
 	tests := []struct {
 		name       string
-		onError    OnError
+		onError    bucket.OnError
 		block      bool // a store that hangs until the deadline, rather than failing at once
 		wantStatus int
 		wantHits   int64
 		wantDec    string
 		wantReason string
 	}{
-		{"error allow", Allow, false, http.StatusOK, 1, "store_error_allowed", "error"},
-		{"error deny", Deny, false, http.StatusServiceUnavailable, 0, "store_error_denied", "error"},
-		{"timeout allow", Allow, true, http.StatusOK, 1, "store_error_allowed", "timeout"},
-		{"timeout deny", Deny, true, http.StatusServiceUnavailable, 0, "store_error_denied", "timeout"},
+		{"error allow", bucket.Allow, false, http.StatusOK, 1, "store_error_allowed", "error"},
+		{"error deny", bucket.Deny, false, http.StatusServiceUnavailable, 0, "store_error_denied", "error"},
+		{"timeout allow", bucket.Allow, true, http.StatusOK, 1, "store_error_allowed", "timeout"},
+		{"timeout deny", bucket.Deny, true, http.StatusServiceUnavailable, 0, "store_error_denied", "timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -389,8 +389,8 @@ func TestStoreError_OnErrorRule(t *testing.T) {
 			lim := newFakeLimiter(true, bucket.Result{Allowed: true, Limit: 1})
 			lim.err = errors.New("store: connection reset")
 			lim.block = tt.block
+			lim.rule = tt.onError // as the fallback store decides it
 			hs := newHarness(t, pol, lim, nil, func(o *Options) {
-				o.OnError = tt.onError
 				o.Backend = "dynamodb"
 				o.StoreTimeout = 20 * time.Millisecond
 			})
@@ -410,7 +410,7 @@ func TestStoreError_OnErrorRule(t *testing.T) {
 					t.Error("the store never saw its context end")
 				}
 			}
-			if tt.onError == Deny {
+			if tt.onError == bucket.Deny {
 				wantHeader(t, res, "Retry-After", "1")
 				if p := decodeProblem(t, res, body); p.Type != answer.ProblemUnavailable {
 					t.Errorf("type = %q, want %q", p.Type, answer.ProblemUnavailable)
@@ -807,7 +807,6 @@ func TestNew_Validation(t *testing.T) {
 		{"no host", func(o *Options) { o.Upstream = mustURL(t, "http:///x") }, "host"},
 		{"no policies", func(o *Options) { o.Policies = nil }, "policies"},
 		{"no limiter", func(o *Options) { o.Limiter = nil }, "limiter"},
-		{"bad on_error", func(o *Options) { o.OnError = 7 }, "on_error"},
 		{"negative timeout", func(o *Options) { o.StoreTimeout = -time.Second }, "negative"},
 	}
 	for _, tt := range tests {

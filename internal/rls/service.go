@@ -22,7 +22,9 @@ import (
 	"sync"
 	"time"
 
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -32,17 +34,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
-)
-
-// OnError is what a call gets when the store cannot decide.
-type OnError uint8
-
-const (
-	// Allow answers OK: the request passes (fail open).
-	Allow OnError = iota
-	// Deny answers the gRPC status UNAVAILABLE, which Envoy treats as a failed call: with the
-	// filter's failure_mode_deny it rejects the request, without it lets it pass.
-	Deny
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/verdict"
 )
 
 // Bounds of a call: a request past them is malformed (INVALID_ARGUMENT), not a workload.
@@ -60,8 +52,6 @@ type Options struct {
 	Store bucket.Store
 	// Backend labels the store metrics (memory, dynamodb).
 	Backend string
-	// OnError applies when the store fails (on_error local never fails: the store decides).
-	OnError OnError
 	// StoreTimeout bounds each call's store time (store.timeout); a call whose deadline is
 	// nearer gets less, so that Envoy has the answer before it gives up. (Required)
 	StoreTimeout time.Duration
@@ -142,37 +132,65 @@ func (c *call) reset(n int) {
 
 func (c *call) entriesOf(i int) []envoyrules.Entry { return c.entries[c.bounds[i]:c.bounds[i+1]] }
 
-// ShouldRateLimit implements pb.RateLimitServiceServer.
+// ShouldRateLimit implements pb.RateLimitServiceServer. A call is planned (its descriptors
+// matched and turned into charges), decided (one Take of the group) and answered (statuses,
+// counters, headers), as the proxy plans, decides and answers a request.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	start := time.Now()
 	defer func() { s.o.Metrics.callDuration.Observe(time.Since(start).Seconds()) }()
 	now := s.o.Now()
-	rules := s.o.Rules()
-	dom := rules.Domain(req.GetDomain())
-	domCalls := s.o.Metrics.callCounters("")
+	dom := s.o.Rules().Domain(req.GetDomain())
+	calls := s.o.Metrics.callCounters("")
 	if dom != nil {
-		domCalls = s.o.Metrics.callCounters(dom.Name)
+		calls = s.o.Metrics.callCounters(dom.Name)
 	}
 	if err := validRequest(req, s.release != nil); err != nil {
-		domCalls[callInvalid].Inc()
+		calls[callInvalid].Inc()
 		return nil, err
 	}
-	n := len(req.Descriptors)
+	resp, statuses := newResponse(len(req.Descriptors))
+	if dom == nil {
+		// As envoyproxy/ratelimit: a domain without rules limits nothing.
+		calls[callUnmatched].Inc()
+		return resp, nil
+	}
+	c := s.scratch.Get().(*call)
+	defer s.scratch.Put(c)
+	if err := s.plan(now, dom, req, c, statuses); err != nil {
+		calls[callInvalid].Inc()
+		return nil, err
+	}
+	if len(c.charges) == 0 {
+		calls[c.unchargedResult()].Inc()
+		return resp, nil
+	}
+	admitted, err := s.take(ctx, now, c.charges, c.results)
+	if err != nil {
+		return s.undecided(err, calls, resp, statuses)
+	}
+	if s.o.Console != nil {
+		s.observe(now, dom.Name, c) // the per-decision hook: every decided call, once
+	}
+	s.respond(ctx, now, c, admitted, resp, statuses, calls)
+	return resp, nil
+}
+
+// newResponse is an OK answer for n descriptors, every status OK, in one allocation for all.
+func newResponse(n int) (*pb.RateLimitResponse, []pb.RateLimitResponse_DescriptorStatus) {
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, n)}
-	statuses := make([]pb.RateLimitResponse_DescriptorStatus, n) // one allocation for all
+	statuses := make([]pb.RateLimitResponse_DescriptorStatus, n)
 	for i := range resp.Statuses {
 		statuses[i].Code = pb.RateLimitResponse_OK
 		resp.Statuses[i] = &statuses[i]
 	}
-	if dom == nil {
-		// As envoyproxy/ratelimit: a domain without rules limits nothing.
-		domCalls[callUnmatched].Inc()
-		return resp, nil
-	}
+	return resp, statuses
+}
 
-	c := s.scratch.Get().(*call)
-	defer s.scratch.Put(c)
-	c.reset(n)
+// plan fills c with the call's charges: one per limited descriptor, each in the domain's pool
+// of the memory store, and the statuses of the descriptors it answers without the store
+// (unlimited) or whose limit it names. An error is the call's INVALID_ARGUMENT.
+func (s *Service) plan(now time.Time, dom *envoyrules.Domain, req *pb.RateLimitRequest, c *call, statuses []pb.RateLimitResponse_DescriptorStatus) error {
+	c.reset(len(req.Descriptors))
 	for _, d := range req.Descriptors {
 		c.bounds = append(c.bounds, len(c.entries))
 		for _, e := range d.GetEntries() {
@@ -180,8 +198,33 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		}
 	}
 	c.bounds = append(c.bounds, len(c.entries))
+	c.match(dom, req)
+	pool := Pool(dom.Name)
+	for i, d := range req.Descriptors {
+		ch, view, ok := s.charge(now, dom, d, c, i, &statuses[i])
+		if !ok {
+			continue
+		}
+		ch.Pool = pool
+		probe, err := cost(&ch, req.GetHitsAddend(), d.GetHitsAddend())
+		if err != nil {
+			return err
+		}
+		c.charges = append(c.charges, ch)
+		c.of = append(c.of, i)
+		c.probe = append(c.probe, probe)
+		c.views = append(c.views, view)
+	}
+	if cap(c.results) < len(c.charges) {
+		c.results = make([]bucket.Result, len(c.charges))
+	}
+	c.results = c.results[:len(c.charges)]
+	clear(c.results)
+	return nil
+}
 
-	// Match every descriptor, then drop the rules that another matched rule replaces.
+// match matches every descriptor, then drops the rules that another matched rule replaces.
+func (c *call) match(dom *envoyrules.Domain, req *pb.RateLimitRequest) {
 	var replacing map[string]struct{}
 	for i, d := range req.Descriptors {
 		if d.GetLimit() != nil {
@@ -210,118 +253,114 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			}
 		}
 	}
+}
 
-	// One charge per limited descriptor, each in the domain's pool of the memory store.
-	pool := Pool(dom.Name)
-	for i, d := range req.Descriptors {
-		es := c.entriesOf(i)
-		var ch bucket.Charge
-		var view limitView
-		switch c.kinds[i] {
-		case kindNone:
-			continue
-		case kindUnlimited:
-			statuses[i].LimitRemaining = math.MaxUint32
-			continue
-		case kindOverride:
-			o := d.GetLimit()
-			l, _ := envoyrules.OverrideLimit(o.GetRequestsPerUnit(), envoyrules.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
-			ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l, Pool: pool}
-			// The caller chooses an override's entries: its label is the domain's alone.
-			view = limitView{name: overrideLabel(dom.Name), limit: l}
-			view.metric = view.name
-			statuses[i].CurrentLimit = &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: pb.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()}
-		case kindRule:
-			m := &c.matches[i]
-			r := m.Rule
-			ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease, Pool: pool}
-			if s.o.Console != nil {
-				if l, unlimited, ok := s.o.Console.ExemptRLS(now, r, ch.Key); ok && unlimited {
-					// An unlimited exemption: answered as an unlimited rule is, charging nothing.
-					c.kinds[i] = kindUnlimited
-					statuses[i].LimitRemaining = math.MaxUint32
-					continue
-				} else if ok {
-					ch.Limit = l // the key's bucket, under the exemption's limit
-				}
-			}
-			// Headers name the rule by its static label; metrics by m.Label, which holds
-			// values where the rule asks for them (detailed_metric, value_to_metric).
-			view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: ch.Limit, shadow: r.Shadow}
-			cl := &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(r.Unit)}
-			if r.UnitMultiplier > 1 {
-				cl.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
-			}
-			statuses[i].CurrentLimit = cl
-		}
-		hits := uint64(max(req.GetHitsAddend(), 1))
-		if h := d.GetHitsAddend(); h != nil {
-			hits = h.GetValue() // replaces the call's, 0 included
-		}
-		probe := hits == 0
-		if probe && ch.Lease.On() {
-			// A leased rule's capacity sits in replicas' leases: no item says what is left,
-			// and a leased unit cannot be given back exactly.
-			domCalls[callInvalid].Inc()
-			return nil, status.Error(codes.InvalidArgument, "hits_addend 0 (a check) is not served on a rule with a lease")
-		}
-		if probe {
-			// A check that consumes nothing: take one, refundable (never cached as a denial),
-			// straight from the item (no lease), and give it back once the call is decided.
-			ch.Cost, ch.Refundable, ch.Lease = 1, true, bucket.Lease{}
-		} else {
-			// More than the limit holds never conforms; clamping keeps the arithmetic small.
-			ch.Cost = int64(min(hits, uint64(capacity(ch.Limit))+1))
-		}
-		c.charges = append(c.charges, ch)
-		c.of = append(c.of, i)
-		c.probe = append(c.probe, probe)
-		c.views = append(c.views, view)
-	}
-	if len(c.charges) == 0 {
-		if slices.Contains(c.kinds, kindUnlimited) {
-			domCalls[callUnlimited].Inc()
-		} else {
-			domCalls[callUnmatched].Inc()
-		}
-		return resp, nil
-	}
-
-	if cap(c.results) < len(c.charges) {
-		c.results = make([]bucket.Result, len(c.charges))
-	}
-	c.results = c.results[:len(c.charges)]
-	clear(c.results)
-	admitted, err := s.take(ctx, now, c.charges, c.results)
-	if err != nil {
-		if s.o.OnError == Deny {
-			domCalls[callStoreErrorDenied].Inc()
-			return nil, status.Error(codes.Unavailable, "rate limit store unavailable")
-		}
-		// Fail open: OK, and no limit in the statuses, since none was decided.
-		domCalls[callStoreErrorAllowed].Inc()
-		for i := range statuses {
-			if statuses[i].CurrentLimit != nil {
-				statuses[i].CurrentLimit, statuses[i].LimitRemaining = nil, 0
+// charge is descriptor i's charge (without its pool and cost) and what the headers say about
+// it; ok is false when nothing is charged for it (no rule, or unlimited: then st says so).
+func (s *Service) charge(now time.Time, dom *envoyrules.Domain, d *rlext.RateLimitDescriptor, c *call, i int, st *pb.RateLimitResponse_DescriptorStatus) (ch bucket.Charge, view limitView, ok bool) {
+	es := c.entriesOf(i)
+	switch c.kinds[i] {
+	case kindUnlimited:
+		st.LimitRemaining = math.MaxUint32
+		return ch, view, false
+	case kindOverride:
+		o := d.GetLimit()
+		l, _ := envoyrules.OverrideLimit(o.GetRequestsPerUnit(), envoyrules.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
+		ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l}
+		// The caller chooses an override's entries: its label is the domain's alone.
+		view = limitView{name: overrideLabel(dom.Name), limit: l}
+		view.metric = view.name
+		st.CurrentLimit = &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: pb.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()}
+		return ch, view, true
+	case kindRule:
+		m := &c.matches[i]
+		r := m.Rule
+		ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease}
+		if s.o.Console != nil {
+			if l, unlimited, exempt := s.o.Console.ExemptRLS(now, r, ch.Key); exempt && unlimited {
+				// An unlimited exemption: answered as an unlimited rule is, charging nothing.
+				c.kinds[i] = kindUnlimited
+				st.LimitRemaining = math.MaxUint32
+				return ch, view, false
+			} else if exempt {
+				ch.Limit = l // the key's bucket, under the exemption's limit
 			}
 		}
-		return resp, nil
+		// Headers name the rule by its static label; metrics by m.Label, which holds
+		// values where the rule asks for them (detailed_metric, value_to_metric).
+		view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: ch.Limit, shadow: r.Shadow}
+		cl := &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(r.Unit)}
+		if r.UnitMultiplier > 1 {
+			cl.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
+		}
+		st.CurrentLimit = cl
+		return ch, view, true
 	}
+	return ch, view, false // kindNone
+}
 
-	pick, pickRemaining := -1, int64(math.MaxInt64)
+// cost sets ch's cost from the hits of the call (callHits) and of its descriptor (descHits,
+// which replaces the call's, 0 included); probe reports a hits_addend 0 check.
+func cost(ch *bucket.Charge, callHits uint32, descHits *wrapperspb.UInt64Value) (probe bool, err error) {
+	hits := uint64(max(callHits, 1))
+	if descHits != nil {
+		hits = descHits.GetValue()
+	}
+	if hits != 0 {
+		// More than the limit holds never conforms; clamping keeps the arithmetic small.
+		ch.Cost = int64(min(hits, uint64(capacity(ch.Limit))+1))
+		return false, nil
+	}
+	if ch.Lease.On() {
+		// A leased rule's capacity sits in replicas' leases: no item says what is left, and a
+		// leased unit cannot be given back exactly.
+		return false, status.Error(codes.InvalidArgument, "hits_addend 0 (a check) is not served on a rule with a lease")
+	}
+	// A check that consumes nothing: take one, refundable (never cached as a denial), straight
+	// from the item (no lease), and give it back once the call is decided.
+	ch.Cost, ch.Refundable, ch.Lease = 1, true, bucket.Lease{}
+	return true, nil
+}
+
+// unchargedResult is the call result of a call that charged nothing: unlimited when an
+// unlimited rule matched, else unmatched.
+func (c *call) unchargedResult() int {
+	if slices.Contains(c.kinds, kindUnlimited) {
+		return callUnlimited
+	}
+	return callUnmatched
+}
+
+// undecided renders the on_error rule the store decided for a call it could not decide
+// (bucket.RuleOf). Deny is the gRPC status UNAVAILABLE, which Envoy treats as a failed call:
+// with the filter's failure_mode_deny it rejects the request, without it lets it pass. Allow
+// is OK with no limit in the statuses, since none was decided.
+func (s *Service) undecided(err error, calls *[numCallResults]prometheus.Counter, resp *pb.RateLimitResponse, statuses []pb.RateLimitResponse_DescriptorStatus) (*pb.RateLimitResponse, error) {
+	if bucket.RuleOf(err).FailsClosed() {
+		calls[callStoreErrorDenied].Inc()
+		return nil, status.Error(codes.Unavailable, "rate limit store unavailable")
+	}
+	calls[callStoreErrorAllowed].Inc()
+	for i := range statuses {
+		if statuses[i].CurrentLimit != nil {
+			statuses[i].CurrentLimit, statuses[i].LimitRemaining = nil, 0
+		}
+	}
+	return resp, nil
+}
+
+// respond answers a decided call: each charged descriptor's status and counter, the overall
+// code, the give-back of an admitted call's checks, and the headers of the limit the verdict
+// names (verdict.Of: the enforced descriptor with the longest wait when the call is over its
+// limits, else the one with the least remaining), as the proxy's.
+func (s *Service) respond(ctx context.Context, now time.Time, c *call, admitted bool, resp *pb.RateLimitResponse, statuses []pb.RateLimitResponse_DescriptorStatus, calls *[numCallResults]prometheus.Counter) {
 	for j := range c.charges {
-		ch, r, i := &c.charges[j], &c.results[j], c.of[j]
-		v := &c.views[j]
-		v.result = *r
-		remaining := r.Remaining
-		if r.Allowed && (c.probe[j] || !admitted) {
-			// Nothing of it stays spent: a check is given back, and a rejected call
-			// commits nothing.
-			remaining = min(remaining+ch.N(), r.Limit)
-		}
-		v.remaining = remaining
-		st := &statuses[i]
-		st.LimitRemaining = uint32(min(max(remaining, 0), math.MaxUint32))
+		ch, r, v := &c.charges[j], &c.results[j], &c.views[j]
+		// Nothing of an allowed charge stays spent when it is a check (given back) or when the
+		// call is over its limits (a rejected call commits nothing).
+		v.result, v.remaining = *r, verdict.Remaining(ch, r, admitted && !c.probe[j])
+		st := &statuses[c.of[j]]
+		st.LimitRemaining = uint32(min(max(v.remaining, 0), math.MaxUint32))
 		reset := r.Reset
 		rc := s.o.Metrics.valueRule(v.name, v.metric)
 		switch {
@@ -338,27 +377,18 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			rc.Limited.Inc()
 		}
 		st.DurationUntilReset = durationpb.New(reset)
-		// The headers describe the enforced limit closest to rejecting: the first one over,
-		// else the one with the least remaining.
-		if !ch.Shadow && closer(v, remaining, pick, c.views, pickRemaining) {
-			pick, pickRemaining = j, remaining
-		}
-	}
-	if s.o.Console != nil {
-		s.observe(now, dom.Name, c)
 	}
 	if !admitted {
 		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
-		domCalls[callOverLimit].Inc()
+		calls[callOverLimit].Inc()
 	} else {
-		domCalls[callOK].Inc()
+		calls[callOK].Inc()
 		s.giveBack(ctx, now, c)
 	}
 	if s.o.ShadowMode {
 		resp.OverallCode = pb.RateLimitResponse_OK
 	}
-	resp.ResponseHeadersToAdd = s.o.Headers.appendHeaders(resp.ResponseHeadersToAdd, now, c.views, pick)
-	return resp, nil
+	resp.ResponseHeadersToAdd = s.o.Headers.appendHeaders(resp.ResponseHeadersToAdd, now, c.views, verdict.Of(c.charges, c.results))
 }
 
 // observe tells the console every descriptor of the decided call c that a rule charged (not
@@ -403,12 +433,7 @@ func (s *Service) take(ctx context.Context, now time.Time, charges []bucket.Char
 
 // giveBack returns the checks (hits_addend 0) of an admitted call.
 func (s *Service) giveBack(ctx context.Context, now time.Time, c *call) {
-	c.taken = c.taken[:0]
-	for j := range c.charges {
-		if c.probe[j] && c.results[j].Allowed {
-			c.taken = append(c.taken, bucket.Taken{Charge: c.charges[j], At: now, Token: c.results[j].Token})
-		}
-	}
+	c.taken = verdict.AppendTaken(c.taken[:0], c.charges, c.results, now, func(j int) bool { return c.probe[j] })
 	if len(c.taken) == 0 {
 		return
 	}
@@ -418,17 +443,6 @@ func (s *Service) giveBack(ctx context.Context, now time.Time, c *call) {
 		s.o.Metrics.shared.ReleaseErrors.Inc()
 		s.o.Logger.Warn("rls: a hits_addend 0 check was not given back (stricter until its window ends)", zap.Error(err))
 	}
-}
-
-// closer reports whether v (with remaining left) is closer to rejecting than views[pick].
-func closer(v *limitView, remaining int64, pick int, views []limitView, pickRemaining int64) bool {
-	if pick < 0 {
-		return true
-	}
-	if p := &views[pick]; v.over != p.over {
-		return v.over
-	}
-	return !v.over && remaining < pickRemaining
 }
 
 // capacity is the most one charge can take of l.

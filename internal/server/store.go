@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
 )
@@ -84,7 +85,7 @@ func (g *gateway) newBackend(ctx context.Context) (backend, error) {
 // memoryBackend is the in-memory store, with its metrics.
 func (g *gateway) memoryBackend() (backend, error) {
 	cfg, rl, reg := g.cfg, g.rl, g.reg
-	m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
+	m := memstore.New(memstore.Options{MaxKeys: cfg.Store.MaxKeys})
 	// Every pool has its share of the store before the first request (a pool first seen
 	// during a flood would find the shares divided among fewer), and again after each reload.
 	rl.OnSet(func(set *policy.Set) { m.SetPools(poolNames(set)...) })
@@ -193,12 +194,11 @@ func (g *gateway) dynamoBackend(ctx context.Context) (backend, error) {
 // wrapFallback wraps b's store in the circuit breaker and the on_error rule.
 func (g *gateway) wrapFallback(b backend) (*fallback.Store, error) {
 	cfg, log := g.cfg, g.log
-	onError := fallback.Allow
-	switch cfg.Store.OnError {
-	case "deny":
-		onError = fallback.Deny
-	case "local":
-		onError = fallback.Local
+	// Parsed once, here, and decided once, in the fallback store; the front ends only render
+	// what it decided (bucket.UndecidedError).
+	onError, err := bucket.ParseOnError(cfg.Store.OnError)
+	if err != nil {
+		return nil, err
 	}
 	return fallback.New(b.primary, fallback.Options{
 		OnError:  onError,
@@ -216,7 +216,7 @@ func (g *gateway) wrapFallback(b backend) (*fallback.Store, error) {
 				return
 			}
 			log.Warn("rate-limit store failing; circuit open, decisions follow store.on_error",
-				zap.String("store", cfg.Store.Backend), zap.String("on_error", cfg.Store.OnError), zap.Error(err))
+				zap.String("store", cfg.Store.Backend), zap.Stringer("on_error", onError), zap.Error(err))
 		},
 		Registerer: g.reg,
 	})

@@ -14,6 +14,10 @@
 #   BENCH_GO_COUNT=5      -count of the Go benchmarks    BENCH_GO_TIME=200ms  their -benchtime
 #   BENCH_ONLY=go|e2e|h2  run only one half (h2: only the HTTP/2 and gRPC rows)
 #   BENCH_DYNAMODB=0      skip row (e) even when the dynamodb backend is available
+#   BENCH_ROWS="b c d d0" measure only these end-to-end rows (ids as in the table: a b c d d0 ...)
+#   BENCH_BEFORE=PATH     also run another ratelimit-proxy binary (an earlier build) as rows
+#                         (c-before) and (d-before), side by side with this build in the same run
+#   BENCH_RSS_SECONDS=0   skip the RSS run
 #
 # Uses wrk, nginx and haproxy when installed (apt-get install wrk nginx haproxy) and says so when
 # they are not: without wrk the Go load generator in scripts/bench/loadgen runs instead; without
@@ -164,7 +168,7 @@ go_benches() {
   # seconds apart, so their ratio is what the table reports per round.
   note "Go benchmarks: decision cost ($go_count interleaved rounds, -benchtime $go_time)"
   mkdir -p "$out/bin"
-  $GO test -c -o "$out/bin/bucket.test" ./internal/bucket/
+  $GO test -c -o "$out/bin/memstore.test" ./internal/memstore/
   : >"$out/decision.txt"
   : >"$out/decision-rounds.tsv"
   local round grp pats pat
@@ -173,7 +177,7 @@ go_benches() {
       pats=("^BenchmarkMemory\$/./^${grp%/*}\$/^${grp#*/}\$" "^BenchmarkXRate\$/./^${grp%/*}\$/^${grp#*/}\$")
       [ $((round % 2)) = 0 ] && pats=("${pats[1]}" "${pats[0]}")
       for pat in "${pats[@]}"; do
-        (cd internal/bucket && "$out/bin/bucket.test" -test.run '^$' -test.bench "$pat" -test.benchmem \
+        (cd internal/memstore && "$out/bin/memstore.test" -test.run '^$' -test.bench "$pat" -test.benchmem \
           -test.benchtime "$go_time") | tee -a "$out/decision.txt" |
           awk -v r="$round" '/^Benchmark/ { n = $1; sub(/-[0-9]+$/, "", n); printf "%s\t%s\t%s\n", r, n, $3 }' >>"$out/decision-rounds.tsv"
       done
@@ -182,8 +186,11 @@ go_benches() {
   note "Go benchmarks: handler"
   $GO test -run '^$' -bench '^BenchmarkHandler' -benchmem -count "$go_count" -benchtime "$go_time" \
     ./internal/proxy/ >"$out/handler.txt"
+  note "Go benchmarks: tracing off, on unsampled, on sampled (telemetry block)"
+  $GO test -run '^$' -bench '^BenchmarkHandlerTelemetry$' -benchmem -count "$go_count" -benchtime "$go_time" \
+    ./internal/telemetry/ >"$out/telemetry.txt"
   note "Go benchmarks: bytes per key at 1M keys"
-  $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
+  $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/memstore/ >"$out/bytes.txt"
   note "Go benchmarks: the operators' console's cost in instructions (callgrind)"
   local console_rc=0
   local instr_n=30000
@@ -215,13 +222,13 @@ go_benches() {
       return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
     }
     END { for (i = 1; i <= k; i++) { n = order[i]; printf "%s\t%s\t%s\t%s\n", n, med(ns[n]), med(by[n]), med(al[n]) } }
-  ' "$out/decision.txt" "$out/handler.txt" >"$out/medians.tsv"
+  ' "$out/decision.txt" "$out/handler.txt" "$out/telemetry.txt" >"$out/medians.tsv"
 
   {
     echo
     echo "## 1. Decision cost (Go benchmarks, $go_count interleaved rounds, -benchtime $go_time, GOMAXPROCS=$ncpu)"
     echo
-    echo "One charge per decision on bucket.Memory vs golang.org/x/time/rate with a per-key map (Mutex: one map"
+    echo "One charge per decision on the memory store (memstore.Store) vs golang.org/x/time/rate with a per-key map (Mutex: one map"
     echo "behind one mutex; Sharded: 256 such maps). Each round runs one group (keys x mode) of ours and of"
     echo "x/time/rate back to back in fresh processes, alternating which goes first. ns/op columns are medians"
     echo "over the rounds; the ratio is ours / the faster x/time/rate variant *of the same round*, median"
@@ -262,7 +269,9 @@ go_benches() {
       }' "$out/decision-ratios.tsv" "$out/medians.tsv"
     echo
     echo "Full handler (internal/proxy, in-memory upstream, no sockets: the allocation budget of a request;"
-    echo "BenchmarkHandler_PlainReverseProxy is (b) in process, over the same in-memory upstream as _Admitted):"
+    echo "BenchmarkHandler_PlainReverseProxy is (b) in process, over the same in-memory upstream as _Admitted;"
+    echo "BenchmarkHandlerTelemetry (internal/telemetry) is an admitted request with tracing off (no telemetry"
+    echo "block: the handler alone), on at sample_ratio 0 and on at 1, exporting to a discarding exporter):"
     echo
     echo "| benchmark | ns/op | B/op | allocs/op |"
     echo "|---|---:|---:|---:|"
@@ -439,7 +448,9 @@ EOF
 # Row table: id, label, server kind, URL, keys, hot key.
 declare -A row_label row_url row_keys row_hot row_srv row_proto
 rows=()
-addrow() { rows+=("$1"); row_label[$1]=$2; row_srv[$1]=$3; row_url[$1]=$4; row_keys[$1]=$5; row_hot[$1]=$6; row_proto[$1]=${7:-http1}; }
+addrow() {
+  if [ -n "${BENCH_ROWS:-}" ] && ! grep -qw -- "$1" <<<"$BENCH_ROWS"; then return 0; fi
+  rows+=("$1"); row_label[$1]=$2; row_srv[$1]=$3; row_url[$1]=$4; row_keys[$1]=$5; row_hot[$1]=$6; row_proto[$1]=${7:-http1}; }
 
 # Servers are started once and kept running; each measured run reads the CPU ticks of the process
 # that the row measures.
@@ -469,6 +480,14 @@ start_servers() {
   start gateway "$SRV_CPU" "$out/bin/ratelimit-proxy" serve --config "$out/gateway.yaml"; srv_pids[c]=$last_pid
   addrow c "(c) ratelimit-proxy, 3 policies, memory, 10k keys, none rejected" c "http://127.0.0.1:$P_GW/" 10000 ""
   addrow d "(d) ratelimit-proxy, hot key always rejected (429)" c "http://127.0.0.1:$P_GW/" 0 "$hot_key"
+  if [ -n "${BENCH_BEFORE:-}" ]; then
+    # An earlier build beside this one, on its own core share and ports: before and after
+    # measured in the same run, seconds apart.
+    gateway_config "$out/gateway-before.yaml" 127.0.0.1:$((P_GW + 20)) 127.0.0.1:$((P_ADMIN + 20))
+    start gateway-before "$SRV_CPU" "$BENCH_BEFORE" serve --config "$out/gateway-before.yaml"; srv_pids[cB]=$last_pid
+    addrow cB "(c-before) $BENCH_BEFORE doing (c)" cB "http://127.0.0.1:$((P_GW + 20))/" 10000 ""
+    addrow dB "(d-before) $BENCH_BEFORE doing (d)" cB "http://127.0.0.1:$((P_GW + 20))/" 0 "$hot_key"
+  fi
   # The floor of (d): a bare net/http handler answering 429 from a per-key x/time/rate map.
   start bare429 "$SRV_CPU" "$out/bin/bare429" -listen 127.0.0.1:$P_BARE; srv_pids[d0]=$last_pid
   addrow d0 "(d0) bare net/http + x/time/rate map, hot key always 429" d0 "http://127.0.0.1:$P_BARE/" 0 "$hot_key"
@@ -648,6 +667,36 @@ e2e() {
       END { printf "Per-round req/s ratios, median (range): "; ratio("c", "b", "(c)/(b)"); ratio("d", "b", "(d)/(b)"); ratio("d", "d0g", "(d)/(d0 at GOGC=400)"); ratio("d", "d1", "(d)/(d1)"); ratio("d1", "d0g", "(d1)/(d0 at GOGC=400)")
             ratio("c2", "b2", "(c2)/(b2)"); ratio("d2", "gb", "(d2)/(gb)"); ratio("g", "gb", "gRPC (g)/(gb)"); ratio("g", "g0", "gRPC (g)/(g0 direct)"); ratio("gb", "g0", "gRPC (gb)/(g0 direct)"); print "" }
     ' "$out/e2e.tsv"
+    # Issue 33 item 11's targets, in CPU per request of the server under test, per round (the
+    # rows of one round ran seconds apart) and as a ratio of the medians.
+    awk -F'\t' '
+      { v[$1, $2] = $8; if ($2 > rounds) rounds = $2 }
+      function ratio(x, y,   r, a, n, i, j, t) {
+        n = 0
+        for (r = 1; r <= rounds; r++) if (v[x, r] > 0 && v[y, r] > 0) a[++n] = v[x, r] / v[y, r]
+        if (n == 0) return ""
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+        med = (n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2)
+        return sprintf("%.2fx (per round %.2f-%.2f over %d rounds)", med, a[1], a[n], n)
+      }
+      function line(label, x, y, target,   s) {
+        s = ratio(x, y)
+        if (s == "") return
+        printf "| %s | %s | <= %.2fx | %s |\n", label, s, target, (med <= target ? "met" : "not met")
+      }
+      END {
+        print ""
+        print "CPU per request against the baselines (issue 33 item 11; user+system CPU of the server under test per request, median of the per-round ratios):"
+        print ""
+        print "| ratio | measured | target | status |"
+        print "|---|---:|---:|---|"
+        line("429 path: (d) / (d0) bare net/http + x/time/rate", "d", "d0", 0.9)
+        line("429 path at equal GC: (d) / (d0 at GOGC=400)", "d", "d0g", 0.9)
+        line("forwarding: (c) / (b) plain httputil.ReverseProxy", "c", "b", 0.6)
+        line("before: 429 path (d-before) / (d0)", "dB", "d0", 0.9)
+        line("before: forwarding (c-before) / (b)", "cB", "b", 0.6)
+      }' "$out/e2e.tsv"
+    echo
     # How close the 429 path is to net/http's own floor, at equal GC settings.
     awk -F'\t' '$1 == "d" { d = $3 } $1 == "d0g" { f = $3 } $1 == "dg" { dg = $3 } $1 == "d0" { f0 = $3 } $1 == "d1" { d1 = $3 }
       END { if (d && f) printf "The 429 path against its floor at equal GC: (d) / (d0 at GOGC=400) = %.2fx", d / f
@@ -758,6 +807,7 @@ dynamo_costs() {
 rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 rss_run() {
+  [ "$rss_secs" -gt 0 ] && [ -n "${srv_pids[c]:-}" ] || return 0
   local pid=${srv_pids[c]}
   note "RSS of the gateway over a ${rss_secs}s (c) run"
   local startk peak=0 endk k samples=()
