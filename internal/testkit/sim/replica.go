@@ -13,6 +13,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
@@ -94,7 +95,7 @@ func (r *replica) start(w *world) {
 		r.store = r.dyn
 	case backendMemory:
 		r.dyn = nil
-		r.store = bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: 10_000})
+		r.store = memstore.New(memstore.Options{Shards: 1, MaxKeys: 10_000})
 	}
 	r.base = r.store
 	if s, ok := exactmutant.Store(r.store, w.cfg.Mutant).(bucket.Releaser); ok {
