@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,7 +41,8 @@ type replica struct {
 	backend backend
 	inc     int // incarnation: a restart makes a new one
 	alive   bool
-	offset  time.Duration
+	offset  time.Duration // the driver's; clock reads its copy, off
+	off     atomic.Int64
 	rnd     schema.Rand
 	store   bucket.Releaser
 	dyn     *dynamo.Store
@@ -82,7 +84,8 @@ func (r *replica) start(w *world) {
 	r.rnd = lockedRand(w.rng.Uint64())
 	reg := prometheus.NewRegistry()
 	r.regs = append(r.regs, reg)
-	clock := func() time.Time { return time.Now().Add(r.offset) }
+	r.off.Store(int64(r.offset))
+	clock := func() time.Time { return time.Now().Add(time.Duration(r.off.Load())) }
 	switch r.backend {
 	case backendDynamo:
 		a := dynamo.API(&api{w: w, rep: r, inc: r.inc})

@@ -303,6 +303,7 @@ func (w *world) chaos() {
 		// (beyond it, the concurrency slots' leases are not promised to hold).
 		step := time.Duration(w.rng.Int64N(int64(3*time.Second))) - 1500*time.Millisecond
 		r.offset = min(max(r.offset+step, -maxOffset), maxOffset)
+		r.off.Store(int64(r.offset))
 		w.judge.offset(r)
 		w.record("clock r%d steps %s to %s", r.id, step, r.offset)
 	case 2:

@@ -26,20 +26,8 @@ const (
 	defaultMutantSeeds = 12
 )
 
-// raceBudget is set under the race detector (race_test.go): make test's budget, a third of the
-// decisions and half the seeds.
-var raceBudget bool
-
 func envInt(t *testing.T, name string, def int) int {
 	t.Helper()
-	if raceBudget {
-		switch name {
-		case "SIM_DECISIONS":
-			def = 1000
-		case "SIM_SEEDS":
-			def = 3
-		}
-	}
 	v := os.Getenv(name)
 	if v == "" {
 		return def
