@@ -83,7 +83,7 @@ check-exact: build
 
 ## sim: the deterministic simulator (docs/simulator.md): replicas of the real engine against a
 ## simulated DynamoDB in one process on a fake clock, faults and interleavings from a seed; SIM_SEEDS
-## seeds (default 60, about two minutes on 2 cores) of SIM_DECISIONS decisions (default 2000), every
+## seeds (default 150, about two minutes on 2 cores) of SIM_DECISIONS decisions (default 2000), every
 ## mutant, and the simulated DynamoDB's differential test against DynamoDB Local; writes
 ## .cache/sim/report.json. `make sim SEED=N` replays seed N and prints its history when it fails.
 ## `make test` runs a short budget of it.

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .cache/sim
-export SIM_SEEDS=${SIM_SEEDS:-60} SIM_DECISIONS=${SIM_DECISIONS:-2000}
+export SIM_SEEDS=${SIM_SEEDS:-150} SIM_DECISIONS=${SIM_DECISIONS:-2000}
 export SIMDDB_DIFF_OUT=$PWD/.cache/sim/differential.json SIM_REPORT=$PWD/.cache/sim/report.json
 if [ -n "${SEED:-}" ]; then
   exec go test -count=1 -timeout 0 -v -run '^TestSimulator$' ./internal/testkit/sim/

@@ -36,6 +36,7 @@ type call struct {
 	orphan bool
 	sent   time.Time
 	pk     string // the keys of the items it reads or writes: the first sort key
+	quiet  int    // the quiet reset it belongs to, if any
 }
 
 // callKeys lists the item keys of a call.
@@ -144,6 +145,9 @@ func (a *api) attempt(ctx context.Context, op string, in any) (any, error) {
 	c := &call{rep: a.rep, inc: a.inc, op: op, in: in, reply: make(chan answer, 1), sent: time.Now()}
 	c.desc = a.w.describe(c)
 	c.pk = callKeys(in)
+	if q, ok := ctx.Value(quietKey{}).(int); ok {
+		c.quiet = q
+	}
 	if !a.w.enqueue(c) {
 		return nil, transportErr(op) // this incarnation is dead
 	}

@@ -134,6 +134,7 @@ type world struct {
 	closers     int
 	closing     bool
 	exemptionID int
+	quiet       int // quiet resets so far
 	inflight    int
 	judge       *judge
 	res         Result

@@ -18,12 +18,12 @@ import (
 //   - SIM_DECISIONS=N decisions per seed (default 2,000);
 //   - SIM_HEAL_AT=N: faults stop at decision N (default 4/5 of the decisions; a shrunk replay
 //     keeps its full run's);
-//   - SIM_MUTANT_SEEDS=N: each mutant runs seeds 1..N until one catches it (default 12);
+//   - SIM_MUTANT_SEEDS=N: each mutant runs seeds 1..N until one catches it (default 30);
 //   - SIM_REPORT=path writes the report there (make sim: .cache/sim/report.json), with the
 //     differential test's counts from SIMDDB_DIFF_OUT's file when it is there.
 const (
 	defaultSeeds       = 6
-	defaultMutantSeeds = 12
+	defaultMutantSeeds = 30
 )
 
 func envInt(t *testing.T, name string, def int) int {
