@@ -117,3 +117,12 @@ func TestAdmin401NamesTheVariable(t *testing.T) {
 		t.Errorf("with a wrong token: %q; want the variable named and its value never printed", errs)
 	}
 }
+
+// TestRoundedSeconds: durations print as a person reads them.
+func TestRoundedSeconds(t *testing.T) {
+	for in, want := range map[float64]string{1.812345678: "1.8s", 59.96: "1m0s", 0.25: "250ms", 0.0004: "0s", 3: "3s", 1.2000000000000002: "1.2s"} {
+		if got := roundedSeconds(in); got != want {
+			t.Errorf("roundedSeconds(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
