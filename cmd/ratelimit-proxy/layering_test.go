@@ -16,10 +16,11 @@ var allowedImports = map[string][]string{
 	"internal/answer":                 {"internal/bucket", "internal/histbuckets"},
 	"internal/bucket":                 {},
 	"internal/bucket/buckettest":      {"internal/bucket"},
+	"internal/configyaml":             {},
 	"internal/memstore":               {"internal/bucket"},
 	"internal/limitspec":              {"internal/bucket"},
-	"internal/envoyrules":             {"internal/bucket", "internal/limitspec"},
-	"internal/policy":                 {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/limitspec"},
+	"internal/envoyrules":             {"internal/bucket", "internal/configyaml", "internal/limitspec"},
+	"internal/policy":                 {"internal/answer", "internal/bucket", "internal/configyaml", "internal/envoyrules", "internal/limitspec"},
 	"internal/protect":                {"internal/histbuckets", "internal/policy"},
 	"internal/replay":                 {"internal/bucket", "internal/memstore", "internal/policy"},
 	"internal/admin":                  {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/policy"},
@@ -34,8 +35,10 @@ var allowedImports = map[string][]string{
 	"internal/configschema/schemagen": {"internal/configschema"},
 	"internal/clockref":               {},
 	"internal/histbuckets":            {},
+	"internal/telemetry":              {"internal/bucket", "internal/envoyrules", "internal/limitspec", "internal/policy"},
 	"internal/server": {"internal/admin", "internal/bucket", "internal/clockref", "internal/dynamo",
-		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls"},
+		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/rls",
+		"internal/telemetry"},
 	"internal/cli": {"internal/admin", "internal/policy", "internal/server"},
 
 	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
@@ -45,6 +48,7 @@ var allowedImports = map[string][]string{
 	"internal/testkit/exactmutant": {"internal/bucket", "internal/dynamo"},
 	"internal/testkit/faultnet":    {},
 	"internal/testkit/harness":     {},
+	"internal/testkit/otlpsink":    {},
 	"internal/testkit/gateway":     {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
 }
 

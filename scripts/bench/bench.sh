@@ -186,6 +186,9 @@ go_benches() {
   note "Go benchmarks: handler"
   $GO test -run '^$' -bench '^BenchmarkHandler' -benchmem -count "$go_count" -benchtime "$go_time" \
     ./internal/proxy/ >"$out/handler.txt"
+  note "Go benchmarks: tracing off, on unsampled, on sampled (telemetry block)"
+  $GO test -run '^$' -bench '^BenchmarkHandlerTelemetry$' -benchmem -count "$go_count" -benchtime "$go_time" \
+    ./internal/telemetry/ >"$out/telemetry.txt"
   note "Go benchmarks: bytes per key at 1M keys"
   $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/memstore/ >"$out/bytes.txt"
   note "Go benchmarks: the operators' console's cost in instructions (callgrind)"
@@ -219,7 +222,7 @@ go_benches() {
       return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
     }
     END { for (i = 1; i <= k; i++) { n = order[i]; printf "%s\t%s\t%s\t%s\n", n, med(ns[n]), med(by[n]), med(al[n]) } }
-  ' "$out/decision.txt" "$out/handler.txt" >"$out/medians.tsv"
+  ' "$out/decision.txt" "$out/handler.txt" "$out/telemetry.txt" >"$out/medians.tsv"
 
   {
     echo
@@ -266,7 +269,9 @@ go_benches() {
       }' "$out/decision-ratios.tsv" "$out/medians.tsv"
     echo
     echo "Full handler (internal/proxy, in-memory upstream, no sockets: the allocation budget of a request;"
-    echo "BenchmarkHandler_PlainReverseProxy is (b) in process, over the same in-memory upstream as _Admitted):"
+    echo "BenchmarkHandler_PlainReverseProxy is (b) in process, over the same in-memory upstream as _Admitted;"
+    echo "BenchmarkHandlerTelemetry (internal/telemetry) is an admitted request with tracing off (no telemetry"
+    echo "block: the handler alone), on at sample_ratio 0 and on at 1, exporting to a discarding exporter):"
     echo
     echo "| benchmark | ns/op | B/op | allocs/op |"
     echo "|---|---:|---:|---:|"
