@@ -142,10 +142,15 @@ func createTable(ctx context.Context, path string, getenv func(string) string, s
 	if d.Endpoint != "" {
 		where = d.Endpoint
 	}
-	if err := server.CreateTable(ctx, cfg); err != nil {
+	created, err := server.CreateTable(ctx, cfg)
+	if err != nil {
 		return fmt.Errorf("table create %s (%s): %w", d.Table, where, err)
 	}
-	fmt.Fprintf(stdout, "table %s (%s): ACTIVE, partition key pk (S), on-demand billing, TTL on ttl (created if it was missing)\n", d.Table, where)
+	what := "existed already; left as it was, TTL on ttl ensured"
+	if created {
+		what = "created: partition key pk (S), on-demand billing, TTL on ttl"
+	}
+	fmt.Fprintf(stdout, "table %s (%s): %s; ACTIVE\n", d.Table, where, what)
 	return nil
 }
 

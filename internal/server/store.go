@@ -244,15 +244,15 @@ func newDynamoClient(ctx context.Context, d *policy.DynamoDBConfig, now func() t
 
 // CreateTable creates the table of cfg's store.dynamodb block (see dynamo.CreateTable), bounded
 // by ctx. It fails unless store.backend is dynamodb.
-func CreateTable(ctx context.Context, cfg *policy.Config) error {
+func CreateTable(ctx context.Context, cfg *policy.Config) (created bool, err error) {
 	if cfg.Store.Backend != "dynamodb" || cfg.Store.DynamoDB == nil {
-		return fmt.Errorf("store.backend is %q: table create needs store.backend dynamodb and a store.dynamodb block", cfg.Store.Backend)
+		return false, fmt.Errorf("store.backend is %q: table create needs store.backend dynamodb and a store.dynamodb block", cfg.Store.Backend)
 	}
 	client, err := NewDynamoClient(ctx, cfg.Store.DynamoDB)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return dynamo.CreateTable(ctx, client, cfg.Store.DynamoDB.Table)
+	return dynamo.EnsureTable(ctx, client, cfg.Store.DynamoDB.Table)
 }
 
 // poolNames are the memory store's pools of a compiled set: each policy's name and each RLS
