@@ -291,3 +291,74 @@ telemetry:
 		t.Errorf("network.protocol.version %q, want 2", v)
 	}
 }
+
+// TestTelemetryDynamoDB: on the DynamoDB store, each store span of a recorded request has the
+// DynamoDB calls it made as children, named by operation with the table, and no key is
+// exported (an item's key holds an unkeyed digest of it; the raw value must not appear).
+func TestTelemetryDynamoDB(t *testing.T) {
+	endpoint := dynamoEndpoint(t)
+	table := "e2e-otel-" + randomSuffix()
+	sink := otlpsink.Start(t)
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, dynamoStore(table, endpoint, true, "5s", "")+fmt.Sprintf(`telemetry:
+  otlp: {endpoint: "%s", insecure: true}
+policies:
+  - {name: per-key, key: api_key, algorithm: token_bucket, rate: 1/h, burst: 1}
+`, sink.GRPCAddr), append(awsEnv(), "OTEL_BSP_SCHEDULE_DELAY=50")...)
+	apiKey := adminKeyPrefix + "dynamo-otel-" + randomSuffix()
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		resp, _ := get(t, g.proxy+"/", "X-Api-Key", apiKey)
+		if resp.StatusCode != want {
+			t.Fatalf("request %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	isDynamo := func(s otlpsink.Span) bool { return strings.HasPrefix(s.GetName(), "DynamoDB.") }
+	if !sink.Wait(20*time.Second, func(spans []otlpsink.Span) bool {
+		takes, calls := 0, 0
+		for _, s := range spans {
+			if s.GetName() == "ratelimit.store.take" {
+				takes++
+			}
+			if isDynamo(s) {
+				calls++
+			}
+		}
+		return takes >= 2 && calls >= 2
+	}) {
+		t.Fatalf("got %d spans, want 2 store calls with DynamoDB calls under them", len(sink.Spans()))
+	}
+	spans := sink.Spans()
+	takes := map[string]otlpsink.Span{}
+	for _, s := range spans {
+		if s.GetName() == "ratelimit.store.take" {
+			takes[string(s.GetSpanId())] = s
+			if got := otlpsink.Attr(s.Span, "ratelimit.store"); got != "dynamodb" {
+				t.Errorf("store span: ratelimit.store %q, want dynamodb", got)
+			}
+		}
+	}
+	under := map[string]int{}
+	for _, s := range spans {
+		if !isDynamo(s) {
+			continue
+		}
+		parent, ok := takes[string(s.GetParentSpanId())]
+		if !ok || string(parent.GetTraceId()) != string(s.GetTraceId()) {
+			t.Errorf("%s is not under a store span", s.GetName())
+			continue
+		}
+		under[string(s.GetParentSpanId())]++
+		if got := otlpsink.Attr(s.Span, "aws.dynamodb.table_names"); got != table {
+			t.Errorf("%s: table %q, want %q", s.GetName(), got, table)
+		}
+		if got := otlpsink.Attr(s.Span, "error.type"); got != "" {
+			t.Errorf("%s failed: %s (a refusal is a failed condition, not an error)", s.GetName(), got)
+		}
+	}
+	if len(under) != 2 {
+		t.Errorf("DynamoDB calls under %d of the 2 store spans", len(under))
+	}
+	if sink.Contains([]byte(apiKey)) {
+		t.Error("the raw API key was exported")
+	}
+}
