@@ -362,3 +362,29 @@ policies:
 		t.Error("the raw API key was exported")
 	}
 }
+
+// TestTelemetryValidate: `validate` says where telemetry goes, and names a bad value with its
+// field.
+func TestTelemetryValidate(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, telemetry string) string {
+		p := filepath.Join(dir, name)
+		cfg := "upstream: http://127.0.0.1:3000\n" + lenientPolicy + "telemetry:\n" + telemetry
+		if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", "  otlp: {endpoint: 'collector:4317', insecure: true}\n  traces: {sample_ratio: 0.1}\n  metrics: {otlp: true, interval: 30s}\n")
+	code, out, errs := runCLI(t, "validate", "--config", good)
+	if want := "telemetry: traces to collector:4317 (grpc), sample ratio 0.1; metrics every 30s"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("validate: exit %d, %q%q; want %q", code, out, errs, want)
+	}
+	bad := write("bad.yaml", "  otlp: {endpoint: 'collector:4317', protocol: http}\n  traces: {sample_ratio: 2}\n")
+	code, out, errs = runCLI(t, "validate", "--config", bad)
+	for _, want := range []string{`telemetry.otlp.protocol: "http": must be grpc or http/protobuf`, `telemetry.traces.sample_ratio: "2": must be from 0 to 1`} {
+		if code != 1 || !strings.Contains(errs, want) {
+			t.Errorf("validate: exit %d, %q%q; want exit 1 and %q", code, out, errs, want)
+		}
+	}
+}
