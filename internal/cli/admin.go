@@ -110,6 +110,9 @@ func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr 
 			if ex.unlimited {
 				body["unlimited"] = true
 			} else {
+				if err := c.exemptLimitGiven(cmd.Context(), args[0], domain, ex.rate, ex.burst, ex.limit); err != nil {
+					return err
+				}
 				body["limit"] = map[string]any{"rate": ex.rate, "burst": ex.burst, "limit": ex.limit, "window": ex.window}
 			}
 			if ex.until != "" {
@@ -236,6 +239,14 @@ func (c *adminClient) call(ctx context.Context, base, method, path string, body,
 		_ = json.Unmarshal(data, &p)
 		if p.Detail == "" {
 			p.Detail = strings.TrimSpace(string(data))
+		}
+		if resp.StatusCode == http.StatusUnauthorized {
+			// Say where the token came from: the usual cause is a variable never exported.
+			if c.getenv(tokenEnv) == "" {
+				p.Detail += fmt.Sprintf(" (the token is read from %s, which is empty: export it, or name another variable with --token-env)", tokenEnv)
+			} else {
+				p.Detail += fmt.Sprintf(" (sent the token held by %s)", tokenEnv)
+			}
 		}
 		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, p.Detail)
 	}
@@ -370,6 +381,7 @@ func (c *adminClient) top(ctx context.Context, pol string, n int, replicas []str
 	if len(replicas) == 0 {
 		replicas = []string{base}
 	}
+	replicas = distinctURLs(replicas)
 	lists := make([][]admin.TopKey, 0, len(replicas))
 	for _, r := range replicas {
 		var v struct{ Keys []admin.TopKey }
@@ -422,4 +434,61 @@ func (c *adminClient) exemptions(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// distinctURLs drops repeated admin URLs (a trailing slash or the case of the scheme and host
+// aside), keeping the first of each: a replica named twice is counted once.
+func distinctURLs(urls []string) []string {
+	seen := map[string]bool{}
+	out := urls[:0:0]
+	for _, u := range urls {
+		k := strings.TrimRight(u, "/")
+		if p, err := url.Parse(k); err == nil && p.Host != "" {
+			p.Scheme, p.Host = strings.ToLower(p.Scheme), strings.ToLower(p.Host)
+			k = p.String()
+		}
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// exemptLimitGiven checks, before anything is sent, that `admin exempt` has the replacement
+// limit its policy needs, naming the missing flag: --rate and --burst for a token or leaky
+// bucket, --limit for the others (the policy's algorithm asked of the API; when it cannot be,
+// both are named).
+func (c *adminClient) exemptLimitGiven(ctx context.Context, pol, domain, rate string, burst, limit int64) error {
+	algorithm := ""
+	if domain == "" {
+		if base, _, err := c.settings(); err == nil {
+			var v struct{ Policies []admin.PolicyInfo }
+			if c.call(ctx, base, http.MethodGet, "/v1/policies", nil, &v) == nil {
+				for _, p := range v.Policies {
+					if p.Name == pol {
+						algorithm = p.Algorithm
+					}
+				}
+			}
+		}
+	}
+	bucket := algorithm == "token_bucket" || algorithm == "leaky_bucket"
+	var missing []string
+	switch {
+	case bucket && rate == "" && burst == 0:
+		missing = []string{"--rate", "--burst"}
+	case bucket && rate == "":
+		missing = []string{"--rate"}
+	case bucket && burst == 0:
+		missing = []string{"--burst"}
+	case algorithm != "" && !bucket && limit == 0:
+		missing = []string{"--limit"}
+	case algorithm == "" && rate == "" && burst == 0 && limit == 0:
+		return fmt.Errorf("admin exempt %s: no replacement limit: give --rate and --burst (a token or leaky bucket), --limit (a window, quota or concurrency policy), or --unlimited", pol)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("admin exempt %s: %s is missing (policy %s is a %s; or --unlimited for no limit)", pol, strings.Join(missing, " and "), pol, algorithm)
+	}
+	return nil
 }

@@ -5,9 +5,9 @@ import "time"
 // TelemetryConfig is the telemetry block: OpenTelemetry traces and metrics over OTLP. Without
 // otlp.endpoint nothing is exported and the request path runs no telemetry code.
 type TelemetryConfig struct {
-	OTLP    OTLPConfig             `mapstructure:"otlp" yaml:"otlp"`
-	Traces  TracesConfig           `mapstructure:"traces" yaml:"traces"`
-	Metrics TelemetryMetricsConfig `mapstructure:"metrics" yaml:"metrics"`
+	OTLP    OTLPConfig             `yaml:"otlp"`
+	Traces  TracesConfig           `yaml:"traces"`
+	Metrics TelemetryMetricsConfig `yaml:"metrics"`
 }
 
 // OTLPConfig is where telemetry goes. The standard OTEL_EXPORTER_OTLP_* variables (headers,
@@ -18,12 +18,12 @@ type OTLPConfig struct {
 	// Endpoint is the OTLP receiver (a collector): host:port, or an http:// or https:// URL.
 	// Setting it turns telemetry on. With http/protobuf a URL without a path gets the
 	// standard /v1/traces and /v1/metrics. (Optional) default "": off.
-	Endpoint string `mapstructure:"endpoint" yaml:"endpoint"`
+	Endpoint string `yaml:"endpoint"`
 	// Protocol is grpc or http/protobuf. (Optional) default grpc.
-	Protocol string `mapstructure:"protocol" yaml:"protocol"`
+	Protocol string `yaml:"protocol"`
 	// Insecure sends in clear text (no TLS) to a host:port endpoint; an http:// URL is clear
 	// text anyway, and an https:// URL cannot be. (Optional) default false: TLS.
-	Insecure bool `mapstructure:"insecure" yaml:"insecure"`
+	Insecure bool `yaml:"insecure"`
 }
 
 // TracesConfig is how requests are traced.
@@ -31,16 +31,16 @@ type TracesConfig struct {
 	// SampleRatio is the share of new traces recorded, from 0 to 1. A request that arrives
 	// with a traceparent from a trusted peer (trusted_proxies) follows its parent's decision
 	// instead. (Optional) default 1.
-	SampleRatio *float64 `mapstructure:"sample_ratio" yaml:"sample_ratio"`
+	SampleRatio *float64 `yaml:"sample_ratio"`
 }
 
 // TelemetryMetricsConfig is whether metrics go over OTLP too.
 type TelemetryMetricsConfig struct {
 	// OTLP exports the series of /metrics over OTLP as well (/metrics keeps answering).
 	// (Optional) default false.
-	OTLP bool `mapstructure:"otlp" yaml:"otlp"`
+	OTLP bool `yaml:"otlp"`
 	// Interval is how often they are exported. (Optional) default 60s.
-	Interval time.Duration `mapstructure:"interval" yaml:"interval"`
+	Interval time.Duration `yaml:"interval"`
 }
 
 // DefaultSampleRatio is telemetry.traces.sample_ratio's default.
