@@ -169,9 +169,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	default:
 		es.add("store.backend", c.Store.Backend, "must be memory or dynamodb")
 	}
-	switch c.Store.OnError {
-	case "allow", "deny", "local":
-	default:
+	if _, err := bucket.ParseOnError(c.Store.OnError); err != nil {
+		// The values are bucket's, which applies the rule; its message names the field, ours
+		// puts it in the path.
 		es.add("store.on_error", c.Store.OnError, "must be allow, deny or local")
 	}
 	positiveDuration(&es, "store.timeout", c.Store.Timeout)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 	"golang.org/x/net/http/httpguts"
 )
@@ -23,8 +24,9 @@ const maxReplicas = 10_000
 
 // checkStore checks the fields of the shared store and of on_error local.
 func checkStore(es *Errors, st *StoreConfig) {
+	rule, _ := bucket.ParseOnError(st.OnError) // a bad value is reported on its own
 	switch r := st.Replicas; {
-	case r == 0 && st.OnError == "local":
+	case r == 0 && rule == bucket.Local:
 		es.add("store.replicas", "", "required with store.on_error local: how many replicas share the limits")
 	case r < 0 || r > maxReplicas:
 		es.add("store.replicas", strconv.Itoa(r), fmt.Sprintf("must be from 1 to %d", maxReplicas))
