@@ -9,7 +9,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 func summary(pc *PolicyConfig) string {
@@ -30,7 +30,7 @@ func summary(pc *PolicyConfig) string {
 			fmt.Fprintf(&b, " offset=%d", pc.Offset)
 		}
 	default:
-		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, limitspec.ShortDuration(pc.Window))
+		fmt.Fprintf(&b, " limit=%d window=%s", pc.Limit, limitterms.ShortDuration(pc.Window))
 	}
 	if pc.Cost > 1 {
 		fmt.Fprintf(&b, " cost=%d", pc.Cost)
@@ -65,7 +65,7 @@ func summary(pc *PolicyConfig) string {
 	if l := pc.Lease; l != nil && l.Enabled {
 		fmt.Fprintf(&b, " lease(shards=%d", max(l.Shards, 1))
 		if l.TTL > 0 {
-			b.WriteString(" ttl=" + limitspec.ShortDuration(l.TTL))
+			b.WriteString(" ttl=" + limitterms.ShortDuration(l.TTL))
 		}
 		b.WriteString(")")
 	}
@@ -99,7 +99,7 @@ func ProtectSummary(c *Config) string {
 		fmt.Fprintf(&b, "protect: fixed limit=%d", cc.Limit)
 	}
 	fmt.Fprintf(&b, " queue_timeout=%s status=%d max_buffered_body=%d stream_share=%g",
-		limitspec.ShortDuration(cc.QueueTimeout), p.Status, p.MaxBufferedBody, p.StreamShare)
+		limitterms.ShortDuration(cc.QueueTimeout), p.Status, p.MaxBufferedBody, p.StreamShare)
 	if len(p.Priorities) > 0 {
 		classes := make([]string, len(p.Priorities))
 		for i, pr := range p.Priorities {

@@ -23,8 +23,8 @@ import (
 	"container/heap"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"math/rand/v2"
@@ -123,17 +123,17 @@ type world struct {
 	lines []string
 	steps int
 
-	agenda   agenda
-	seq      int
-	started  int // decisions started
+	agenda  agenda
+	seq     int
+	started int // decisions started
 	// closers counts the goroutines the drain waits for besides decisions (releases, console
 	// calls, stores closing); exemptionID numbers the exemptions.
 	closers     int
 	closing     bool
 	exemptionID int
-	inflight int
-	judge    *judge
-	res      Result
+	inflight    int
+	judge       *judge
+	res         Result
 }
 
 func newWorld(cfg Config) (*world, error) {

@@ -1,4 +1,4 @@
-// Package admin is the operators' console.
+// Package console is the operators' console.
 //
 // It is the operators' console, a third front end on the admin listener beside
 // /metrics: a JSON API under /v1/ (policies, a key's state without charging it, resets,
@@ -17,7 +17,7 @@
 // and series count what this replica decided (`ratelimit-proxy admin top --replica URL ...`
 // merges replicas), while key states, resets and exemptions are the store's (shared on
 // DynamoDB).
-package admin
+package console
 
 import (
 	"math/rand/v2"

@@ -20,7 +20,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
-// The operators' console on the shared store (package admin): Peek reads a key's items without
+// The operators' console on the shared store (package console): Peek reads a key's items without
 // writing, Reset empties them, and both the resets and the exemptions reach every replica
 // through two items that each replica reads once a second (Exemptions):
 //

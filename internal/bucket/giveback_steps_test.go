@@ -28,7 +28,7 @@ func TestConcurrentSteps(t *testing.T) {
 		{false, allowed(2, 1, time.Second, 0), 1},
 	} {
 		if s.release {
-			inflight = bucket.ConcurrentRelease(inflight)
+			inflight = bucket.ConcurrentGiveBack(inflight)
 		} else {
 			next, r := bucket.Concurrent(inflight, l)
 			if r.Allowed {
@@ -44,7 +44,7 @@ func TestConcurrentSteps(t *testing.T) {
 	}
 }
 
-func TestGCRARefundSteps(t *testing.T) {
+func TestGCRAGiveBackSteps(t *testing.T) {
 	l := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 3} // T = 100ms
 	at := t0.UnixNano()
 	T := ms(100).Nanoseconds()
@@ -63,14 +63,14 @@ func TestGCRARefundSteps(t *testing.T) {
 		{"unknown (token 0)", l, at + 3*T, 0, at + 3*T, false},
 		{"leaky bucket", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 10, Burst: 3}, at + 3*T, at + 3*T, at + 3*T, false},
 	} {
-		got, ok := bucket.GCRARefund(tc.tat, tc.left, tc.l)
+		got, ok := bucket.GCRAGiveBack(tc.tat, tc.left, tc.l)
 		if got != tc.wantTat || ok != tc.wantOK {
 			t.Errorf("%s: got tat=at%+d ok=%v, want at%+d %v", tc.name, got-at, ok, tc.wantTat-at, tc.wantOK)
 		}
 	}
 }
 
-func TestFixedRefundSteps(t *testing.T) {
+func TestFixedGiveBackSteps(t *testing.T) {
 	l := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 3, Window: time.Minute}
 	end := t0.Add(time.Minute).UnixNano()
 	for _, tc := range []struct {
@@ -86,14 +86,14 @@ func TestFixedRefundSteps(t *testing.T) {
 		{"window has moved on", bucket.FixedState{End: end + time.Minute.Nanoseconds(), Count: 3}, sec(10), bucket.FixedState{End: end + time.Minute.Nanoseconds(), Count: 3}, false},
 		{"nothing counted", bucket.FixedState{End: end}, sec(10), bucket.FixedState{End: end}, false},
 	} {
-		got, ok := bucket.FixedRefund(tc.s, t0.Add(tc.at).UnixNano(), l)
+		got, ok := bucket.FixedGiveBack(tc.s, t0.Add(tc.at).UnixNano(), l)
 		if got != tc.want || ok != tc.wantOK {
 			t.Errorf("%s: got %+v %v, want %+v %v", tc.name, got, ok, tc.want, tc.wantOK)
 		}
 	}
 }
 
-func TestSlidingRefundSteps(t *testing.T) {
+func TestSlidingGiveBackSteps(t *testing.T) {
 	l := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 3, Window: 10 * time.Second} // 1s slots
 	var s bucket.SlidingState
 	for _, at := range []time.Duration{sec(1), sec(2), sec(2)} {
@@ -105,7 +105,7 @@ func TestSlidingRefundSteps(t *testing.T) {
 	}
 	refund := func(at time.Duration) bool {
 		var ok bool
-		s, ok = bucket.SlidingRefund(s, t0.Add(at).UnixNano(), l)
+		s, ok = bucket.SlidingGiveBack(s, t0.Add(at).UnixNano(), l)
 		return ok
 	}
 	for i, st := range []struct {

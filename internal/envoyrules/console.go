@@ -1,6 +1,6 @@
 package envoyrules
 
-// This file is what the operators' console (internal/admin) reads of the rules: the rules of a
+// This file is what the operators' console (internal/console) reads of the rules: the rules of a
 // domain, and the charge of a descriptor, to inspect and reset its bucket.
 
 import (

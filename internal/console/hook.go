@@ -1,4 +1,4 @@
-package admin
+package console
 
 // The console's hooks on the request path of both front ends: the proxy's Adjust and Observe
 // (proxy.Console) and the rate limit service's ExemptRLS and ObserveRLS (rls.Console). They run

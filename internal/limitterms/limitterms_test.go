@@ -1,4 +1,4 @@
-package limitspec
+package limitterms
 
 import (
 	"slices"

@@ -1,12 +1,13 @@
-// Package limitspec holds what both formats of limits share.
+// Package limitterms holds the terms of a limit that both formats of limits share.
 //
-// It holds what the two formats that define limits share: ratelimit-proxy's own
+// The terms (bounds, names, spellings, zones, the one check of what a limit means) are what the
+// two formats that define limits share: ratelimit-proxy's own
 // configuration (internal/policy) and envoyproxy/ratelimit's rule files (internal/envoyrules).
 // Both bound counts alike, accept the same pool and namespace names, load quota time zones
 // alike, write durations alike in their messages, and mark a pool's and a namespace's bucket
 // keys alike, and spell the algorithms alike (in files and in the bucket keys), so that neither
 // format can drift from the other. It imports internal/bucket only.
-package limitspec
+package limitterms
 
 import (
 	"errors"
