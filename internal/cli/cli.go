@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -171,6 +172,14 @@ func validate(path string, getenv func(string) string, stdout, stderr io.Writer)
 	}
 	fmt.Fprintln(stdout, "  "+policy.ProtectSummary(cfg))
 	fmt.Fprintln(stdout, "  "+policy.AdminSummary(cfg))
+	if tc := cfg.Telemetry; tc.Enabled() {
+		proto := cmp.Or(tc.OTLP.Protocol, "grpc")
+		fmt.Fprintf(stdout, "  telemetry: traces to %s (%s), sample ratio %g", tc.OTLP.Endpoint, proto, tc.Traces.Ratio())
+		if tc.Metrics.OTLP {
+			fmt.Fprintf(stdout, "; metrics every %s", tc.Metrics.Every())
+		}
+		fmt.Fprintln(stdout)
+	}
 	for _, w := range policy.Warnings(cfg) {
 		fmt.Fprintln(stderr, "  warning: "+w)
 	}
