@@ -22,7 +22,7 @@ import (
 )
 
 // Keys is what the console needs from the store: a key's state without charging it, and a
-// reset that makes it full again. bucket.Memory and dynamo.Store implement it. Both must be
+// reset that makes it full again. memstore.Store and dynamo.Store implement it. Both must be
 // safe for concurrent use and honour ctx.
 type Keys interface {
 	Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucket.Result, error)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -22,7 +23,7 @@ const testToken = "write-token-0123456789"
 
 // newTestConsole compiles yaml (with an rls rules file in its config_dir) and serves a console
 // on a memory store.
-func newTestConsole(t testing.TB, yaml, rules string) (*Console, *bucket.Memory, *policy.Set, http.Handler) {
+func newTestConsole(t testing.TB, yaml, rules string) (*Console, *memstore.Store, *policy.Set, http.Handler) {
 	t.Helper()
 	dir := t.TempDir()
 	if rules != "" {
@@ -40,7 +41,7 @@ func newTestConsole(t testing.TB, yaml, rules string) (*Console, *bucket.Memory,
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := bucket.NewMemory(bucket.MemoryOptions{})
+	m := memstore.New(memstore.Options{})
 	c, err := New(Options{Policies: func() *policy.Set { return set }, Keys: m, Pseudonyms: policy.NewPseudonyms(nil),
 		WriteToken: testToken, WriteTokenName: "ADMIN_TOKEN"})
 	if err != nil {

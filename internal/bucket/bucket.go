@@ -1,9 +1,9 @@
-// Package bucket holds the rate-limit algorithms and the state stores that apply them.
+// Package bucket holds the rate-limit algorithms and the Store contract of the stores that apply them.
 //
 // The algorithms (token bucket and leaky bucket as GCRA, fixed window, sliding window, and the
 // concurrency limit) are pure functions of (state, limit, now): they never read a clock, do I/O
-// or lock. A Store applies them to keyed state; Memory is the embedded store, and internal/dynamo
-// provides the shared one. Store.Release gives admitted charges back: a concurrency slot when its
+// or lock. A Store applies them to keyed state; internal/memstore is the embedded store, and
+// internal/dynamo provides the shared one. Store.Release gives admitted charges back: a concurrency slot when its
 // request ends, and a charge_on reservation when the answer turns out not to be charged.
 package bucket
 

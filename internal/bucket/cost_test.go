@@ -1,7 +1,6 @@
 package bucket_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -157,21 +156,5 @@ func TestRefundsGiveTheWholeCost(t *testing.T) {
 	ss, _ := bucket.SlidingN(bucket.SlidingState{}, now, sliding, 4)
 	if got, ok := bucket.SlidingRefundN(ss, now, sliding, 4); !ok || got.Counts != (bucket.SlidingState{}).Counts {
 		t.Errorf("sliding refund: got %+v %v, want every counter 0", got, ok)
-	}
-}
-
-// TestMemoryReleasesWeightedQuota: the memory store refunds a weighted quota charge whole.
-func TestMemoryReleasesWeightedQuota(t *testing.T) {
-	m := bucket.NewMemory(bucket.MemoryOptions{})
-	c := bucket.Charge{Key: keyN(7), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Month}, Cost: 4}
-	ok, r := takeAt(t, m, t0, c)
-	if !ok || r[0].Remaining != 6 {
-		t.Fatalf("take: got %v %+v, want admitted with 6 left", ok, r[0])
-	}
-	if err := m.Release(context.Background(), t0, []bucket.Taken{{Charge: c, At: t0, Token: r[0].Token}}); err != nil {
-		t.Fatal(err)
-	}
-	if ok, r := takeAt(t, m, t0, c); !ok || r[0].Remaining != 6 {
-		t.Errorf("take after the release: got %v %+v, want admitted with 6 left (the 4 came back)", ok, r[0])
 	}
 }

@@ -14,7 +14,7 @@ import (
 // Instants are Unix nanoseconds from 1970 to 2116. The zero state is a fresh key only from 1970
 // on; an earlier instant sees it as state from the future, i.e. as a clock that stepped back,
 // which is safe (never admits more) but stricter than a fresh key.
-const maxSpan int64 = 1 << 60
+const MaxSpan int64 = 1 << 60
 
 // GCRAParams returns, in nanoseconds, the emission interval T of a token- or leaky-bucket Limit
 // (the time one request's worth of quota takes to come back) and its tolerance tau (how far the
@@ -33,14 +33,14 @@ func GCRAParams(l Limit) (t, tau int64) { return gcraParams(l.Rate, l.Burst, l.A
 // gcraParams is GCRAParams of a Limit with these fields: it takes the two fields it reads rather
 // than the 40-byte Limit (see windowSpan).
 func gcraParams(rate float64, burst int64, alg Algorithm) (t, tau int64) {
-	t = maxSpan
+	t = MaxSpan
 	// The comparison is false for NaN, which keeps the "never refills" default.
 	if rate > 0 {
 		f := math.Ceil(1e9 / rate)
 		switch {
 		case f < 1:
 			t = 1
-		case f < float64(maxSpan):
+		case f < float64(MaxSpan):
 			t = int64(f)
 		}
 	}
@@ -80,7 +80,7 @@ func GCRA(tat, now int64, l Limit) (newTat int64, r Result) { return GCRAN(tat, 
 // of cost 1 would conform at now (less than n). A cost above what the bucket holds never
 // conforms; the policy package refuses such a configuration.
 func GCRAN(tat, now int64, l Limit, n int64) (newTat int64, r Result) {
-	newTat, _ = gcraTo(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r)
+	newTat, _ = GCRAInto(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r)
 	return newTat, r
 }
 
@@ -90,7 +90,7 @@ func GCRAN(tat, now int64, l Limit, n int64) (newTat int64, r Result) {
 // (Token 0), as the assignment of a GCRAN result did. room is tau-n*T, the most tat may run
 // ahead of now for a request of cost n to conform: the memory store keeps it beside tat to tell
 // a key at its limit (tat-now > room) from one that is not, when it must evict.
-func gcraTo(tat, now int64, rate float64, burst int64, alg Algorithm, n int64, r *Result) (newTat, room int64) {
+func GCRAInto(tat, now int64, rate float64, burst int64, alg Algorithm, n int64, r *Result) (newTat, room int64) {
 	t, tau := gcraParams(rate, burst, alg)
 	start := max(tat, now)
 	cost := spend(t, n)
@@ -132,8 +132,8 @@ func quo(a, t int64) int64 {
 // exactly when n*t > maxSpan, and a 64-bit division costs several multiplications' time.
 func spend(t, n int64) int64 {
 	hi, lo := bits.Mul64(uint64(n), uint64(t))
-	if hi != 0 || lo > uint64(maxSpan) {
-		return maxSpan
+	if hi != 0 || lo > uint64(MaxSpan) {
+		return MaxSpan
 	}
 	return int64(lo)
 }

@@ -10,13 +10,13 @@ import (
 // gcraRef is GCRAN as it was before gcraTo (a Result returned by value, the overflow tests and
 // Remaining by division), kept as the reference gcraTo must match field by field.
 func gcraRef(tat, now int64, l Limit, n int64) (int64, Result) {
-	t := maxSpan
+	t := MaxSpan
 	if l.Rate > 0 {
 		f := math.Ceil(1e9 / l.Rate)
 		switch {
 		case f < 1:
 			t = 1
-		case f < float64(maxSpan):
+		case f < float64(MaxSpan):
 			t = int64(f)
 		}
 	}
@@ -24,12 +24,12 @@ func gcraRef(tat, now int64, l Limit, n int64) (int64, Result) {
 	if l.Algorithm == LeakyBucket {
 		b++
 	}
-	tau := maxSpan
-	if b <= maxSpan/t {
+	tau := MaxSpan
+	if b <= MaxSpan/t {
 		tau = b * t
 	}
-	nt := maxSpan
-	if n <= maxSpan/t {
+	nt := MaxSpan
+	if n <= MaxSpan/t {
 		nt = n * t
 	}
 	var r Result
@@ -81,7 +81,7 @@ func TestGCRAToMatchesReference(t *testing.T) {
 			}
 			n := costs[rng.IntN(len(costs))]
 			wantTat, want := gcraRef(tat, now, l, n)
-			gotTat, _ := gcraTo(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r)
+			gotTat, _ := GCRAInto(tat, now, l.Rate, l.Burst, l.Algorithm, n, &r)
 			if gotTat != wantTat || r != want {
 				t.Fatalf("seq %d step %d: %+v tat %d now %d n %d:\n got %d %+v\nwant %d %+v",
 					seq, i, l, tat, now, n, gotTat, r, wantTat, want)
@@ -95,3 +95,6 @@ func TestGCRAToMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// t0ns is an instant near t0 of the external tests, in Unix ns.
+const t0ns = 1_700_000_040 * int64(time.Second)

@@ -9,7 +9,7 @@ import (
 )
 
 func TestGCRAParams(t *testing.T) {
-	const maxSpan = int64(1) << 60
+	const MaxSpan = int64(1) << 60
 	tests := []struct {
 		name   string
 		limit  bucket.Limit
@@ -20,10 +20,10 @@ func TestGCRAParams(t *testing.T) {
 		{"rounds up, never faster than Rate", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 3, Burst: 3}, 333_333_334, 1_000_000_002},
 		{"rounds up", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 7, Burst: 1}, 142_857_143, 142_857_143},
 		{"above 1e9/s acts as 1e9/s", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 5e9, Burst: 2}, 1, 2},
-		{"zero rate never refills", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 0, Burst: 1}, maxSpan, maxSpan},
-		{"negative rate", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: -1, Burst: 0}, maxSpan, 0},
-		{"NaN rate", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: math.NaN(), Burst: 0}, maxSpan, 0},
-		{"tolerance saturates", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 1e9}, 3_600e9, maxSpan},
+		{"zero rate never refills", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 0, Burst: 1}, MaxSpan, MaxSpan},
+		{"negative rate", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: -1, Burst: 0}, MaxSpan, 0},
+		{"NaN rate", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: math.NaN(), Burst: 0}, MaxSpan, 0},
+		{"tolerance saturates", bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1.0 / 3600, Burst: 1e9}, 3_600e9, MaxSpan},
 		{"negative burst is zero", bucket.Limit{Algorithm: bucket.LeakyBucket, Rate: 1, Burst: -4}, 1e9, 1e9},
 	}
 	for _, tc := range tests {

@@ -14,7 +14,7 @@ const ConcurrencyRetry = time.Second
 // ConcurrencyRetry. It reads no clock: the state changes only when requests start and end.
 func Concurrent(inflight int64, l Limit) (int64, Result) {
 	var r Result
-	if concurrentTo(inflight, l.Count, &r) {
+	if ConcurrentInto(inflight, l.Count, &r) {
 		inflight++
 	}
 	return inflight, r
@@ -25,7 +25,7 @@ func Concurrent(inflight int64, l Limit) (int64, Result) {
 // caller's result: returning a Result by value made the compiler build it on the stack and
 // copy it, a measurable part of a take-and-release that is otherwise two short critical
 // sections.
-func concurrentTo(inflight, count int64, r *Result) bool {
+func ConcurrentInto(inflight, count int64, r *Result) bool {
 	*r = Result{Limit: count, Reset: ConcurrencyRetry}
 	if inflight >= count {
 		r.RetryAfter = ConcurrencyRetry
@@ -78,8 +78,8 @@ func FixedRefund(s FixedState, at int64, l Limit) (FixedState, bool) {
 
 // FixedRefundN is FixedRefund for a charge of cost n.
 func FixedRefundN(s FixedState, at int64, l Limit, n int64) (FixedState, bool) {
-	w := windowSpan(l.Window)
-	if end := floorDiv(at, w)*w + w; end != s.End || s.Count < n {
+	w := WindowSpan(l.Window)
+	if end := FloorDiv(at, w)*w + w; end != s.End || s.Count < n {
 		return s, false
 	}
 	s.Count -= n
@@ -100,12 +100,12 @@ func QuotaRefundN(s FixedState, at int64, l Limit, n int64) (FixedState, bool) {
 // refund undoes a sliding-window charge of cost n taken at instant at, if the slot it was
 // counted in is still in the ring (of the same width) and counted it.
 func (s *SlidingState) refund(at int64, l *Limit, n int64) bool {
-	w := slotWidth(l.Window)
-	slot := floorDiv(at, w)
-	if s.Width != w || slot > s.Slot || slot <= s.Slot-slidingRing {
+	w := SlotWidth(l.Window)
+	slot := FloorDiv(at, w)
+	if s.Width != w || slot > s.Slot || slot <= s.Slot-SlidingRing {
 		return false
 	}
-	i := ring(slot)
+	i := SlidingIndex(slot)
 	if int64(s.Counts[i]) < n {
 		return false
 	}

@@ -8,13 +8,13 @@ import (
 // windowSpan is a Limit's Window in nanoseconds, clamped to [1ns, 2^60ns]. It takes the Window
 // rather than the Limit: an inlined call with the 40-byte Limit still copies it, and reading
 // the copy back stalled on store forwarding (a fifth of Sliding's time in a profile).
-func windowSpan(window time.Duration) int64 {
-	return min(max(int64(window), 1), maxSpan)
+func WindowSpan(window time.Duration) int64 {
+	return min(max(int64(window), 1), MaxSpan)
 }
 
 // floorDiv is a/b rounded towards minus infinity (b > 0), so instants before the epoch fall into
 // the right window too.
-func floorDiv(a, b int64) int64 {
+func FloorDiv(a, b int64) int64 {
 	q := a / b
 	if a%b < 0 {
 		q--
@@ -48,8 +48,8 @@ func Fixed(s FixedState, now int64, l Limit) (FixedState, Result) { return Fixed
 // Count-n or fewer were admitted in its window, and adds n. A rejection's Remaining is what is
 // left of the window's Count (less than n).
 func FixedN(s FixedState, now int64, l Limit, n int64) (FixedState, Result) {
-	w := windowSpan(l.Window)
-	if end := floorDiv(now, w)*w + w; end > s.End {
+	w := WindowSpan(l.Window)
+	if end := FloorDiv(now, w)*w + w; end > s.End {
 		s = FixedState{End: end}
 	}
 	return s.take(now, l.Count, n)
@@ -79,7 +79,7 @@ const SlidingSlots = 10
 
 // slidingRing is the number of counters a SlidingState keeps: the K slots of a window plus the
 // one the trailing window's oldest part falls into.
-const slidingRing = SlidingSlots + 1
+const SlidingRing = SlidingSlots + 1
 
 // SlidingState is a sliding window's state: per-slot counters for the newest slot and the K
 // before it, in a ring. The zero value is a fresh key. It takes 64 bytes.
@@ -91,23 +91,23 @@ type SlidingState struct {
 	// Slot is the newest slot number, floor(t/Width), the ring covers.
 	Slot int64
 	// Counts[j mod (K+1)] counts the requests taken in slot j, for Slot-K <= j <= Slot.
-	Counts [slidingRing]uint32
+	Counts [SlidingRing]uint32
 }
 
 // SlidingWidth returns the slot width S of a sliding-window Limit in nanoseconds: Window/K rounded
 // up, so that K*S >= Window (a Window not divisible by K widens by less than K ns, never narrows).
-func SlidingWidth(l Limit) int64 { return slotWidth(l.Window) }
+func SlidingWidth(l Limit) int64 { return SlotWidth(l.Window) }
 
 // slotWidth is SlidingWidth of a Limit with this Window.
-func slotWidth(window time.Duration) int64 {
-	return (windowSpan(window) + SlidingSlots - 1) / SlidingSlots
+func SlotWidth(window time.Duration) int64 {
+	return (WindowSpan(window) + SlidingSlots - 1) / SlidingSlots
 }
 
 // ring maps a slot number to its counter.
-func ring(slot int64) int {
-	i := slot % slidingRing
+func SlidingIndex(slot int64) int {
+	i := slot % SlidingRing
 	if i < 0 {
-		i += slidingRing
+		i += SlidingRing
 	}
 	return int(i)
 }
@@ -139,45 +139,45 @@ func Sliding(s SlidingState, now int64, l Limit) (SlidingState, Result) {
 // the sum (less than n).
 func SlidingN(s SlidingState, now int64, l Limit, n int64) (SlidingState, Result) {
 	var r Result
-	s.take(now, &l, n, &r)
+	s.TakeInto(now, &l, n, &r)
 	return s, r
 }
 
-// take is Sliding in place, for the memory store: it leaves in s the state to store if the
+// TakeInto is SlidingN in place, for a store that keeps states where they lie (the memory store): it leaves in s the state to store if the
 // request is taken (a caller discards it otherwise) and the verdict in r. Working through
 // pointers keeps the 64-byte state and the Result from being copied in and out of the call, which
 // cost a third of a decision.
-func (s *SlidingState) take(now int64, l *Limit, n int64, r *Result) {
-	w := slotWidth(l.Window)
+func (s *SlidingState) TakeInto(now int64, l *Limit, n int64, r *Result) {
+	w := SlotWidth(l.Window)
 	// The common case under load is a request in the newest stored slot: a multiplication and
 	// a comparison find it without the 64-bit division floorDiv needs. (start may wrap for a
 	// state of another width; the width check makes the comparison irrelevant then.)
 	if start := s.Slot * w; s.Width != w || now < start || now-start >= w {
-		s.advance(floorDiv(now, w), w)
+		s.advance(FloorDiv(now, w), w)
 	}
-	decide(&s.Counts, s.Slot, now, w, l.Count, n, r)
+	SlidingDecide(&s.Counts, s.Slot, now, w, l.Count, n, r)
 }
 
 // counter is the type of a ring's counters: uint32 in a SlidingState, uint16 in the memory
 // store's compact form (compactSliding).
-type counter interface{ ~uint16 | ~uint32 }
+type SlidingCounter interface{ ~uint16 | ~uint32 }
 
 // decide is the sliding-window decision on a ring whose newest slot is slot (of width w, with
 // now inside it, or before it after a clock stepped back): it counts the request's n in the
 // newest slot if the ring's sum plus n is at most count, and sets r. n <= count keeps a
 // counter within count, so a compact ring's 16 bits hold it.
-func decide[C counter](counts *[slidingRing]C, slot, now, w, count, n int64, r *Result) {
+func SlidingDecide[C SlidingCounter](counts *[SlidingRing]C, slot, now, w, count, n int64, r *Result) {
 	// One pass over the ring, oldest slot (slot-K, whose counter is slot+1's) first, sums the
 	// counters and notes which slots are non-empty, so that a rejection finds its Reset and
 	// RetryAfter slots without walking the empty ones. The two loops wrap the ring without a
 	// modulo per step.
-	newest := ring(slot)
+	newest := SlidingIndex(slot)
 	var (
 		sum  int64  // int64: K+1 counters of up to 1e9 overflow uint32
 		live uint32 // bit k is set when slot slot-K+k is non-empty
 		k    uint   // shifted by k&31 (k <= K): no code for shift counts of 32 or more
 	)
-	for i := newest + 1; i < slidingRing; i++ {
+	for i := newest + 1; i < SlidingRing; i++ {
 		c := uint32(counts[i])
 		sum += int64(c)
 		live |= (c | -c) >> 31 << (k & 31) // branch-free c != 0
@@ -191,7 +191,7 @@ func decide[C counter](counts *[slidingRing]C, slot, now, w, count, n int64, r *
 	}
 	// A request in slot slot-back stops being counted when slot slot-back+K+1 starts, end-back*w
 	// from now.
-	end := (slot+slidingRing)*w - now
+	end := (slot+SlidingRing)*w - now
 	*r = Result{Limit: count, Remaining: max(count-sum, 0)}
 	if sum <= count-n {
 		counts[newest] += C(n)
@@ -212,8 +212,8 @@ func decide[C counter](counts *[slidingRing]C, slot, now, w, count, n int64, r *
 	for m := live; m != 0; m &= m - 1 {
 		k := bits.TrailingZeros32(m)
 		i := newest + 1 + k
-		if i >= slidingRing {
-			i -= slidingRing
+		if i >= SlidingRing {
+			i -= SlidingRing
 		}
 		rest -= int64(counts[i])
 		if rest <= count-n {
@@ -226,14 +226,14 @@ func decide[C counter](counts *[slidingRing]C, slot, now, w, count, n int64, r *
 // rotate moves a ring of the same width to slot cur: the slots that left it are cleared, and a
 // cur older than *slot (a clock that stepped back) leaves it as it is, so the request counts in
 // the newest slot.
-func rotate[C counter](counts *[slidingRing]C, slot *int64, cur int64) {
+func SlidingRotate[C SlidingCounter](counts *[SlidingRing]C, slot *int64, cur int64) {
 	switch {
-	case cur-*slot >= slidingRing:
-		*counts = [slidingRing]C{}
+	case cur-*slot >= SlidingRing:
+		*counts = [SlidingRing]C{}
 		*slot = cur
 	case cur > *slot:
-		for i, j := ring(*slot), *slot; j < cur; j++ {
-			if i++; i == slidingRing {
+		for i, j := SlidingIndex(*slot), *slot; j < cur; j++ {
+			if i++; i == SlidingRing {
 				i = 0
 			}
 			counts[i] = 0
@@ -243,10 +243,10 @@ func rotate[C counter](counts *[slidingRing]C, slot *int64, cur int64) {
 }
 
 // idleRing reports whether every request counted in the ring has left at now.
-func idleRing[C counter](counts *[slidingRing]C, slot, w, now int64) bool {
-	for j := slot; j > slot-slidingRing; j-- {
-		if counts[ring(j)] != 0 {
-			return (j+slidingRing)*w <= now
+func idleRing[C SlidingCounter](counts *[SlidingRing]C, slot, w, now int64) bool {
+	for j := slot; j > slot-SlidingRing; j-- {
+		if counts[SlidingIndex(j)] != 0 {
+			return (j+SlidingRing)*w <= now
 		}
 	}
 	return true
@@ -260,7 +260,7 @@ func (s *SlidingState) advance(cur, w int64) {
 		*s = SlidingState{Width: w, Slot: cur}
 		return
 	}
-	rotate(&s.Counts, &s.Slot, cur)
+	SlidingRotate(&s.Counts, &s.Slot, cur)
 }
 
 // Idle reports whether the state is indistinguishable from a fresh key's at now (every counted

@@ -151,24 +151,21 @@ func createTable(ctx context.Context, path string, getenv func(string) string, s
 
 // validate prints one line per policy for a good file, or every problem for a bad one.
 func validate(path string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := policy.Load(path, policy.LoadOptions{Getenv: getenv})
-	if err == nil {
-		var set *policy.Set
-		if set, err = policy.Compile(cfg, policy.CompileOptions{Getenv: getenv}); err == nil {
-			fmt.Fprintf(stdout, "%s: ok, %d policies\n", path, len(set.Policies()))
-			for _, p := range set.Policies() {
-				fmt.Fprintln(stdout, "  "+p.Summary)
-			}
-			if r := set.RLS(); r != nil {
-				fmt.Fprintf(stdout, "  rls: %d rules in domains %s from %d files of %s\n", r.Len(), strings.Join(r.Domains(), ", "), len(r.Files()), cfg.RLS.ConfigDir)
-			}
-			for _, w := range policy.Warnings(cfg) {
-				fmt.Fprintln(stderr, "  warning: "+w)
-			}
-			return nil
-		}
+	cfg, set, err := policy.Check(path, policy.LoadOptions{Getenv: getenv}, policy.CompileOptions{Getenv: getenv})
+	if err != nil {
+		return printInvalid(path, err, stderr)
 	}
-	return printInvalid(path, err, stderr)
+	fmt.Fprintf(stdout, "%s: ok, %d policies\n", path, len(set.Policies()))
+	for _, p := range set.Policies() {
+		fmt.Fprintln(stdout, "  "+p.Summary)
+	}
+	if r := set.RLS(); r != nil {
+		fmt.Fprintf(stdout, "  rls: %d rules in domains %s from %d files of %s\n", r.Len(), strings.Join(r.Domains(), ", "), len(r.Files()), cfg.RLS.ConfigDir)
+	}
+	for _, w := range policy.Warnings(cfg) {
+		fmt.Fprintln(stderr, "  warning: "+w)
+	}
+	return nil
 }
 
 // printInvalid prints every problem of a configuration that did not load or validate.

@@ -1,7 +1,7 @@
 // Package configschema generates the configuration's JSON Schema.
 //
 // It generates the JSON Schema of the configuration file from the typed
-// structs of internal/policy (their `mapstructure` tags and doc comments), so that editors
+// structs of internal/policy (their `yaml` tags and doc comments), so that editors
 // complete and flag fields (configs/example.yaml carries the yaml-language-server modeline).
 //
 // The structs are the source of truth: `make schema` (go generate ./internal/configschema/)
@@ -53,7 +53,7 @@ func Generate(policyDir string) ([]byte, error) {
 	// AddGoComments keys comments by the directory as given (joined to its empty base).
 	prefix := gopath.Join("", filepath.ToSlash(filepath.Dir(filepath.Join(policyDir, "config.go"))))
 	r := &jsonschema.Reflector{
-		FieldNameTag:               "mapstructure",
+		FieldNameTag:               "yaml",
 		RequiredFromJSONSchemaTags: true, // required fields are listed below, not inferred
 		ExpandedStruct:             true,
 		Anonymous:                  true,
@@ -106,7 +106,7 @@ func description(t reflect.Type, field, text string) string {
 		return text
 	}
 	if f, ok := t.FieldByName(field); ok {
-		if tag, _, _ := strings.Cut(f.Tag.Get("mapstructure"), ","); tag != "" {
+		if tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); tag != "" {
 			if rest, ok := strings.CutPrefix(text, field+" "); ok {
 				text = tag + " " + rest
 			}
@@ -419,7 +419,7 @@ func (g *gen) walkDefaults(v reflect.Value, path string, skip []string) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		tag, _, _ := strings.Cut(f.Tag.Get("mapstructure"), ",")
+		tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		if !f.IsExported() || tag == "" || contains(skip, tag) {
 			continue
 		}

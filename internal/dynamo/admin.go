@@ -64,7 +64,7 @@ func (s *Store) admin() *adminState {
 }
 
 // Peek returns the state of c's key at now without charging it, from consistent reads of its
-// items, as bucket.Memory.Peek describes. For a leased pool, units leased to replicas count as
+// items, as memstore.Store.Peek describes. For a leased pool, units leased to replicas count as
 // spent (the table cannot see whether they are): Remaining is what the pool still has to lease.
 func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucket.Result, error) {
 	n := now.UnixNano()

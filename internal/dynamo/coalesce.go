@@ -319,7 +319,7 @@ func (s *Store) runBatch(b *batch) {
 			fail(fmt.Errorf("dynamo: update %s: %w", b.pk, ErrContention))
 			break
 		}
-		wid := schema.NewMarker()
+		wid := s.rnd.Marker()
 		// Sent once (noRetry): re-sent after a lost answer, the batch would be counted twice.
 		out, err := s.updateItem(b.ctx, opUpdate, b.pk, b.write(st, m, wid), types.ReturnValueAllNew, noRetry)
 		var ccf *types.ConditionalCheckFailedException

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,7 +58,6 @@ func slotAttr(id uint64) string { return attrLeasePrefix + strconv.FormatUint(id
 
 // newSlotID draws a slot id: never zero (Result.Token's "none"), top two bits clear (the
 // fallback store marks its own tokens with the top bit).
-func newSlotID() uint64 { return rand.Uint64()>>2 | 1 }
 
 // leases is what a Store knows of the slots it holds, to renew them.
 type leases struct {

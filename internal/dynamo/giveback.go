@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,7 +97,7 @@ func refundable(item map[string]types.AttributeValue, wid uint64, d int64) (pos 
 // (ours, and the SDK's copies of them) carries the same id, which a landed attempt leaves in
 // the chain in place of wid; an attempt that finds wid no longer in the chain can never land.
 func (s *Store) gcraGiveBack(ctx context.Context, op, pk string, d int64, wid uint64) bool {
-	gid := schema.NewMarker()
+	gid := s.rnd.Marker()
 	pos, g := 1, d
 	return s.retryGiveBack(ctx, op, pk, func() (bool, error) {
 		for round := 0; round < maxRounds; round++ {
@@ -198,7 +197,7 @@ type countGive struct {
 
 func (s *Store) newCountGive(op, pk string, c int64, cond string) *countGive {
 	e, _ := s.epochs.get(pk, 0)
-	return &countGive{s: s, op: op, pk: pk, c: c, cond: cond, gid: schema.NewMarker(), e: e}
+	return &countGive{s: s, op: op, pk: pk, c: c, cond: cond, gid: s.rnd.Marker(), e: e}
 }
 
 // attempt sends the give-back until its outcome is known: done with landed when it applied,
@@ -272,7 +271,7 @@ func (s *Store) retryGiveBack(ctx context.Context, op, pk string, attempt func()
 			return true
 		}
 		s.m.errors.WithLabelValues(op).Inc()
-		if i == giveBackAttempts || errors.Is(err, errGiveBackUnknown) || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(giveBackBackoff)<<i))) {
+		if i == giveBackAttempts || errors.Is(err, errGiveBackUnknown) || !sleepCtx(ctx, time.Duration(s.rnd.Int64N(int64(giveBackBackoff)<<i))) {
 			break
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +11,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // The DynamoDB calls and attribute values every algorithm's writes share.
@@ -89,7 +90,7 @@ func (s *Store) updateItem(ctx context.Context, op, pk string, u update, rv type
 		s.m.requests.WithLabelValues(op).Inc()
 		start := time.Now()
 		out, err := s.api.UpdateItem(ctx, in, optFns...)
-		if err == nil || !s.retryThrottled(ctx, op, attempt, err, time.Since(start)) && !retryConflict(ctx, attempt, err, time.Since(start)) {
+		if err == nil || !s.retryThrottled(ctx, op, attempt, err, time.Since(start)) && !retryConflict(ctx, s.rnd, attempt, err, time.Since(start)) {
 			if attempt > 0 && err != nil && ctx.Err() != nil {
 				// The retries of a throttled write ran into the deadline: throttling, not an
 				// outage, is why the decision failed.
@@ -155,20 +156,20 @@ const (
 // the item. The call was not applied, so sending it again is safe for any write; false when err
 // is not such a refusal, or when the wait and another call would not end well before ctx's
 // deadline (as for throttling).
-func retryConflict(ctx context.Context, attempt int, err error, took time.Duration) bool {
+func retryConflict(ctx context.Context, rnd schema.Rand, attempt int, err error, took time.Duration) bool {
 	var tce *types.TransactionConflictException
 	if !errors.As(err, &tce) || attempt >= maxThrottleRetries {
 		return false
 	}
-	return backoff(ctx, attempt, took)
+	return backoff(ctx, rnd, attempt, took)
 }
 
 // backoff waits a full-jitter delay before retry attempt+1 of a call that took took and was not
 // applied; false, without waiting, when the wait and another call as long would not end well
 // before ctx's deadline, or when ctx ends first.
-func backoff(ctx context.Context, attempt int, took time.Duration) bool {
+func backoff(ctx context.Context, rnd schema.Rand, attempt int, took time.Duration) bool {
 	ceiling := min(throttleCap, throttleBase<<min(attempt, 8))
-	d := time.Duration(rand.Int64N(int64(ceiling)) + 1)
+	d := time.Duration(rnd.Int64N(int64(ceiling)) + 1)
 	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d+max(throttleMargin, 2*took) {
 		return false
 	}
@@ -192,7 +193,7 @@ func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err 
 	s.m.throttled.WithLabelValues(op).Inc()
 	// Give up while there is still time to say why: a decision that ends on its deadline
 	// reads as a store timeout (an outage, to the circuit breaker) rather than as throttling.
-	return backoff(ctx, attempt, took)
+	return backoff(ctx, s.rnd, attempt, took)
 }
 
 // sleepCtx waits d, or until ctx ends: false then.

@@ -106,6 +106,10 @@ type Options struct {
 	// that stopped seeing demand, and the concurrency slots' renewals (Optional; default
 	// time.Now). Decisions take their instant from Take; give it the same clock.
 	Now func() time.Time
+	// Rand is the source of the store's markers, slot ids, backoff jitter and lease shard
+	// choices (Optional; nil = math/rand/v2's). The simulator (internal/testkit/sim) seeds one
+	// per replica so that a seed repeats its run.
+	Rand func() uint64
 }
 
 // Store is a bucket.Store backed by a DynamoDB table. It is safe for concurrent use; the zero
@@ -126,6 +130,7 @@ type Store struct {
 	slotLease  time.Duration
 	leases     leases           // concurrency slots held, renewed until released
 	now        func() time.Time // Options.Now
+	rnd        schema.Rand      // Options.Rand
 	log        *zap.Logger
 	// epochs is the give-back epoch last seen per counter item (see countGiveBack).
 	epochs *boundedCache[string, int64]
@@ -180,6 +185,7 @@ func New(api API, o Options) *Store {
 		log:        o.Logger,
 		epochs:     newBoundedCache[string, int64](size),
 		now:        o.Now,
+		rnd:        o.Rand,
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -197,6 +203,7 @@ func New(api API, o Options) *Store {
 		},
 		Throttled: ErrThrottled,
 		Now:       o.Now,
+		Rand:      o.Rand,
 	})
 	return s
 }
@@ -492,7 +499,7 @@ func (s *Store) prepare(o *op, n int64) {
 		o.pk = key + "#s" + strconv.FormatInt(o.cur, 10)
 	case bucket.Concurrency:
 		o.pk = key + "#c"
-		o.slot = newSlotID()
+		o.slot = s.rnd.Marker()
 	default:
 		o.err = fmt.Errorf("dynamo: key %s: unknown algorithm %d", key, l.Algorithm)
 	}

@@ -69,7 +69,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 		items := make([]types.TransactWriteItem, len(group))
 		wids := make([]uint64, len(group))
 		for i, o := range group {
-			wids[i] = schema.NewMarker()
+			wids[i] = s.rnd.Marker()
 			u := o.write(n, wids[i])
 			items[i].Update = &types.Update{
 				TableName:                           aws.String(s.table),
@@ -90,7 +90,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			round-- // nothing was written: not a round of conflicts
 			continue
 		}
-		if err != nil && retryConflict(ctx, conflicts, err, took) {
+		if err != nil && retryConflict(ctx, s.rnd, conflicts, err, took) {
 			conflicts++
 			continue // refused while another transaction wrote an item: nothing was written
 		}
@@ -148,7 +148,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			return fmt.Errorf("dynamo: transact %s: cancelled without a reason: %w", group[0].pk, err)
 		}
 		if conflicted {
-			if !backoff(ctx, conflicts, took) {
+			if !backoff(ctx, s.rnd, conflicts, took) {
 				return fmt.Errorf("dynamo: transact %s: transaction conflict until the deadline: %w", group[0].pk, err)
 			}
 			conflicts++

@@ -135,7 +135,7 @@ func countWrite(limit, m int64, ttl types.AttributeValue, sealable bool) update 
 // apply makes o's conditional write until it is applied or the charge is known not to conform.
 func (s *Store) apply(ctx context.Context, o *op, n int64) {
 	for round := 0; round < maxRounds; round++ {
-		wid := schema.NewMarker()
+		wid := s.rnd.Marker()
 		// Sent once (noRetry): re-sent after a lost answer, a charge would be counted twice.
 		out, err := s.updateItem(ctx, opUpdate, o.pk, o.write(n, wid), types.ReturnValueAllNew, noRetry)
 		var ccf *types.ConditionalCheckFailedException

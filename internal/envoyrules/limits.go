@@ -1,7 +1,9 @@
 package envoyrules
 
-// This file checks a rate_limit block of envoyproxy/ratelimit's files (read by load.go):
-// its unit, requests, algorithm and lease, and turns them into a bucket.Limit.
+// This file checks a rate_limit block of envoyproxy/ratelimit's files (read by load.go): its
+// unit, requests and algorithm, turns them into a bucket.Limit, and checks what that limit
+// means (refill time, quota offset, lease) with the check proxy policies share
+// (limitspec.CheckLimit).
 
 import (
 	"fmt"
@@ -115,12 +117,7 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		if len(*p.es) != before {
 			return bucket.Limit{}, unit, false
 		}
-		rate := float64(rpu) / period.Seconds()
-		if float64(burst)/rate > maxPeriod.Seconds() {
-			p.add(at+".burst", strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most 366 days")
-			return bucket.Limit{}, unit, false
-		}
-		lim = bucket.Limit{Algorithm: alg, Rate: rate, Burst: burst}
+		lim = bucket.Limit{Algorithm: alg, Rate: float64(rpu) / period.Seconds(), Burst: burst}
 	case bucket.Quota:
 		var per bucket.Period
 		switch unit {
@@ -140,54 +137,18 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		if err != nil {
 			p.add(at+".time_zone", rl.timeZone, err.Error())
 		}
-		switch {
-		case per == bucket.Day && rl.offset != 0:
-			p.add(at+".offset", strconv.Itoa(rl.offset), "must be 0 for unit day: a day starts at midnight in time_zone")
-		case per == bucket.Week && (rl.offset < 0 || rl.offset > 6):
-			p.add(at+".offset", strconv.Itoa(rl.offset), "must be from 0 (weeks start on Sunday) to 6 (Saturday) for unit week")
-		case per == bucket.Month && (rl.offset < 0 || rl.offset > 27):
-			p.add(at+".offset", strconv.Itoa(rl.offset), "must be from 0 (months start on the 1st) to 27 for unit month")
-		}
 		if len(*p.es) != before {
 			return bucket.Limit{}, unit, false
 		}
 		lim = bucket.Limit{Algorithm: alg, Count: rpu, Period: per, Offset: uint8(rl.offset), Zone: zone}
 	}
-	p.checkLease(rl, lim)
+	// What the limit means, checked as a proxy policy's is: refill time, offset, lease.
+	var lease *limitspec.Lease
+	if l := rl.lease; l != nil {
+		lease = &limitspec.Lease{Enabled: l.enabled, Shards: l.shards, TTL: l.ttl}
+	}
+	for _, pr := range limitspec.CheckLimit(lim, rl.offset, lease, 1) {
+		p.add(at+"."+pr.Field, pr.Value, pr.Msg)
+	}
 	return lim, unit, len(*p.es) == before
-}
-
-// checkLease checks a rule's lease block as a policy's lease is checked.
-func (p *parser) checkLease(rl *rateLimitConfig, lim bucket.Limit) {
-	l := rl.lease
-	if l == nil {
-		return
-	}
-	at := rl.at + ".lease"
-	if !l.enabled {
-		if l.shards != 0 || l.ttl != 0 {
-			p.add(at+".enabled", "false", "lease fields are set, but enabled is false: set enabled: true, or remove the block")
-		}
-		return
-	}
-	if !bucket.LeaseSupported(lim.Algorithm) {
-		p.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+limitspec.AlgorithmName(lim.Algorithm))
-		return
-	}
-	if field, value, msg := limitspec.CheckLeaseShape(l.shards, l.ttl); field != "" {
-		p.add(at+"."+field, value, msg)
-		return
-	}
-	shards := max(l.shards, 1)
-	capacity := lim.Burst
-	if lim.Algorithm == bucket.FixedWindow {
-		capacity = lim.Count
-	}
-	if int64(shards) > capacity {
-		p.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("must be at most what the limit holds (%d): every shard holds at least one request of it", capacity))
-		return
-	}
-	if ttl := bucket.LeaseTTL(lim, bucket.Lease{Shards: shards, TTL: l.ttl}); ttl <= 0 {
-		p.add(at+".ttl", limitspec.ShortDuration(l.ttl), "leaves no room for a lease: lower ttl or shards, or raise burst")
-	}
 }

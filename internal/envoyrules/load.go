@@ -17,6 +17,7 @@ package envoyrules
 // and rules.go compiles what was read into Rules.
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -25,7 +26,7 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/configyaml"
 )
 
 // Options are what the rules take from the rest of the gateway's configuration.
@@ -36,19 +37,21 @@ type Options struct {
 	Namespace string
 }
 
-// Problem is one problem found in a rule file: Path names the file and the field
-// (`edge.yaml: descriptors[0].rate_limit.unit`), Value is the offending value as written (empty
+// Problem is one problem found in a rule file: File names the file and Path the field
+// (`descriptors[0].rate_limit.unit`, empty for the whole file), Value is the offending value as written (empty
 // when there is none to show), and Msg says what is wrong. internal/policy reports each as one
 // of its configuration's FieldErrors.
 type Problem struct {
-	Path, Value, Msg string
+	File, Path, Value, Msg string
+	// Line and Col place it in File (1-based); 0 when it has no place.
+	Line, Col int
 }
 
 // problemList collects Problems in the order they are found.
 type problemList []Problem
 
-func (ps *problemList) add(path, value, msg string) {
-	*ps = append(*ps, Problem{Path: path, Value: value, Msg: msg})
+func (ps *problemList) add(file, value, msg string) {
+	*ps = append(*ps, Problem{File: file, Value: value, Msg: msg})
 }
 
 // Unit is a rate_limit's unit, numbered as envoy.service.ratelimit.v3's
@@ -107,6 +110,7 @@ const (
 // ruleFile is one configuration file as written.
 type ruleFile struct {
 	name        string // path as read, for errors
+	doc         *configyaml.Doc
 	domain      string
 	descriptors []descriptorConfig
 }
@@ -216,228 +220,48 @@ func readBounded(name string) ([]byte, error) {
 	return data, nil
 }
 
-// parseFile decodes one file, reporting every unknown field and every value of the wrong
-// type with its path. It returns nil when the file is not YAML at all.
-func parseFile(es *problemList, name string, data []byte) *ruleFile {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		es.add(name, "", "invalid YAML: "+err.Error())
-		return nil
-	}
-	f := &ruleFile{name: name}
-	if len(doc.Content) == 0 {
-		es.add(name+": domain", "", "required: the file is empty")
-		return f
-	}
-	p := parser{es: es, file: name}
-	root := doc.Content[0]
-	if !p.mapping(root, "") {
-		return f
-	}
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		k, v := root.Content[i].Value, root.Content[i+1]
-		switch k {
-		case "domain":
-			f.domain = p.str(v, "domain")
-		case "descriptors":
-			f.descriptors = p.descriptors(v, "descriptors")
-		default:
-			p.unknown(k, "")
-		}
-	}
-	if f.domain == "" {
-		p.add("domain", "", "required: the domain Envoy's rate limit filter names")
-	}
-	return f
+// The files as written: decoded strictly by internal/configyaml, as the gateway's own
+// configuration is, then turned into the types above (field paths attached for compile).
+type fileYAML struct {
+	Domain      string           `yaml:"domain"`
+	Descriptors []descriptorYAML `yaml:"descriptors"`
 }
 
-// parser walks a file's YAML nodes, recording problems under the file's name.
-type parser struct {
-	es   *problemList
-	file string
+type descriptorYAML struct {
+	Key            string           `yaml:"key"`
+	Value          string           `yaml:"value"`
+	RateLimit      *rateLimitYAML   `yaml:"rate_limit"`
+	Descriptors    []descriptorYAML `yaml:"descriptors"`
+	ShadowMode     bool             `yaml:"shadow_mode"`
+	DetailedMetric bool             `yaml:"detailed_metric"`
+	ValueToMetric  bool             `yaml:"value_to_metric"`
+	ShareThreshold bool             `yaml:"share_threshold"`
+	// QuotaMode false is envoyproxy/ratelimit's default and accepted; true is refused.
+	QuotaMode bool `yaml:"quota_mode"`
 }
 
-func (p *parser) add(at, value, msg string) { p.es.add(p.file+": "+at, value, msg) }
-
-func join(at, field string) string {
-	if at == "" {
-		return field
-	}
-	return at + "." + field
+type rateLimitYAML struct {
+	Unit            string `yaml:"unit"`
+	RequestsPerUnit *int64 `yaml:"requests_per_unit"`
+	Unlimited       bool   `yaml:"unlimited"`
+	Name            string `yaml:"name"`
+	Replaces        []struct {
+		Name string `yaml:"name"`
+	} `yaml:"replaces"`
+	// Extensions.
+	UnitMultiplier int64      `yaml:"unit_multiplier"`
+	Algorithm      string     `yaml:"algorithm"`
+	Burst          int64      `yaml:"burst"`
+	TimeZone       string     `yaml:"time_zone"`
+	Offset         int        `yaml:"offset"`
+	Pool           string     `yaml:"pool"`
+	Lease          *leaseYAML `yaml:"lease"`
 }
 
-func (p *parser) unknown(key, at string) {
-	switch key {
-	case "quota_mode":
-		// envoyproxy/ratelimit's quota mode answers OVER_LIMIT only when all quota
-		// descriptors of a request are over; a silent "false" here would over-limit requests.
-		p.add(join(at, key), "", "not supported by ratelimit-proxy (quota mode); remove it, or set it to false")
-	case "metadata":
-		p.add(join(at, key), "", "not supported by ratelimit-proxy: it answers no dynamic metadata; remove it")
-	default:
-		p.add(join(at, key), "", "unknown field")
-	}
-}
-
-func (p *parser) mapping(n *yaml.Node, at string) bool {
-	if n.Kind != yaml.MappingNode {
-		where := at
-		if where == "" {
-			where = "(file)"
-		}
-		p.add(where, "", "must be a mapping")
-		return false
-	}
-	return true
-}
-
-func (p *parser) str(n *yaml.Node, at string) string {
-	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		p.add(at, "", "must be a string")
-		return ""
-	}
-	return n.Value
-}
-
-func (p *parser) boolean(n *yaml.Node, at string) bool {
-	var b bool
-	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
-		p.add(at, n.Value, "must be true or false")
-		return false
-	}
-	return b
-}
-
-func (p *parser) integer(n *yaml.Node, at string) int64 {
-	var v int64
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil {
-		p.add(at, n.Value, "must be an integer")
-		return 0
-	}
-	return v
-}
-
-// quotaMode accepts quota_mode: false (the default, as envoyproxy/ratelimit means it) and
-// refuses true.
-func (p *parser) quotaMode(n *yaml.Node, at string) {
-	if p.boolean(n, at) {
-		p.unknown("quota_mode", strings.TrimSuffix(at, ".quota_mode"))
-	}
-}
-
-func (p *parser) descriptors(n *yaml.Node, at string) []descriptorConfig {
-	if n.Kind != yaml.SequenceNode {
-		if n.Tag == "!!null" {
-			return nil
-		}
-		p.add(at, "", "must be a list")
-		return nil
-	}
-	out := make([]descriptorConfig, 0, len(n.Content))
-	for i, item := range n.Content {
-		dat := fmt.Sprintf("%s[%d]", at, i)
-		d := descriptorConfig{at: dat}
-		if !p.mapping(item, dat) {
-			continue
-		}
-		for j := 0; j+1 < len(item.Content); j += 2 {
-			k, v := item.Content[j].Value, item.Content[j+1]
-			fat := join(dat, k)
-			switch k {
-			case "key":
-				d.key = p.str(v, fat)
-			case "value":
-				d.value = p.str(v, fat)
-			case "rate_limit":
-				d.rateLimit = p.rateLimit(v, fat)
-			case "descriptors":
-				d.descriptors = p.descriptors(v, fat)
-			case "shadow_mode":
-				d.shadowMode = p.boolean(v, fat)
-			case "detailed_metric":
-				d.detailedMetric = p.boolean(v, fat)
-			case "value_to_metric":
-				d.valueToMetric = p.boolean(v, fat)
-			case "share_threshold":
-				d.shareThreshold = p.boolean(v, fat)
-			case "quota_mode":
-				p.quotaMode(v, fat)
-			default:
-				p.unknown(k, dat)
-			}
-		}
-		out = append(out, d)
-	}
-	return out
-}
-
-func (p *parser) rateLimit(n *yaml.Node, at string) *rateLimitConfig {
-	if !p.mapping(n, at) {
-		return nil
-	}
-	rl := &rateLimitConfig{at: at}
-	for j := 0; j+1 < len(n.Content); j += 2 {
-		k, v := n.Content[j].Value, n.Content[j+1]
-		fat := join(at, k)
-		switch k {
-		case "unit":
-			rl.unit = p.str(v, fat)
-		case "requests_per_unit":
-			rl.requestsPerUnit, rl.rpuSet = p.integer(v, fat), true
-		case "unlimited":
-			rl.unlimited = p.boolean(v, fat)
-		case "name":
-			rl.name = p.str(v, fat)
-		case "replaces":
-			rl.replaces = p.replaces(v, fat)
-		case "unit_multiplier":
-			rl.unitMultiplier = p.integer(v, fat)
-		case "algorithm":
-			rl.algorithm = p.str(v, fat)
-		case "burst":
-			rl.burst = p.integer(v, fat)
-		case "time_zone":
-			rl.timeZone = p.str(v, fat)
-		case "offset":
-			rl.offset = int(p.integer(v, fat))
-		case "pool":
-			rl.pool = p.str(v, fat)
-		case "lease":
-			rl.lease = p.lease(v, fat)
-		default:
-			p.unknown(k, at)
-		}
-	}
-	return rl
-}
-
-func (p *parser) replaces(n *yaml.Node, at string) []string {
-	if n.Kind != yaml.SequenceNode {
-		p.add(at, "", "must be a list of {name: ...}")
-		return nil
-	}
-	var out []string
-	for i, item := range n.Content {
-		iat := fmt.Sprintf("%s[%d]", at, i)
-		if !p.mapping(item, iat) {
-			continue
-		}
-		name := ""
-		for j := 0; j+1 < len(item.Content); j += 2 {
-			k, v := item.Content[j].Value, item.Content[j+1]
-			if k != "name" {
-				p.unknown(k, iat)
-				continue
-			}
-			name = p.str(v, iat+".name")
-		}
-		if name == "" {
-			p.add(iat+".name", "", "required: the name of the rate_limit it replaces")
-			continue
-		}
-		out = append(out, name)
-	}
-	return out
+type leaseYAML struct {
+	Enabled bool          `yaml:"enabled"`
+	Shards  int           `yaml:"shards"`
+	TTL     time.Duration `yaml:"ttl"`
 }
 
 // leaseConfig is a rate_limit's lease block (an extension), read as a policy's lease block is.
@@ -447,29 +271,97 @@ type leaseConfig struct {
 	ttl     time.Duration
 }
 
-func (p *parser) lease(n *yaml.Node, at string) *leaseConfig {
-	if !p.mapping(n, at) {
+// unsupported are the fields envoyproxy/ratelimit knows that ratelimit-proxy refuses, and why.
+var unsupported = map[string]string{
+	// envoyproxy/ratelimit's quota mode answers OVER_LIMIT only when all quota descriptors of
+	// a request are over; a silent "false" here would over-limit requests.
+	"quota_mode": "not supported by ratelimit-proxy (quota mode); remove it, or set it to false",
+	"metadata":   "not supported by ratelimit-proxy: it answers no dynamic metadata; remove it",
+}
+
+// parseFile decodes one file, reporting every unknown field and every value of the wrong
+// type with its path and line. It returns nil when the file is not YAML at all.
+func parseFile(es *problemList, name string, data []byte) *ruleFile {
+	var in fileYAML
+	doc, problems, err := configyaml.Decode(data, &in, configyaml.Options{})
+	if err != nil {
+		es.add(name, "", "invalid YAML: "+err.Error())
 		return nil
 	}
-	l := new(leaseConfig)
-	for j := 0; j+1 < len(n.Content); j += 2 {
-		k, v := n.Content[j].Value, n.Content[j+1]
-		fat := join(at, k)
-		switch k {
-		case "enabled":
-			l.enabled = p.boolean(v, fat)
-		case "shards":
-			l.shards = int(p.integer(v, fat))
-		case "ttl":
-			s := p.str(v, fat)
-			d, err := time.ParseDuration(s)
-			if err != nil && s != "" {
-				p.add(fat, s, "must be a duration such as 150ms")
-			}
-			l.ttl = d
-		default:
-			p.unknown(k, at)
+	p := parser{es: es, file: name, doc: doc}
+	for _, pr := range problems {
+		msg := pr.Msg
+		field := pr.Path[strings.LastIndexByte(pr.Path, '.')+1:]
+		if why, ok := unsupported[field]; ok && strings.HasPrefix(msg, "unknown field") {
+			msg = why
 		}
+		*es = append(*es, Problem{File: name, Path: pr.Path, Value: pr.Value, Msg: msg, Line: pr.Line, Col: pr.Col})
 	}
-	return l
+	f := &ruleFile{name: name, doc: doc, domain: in.Domain, descriptors: p.descriptors(in.Descriptors, "descriptors")}
+	if f.domain == "" {
+		msg := "required: the domain Envoy's rate limit filter names"
+		if len(bytes.TrimSpace(data)) == 0 {
+			msg = "required: the file is empty"
+		}
+		p.add("domain", "", msg)
+	}
+	return f
+}
+
+// parser turns a file's decoded descriptors into descriptorConfigs, and records problems
+// under the file's name, at their line.
+type parser struct {
+	es   *problemList
+	file string
+	doc  *configyaml.Doc
+}
+
+func (p *parser) add(at, value, msg string) {
+	pos := p.doc.Pos(at)
+	*p.es = append(*p.es, Problem{File: p.file, Path: at, Value: value, Msg: msg, Line: pos.Line, Col: pos.Col})
+}
+
+func (p *parser) descriptors(in []descriptorYAML, at string) []descriptorConfig {
+	out := make([]descriptorConfig, 0, len(in))
+	for i := range in {
+		dy := &in[i]
+		dat := fmt.Sprintf("%s[%d]", at, i)
+		if dy.QuotaMode {
+			p.add(dat+".quota_mode", "", unsupported["quota_mode"])
+		}
+		d := descriptorConfig{
+			key: dy.Key, value: dy.Value,
+			descriptors: p.descriptors(dy.Descriptors, dat+".descriptors"),
+			shadowMode:  dy.ShadowMode, detailedMetric: dy.DetailedMetric,
+			valueToMetric: dy.ValueToMetric, shareThreshold: dy.ShareThreshold,
+			at: dat,
+		}
+		if rl := dy.RateLimit; rl != nil {
+			d.rateLimit = p.rateLimit(rl, dat+".rate_limit")
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func (p *parser) rateLimit(in *rateLimitYAML, at string) *rateLimitConfig {
+	rl := &rateLimitConfig{
+		unit: in.Unit, unlimited: in.Unlimited, name: in.Name,
+		unitMultiplier: in.UnitMultiplier, algorithm: in.Algorithm, burst: in.Burst,
+		timeZone: in.TimeZone, offset: in.Offset, pool: in.Pool, at: at,
+	}
+	if in.RequestsPerUnit != nil {
+		rl.requestsPerUnit, rl.rpuSet = *in.RequestsPerUnit, true
+	}
+	for i, r := range in.Replaces {
+		if r.Name == "" {
+			p.add(fmt.Sprintf("%s.replaces[%d].name", at, i), "", "required: the name of the rate_limit it replaces")
+			continue
+		}
+		rl.replaces = append(rl.replaces, r.Name)
+	}
+	if l := in.Lease; l != nil {
+		rl.lease = &leaseConfig{enabled: l.Enabled, shards: l.Shards, ttl: l.TTL}
+	}
+	return rl
 }

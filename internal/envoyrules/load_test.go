@@ -17,6 +17,10 @@ func problemText(ps []Problem) string {
 		if p.Value != "" {
 			lines[i] = p.Path + ": " + strconv.Quote(p.Value) + ": " + p.Msg
 		}
+		if p.Path == "" {
+			lines[i] = p.Msg
+		}
+		lines[i] = p.File + ": " + lines[i]
 	}
 	return strings.Join(lines, "\n")
 }
@@ -83,11 +87,11 @@ func TestRLSConfigErrors(t *testing.T) {
 		{"lease negative ttl", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {enabled: true, ttl: -60s}}\n",
 			[]string{`descriptors[0].rate_limit.lease.ttl: "-1m": must be positive`}},
 		{"lease ttl bad", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {enabled: true, ttl: soon}}\n",
-			[]string{`descriptors[0].rate_limit.lease.ttl: "soon": must be a duration such as 150ms`}},
+			[]string{`descriptors[0].rate_limit.lease.ttl: "soon": must be a duration such as 500ms, 1m or 2h`}},
 		{"lease shards over the limit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, lease: {enabled: true, shards: 4}}\n",
-			[]string{`descriptors[0].rate_limit.lease.shards: "4": must be at most what the limit holds (3): every shard holds at least one request of it`}},
+			[]string{`descriptors[0].rate_limit.lease.shards: "4": must be at most the limit (3): every shard holds at least one request of it`}},
 		{"lease without room", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 2, lease: {enabled: true, ttl: 1h0m0s}}\n",
-			[]string{`descriptors[0].rate_limit.lease.ttl: "1h": leaves no room for a lease: lower ttl or shards, or raise burst`}},
+			[]string{`descriptors[0].rate_limit.lease.ttl: "1h": must be at most 100ms (the smallest shard's burst time less one interval)`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

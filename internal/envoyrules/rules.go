@@ -347,13 +347,13 @@ func compile(es *problemList, files []*ruleFile, opts Options) *Rules {
 		if f.domain == "" {
 			continue
 		}
+		p := parser{es: es, file: f.name, doc: f.doc}
 		if first, dup := owner[f.domain]; dup {
-			es.add(f.name+": domain", f.domain, "also the domain of "+first+": each domain is in one file")
+			p.add("domain", f.domain, "also the domain of "+first+": each domain is in one file")
 			continue
 		}
 		owner[f.domain] = f.name
 		d := &Domain{Name: f.domain, store: storeName(opts.Namespace, f.domain, "")}
-		p := parser{es: es, file: f.name}
 		r.rules += p.load(&d.root, f.descriptors, opts, d, f.domain, false)
 		r.domains[f.domain] = d
 		r.names = append(r.names, f.domain)

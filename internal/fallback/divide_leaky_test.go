@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 // TestDivideLeakyBucketBurst: Divide promises that n replicas together never exceed l
@@ -16,7 +17,7 @@ func TestDivideLeakyBucketBurst(t *testing.T) {
 	const replicas = 5
 	admittedAt := func(l bucket.Limit) int {
 		t.Helper()
-		m := bucket.NewMemory(bucket.MemoryOptions{})
+		m := memstore.New(memstore.Options{})
 		n := 0
 		for range 100 {
 			r := make([]bucket.Result, 1)

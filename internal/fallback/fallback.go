@@ -12,7 +12,7 @@
 //     failed probe up to 5 s) one decision is let through as a probe; its success closes the
 //     circuit and resets the backoff. So the gateway recovers by itself when the store returns;
 //   - a degraded mode (OnError Local): while the primary fails or the circuit is open, decisions
-//     come from a private bucket.Memory with every limit divided by Replicas (the number of
+//     come from a private memstore.Store with every limit divided by Replicas (the number of
 //     gateway replicas that share the limits), returned with a nil error. Across N replicas that
 //     enforce limit/N each, the service as a whole stays at or below the limit while the shared
 //     counts are out of reach; when the store is back the shared counts apply again;
@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 // Default breaker timings.
@@ -101,7 +102,7 @@ type Store struct {
 	primary  bucket.Store
 	onError  bucket.OnError
 	replicas int64
-	local    *bucket.Memory // Local mode only
+	local    *memstore.Store // Local mode only
 	healthy  func(error) bool
 	onChange func(healthy bool, err error)
 	now      func() time.Time
@@ -156,7 +157,7 @@ func New(primary bucket.Store, o Options) (*Store, error) {
 		if o.Replicas < 1 {
 			return nil, fmt.Errorf("fallback: local mode needs replicas >= 1, got %d", o.Replicas)
 		}
-		s.local = bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.MaxKeys})
+		s.local = memstore.New(memstore.Options{MaxKeys: o.MaxKeys})
 	}
 	if s.healthy == nil {
 		s.healthy = func(error) bool { return false }

@@ -81,18 +81,23 @@ func (p *Policy) ReplacementLimit(rate string, burst, limit int64, window time.D
 	// A policy's own checks, under the path "limit": the same bounds and the same messages.
 	var es Errors
 	checkFullLimit(&es, "limit", l.Algorithm, f)
-	if len(es) > 0 {
-		return l, fmt.Errorf("%w (policy %s is a %s)", es, p.Name, limitspec.AlgorithmName(l.Algorithm))
-	}
-	switch l.Algorithm {
-	case bucket.TokenBucket, bucket.LeakyBucket:
-		l.Rate, _ = ParseRate(rate)
-		l.Burst = burst
-	default:
-		l.Count = limit
-		if window != 0 {
-			l.Window = window
+	if len(es) == 0 {
+		switch l.Algorithm {
+		case bucket.TokenBucket, bucket.LeakyBucket:
+			l.Rate, _ = ParseRate(rate)
+			l.Burst = burst
+		default:
+			l.Count = limit
+			if window != 0 {
+				l.Window = window
+			}
 		}
+		for _, pr := range limitspec.CheckLimit(l, int(l.Offset), nil, 1) {
+			es.add("limit."+pr.Field, pr.Value, pr.Msg)
+		}
+	}
+	if len(es) > 0 {
+		return p.Limit, fmt.Errorf("%w (policy %s is a %s)", es, p.Name, limitspec.AlgorithmName(l.Algorithm))
 	}
 	return l, nil
 }

@@ -10,6 +10,12 @@ import (
 
 // FieldError is one problem with one configuration field.
 type FieldError struct {
+	// File is the file the problem is in (the configuration's, or an rls rule file's); empty
+	// for a configuration parsed from bytes and for an environment override's problem.
+	File string
+	// Line and Col place the problem in File, 1-based; 0 when it has no place (a required
+	// field left out of a file without its parent block, an environment override).
+	Line, Col int
 	// Path locates the field, e.g. `policies[2].rate`; an environment override's problem is
 	// located by the variable's name, e.g. `RATELIMIT_STORE_TIMEOUT`.
 	Path string
@@ -20,12 +26,30 @@ type FieldError struct {
 }
 
 // Error formats the problem as `policies[2].rate: "10/x": unit must be s, m or h`, or
-// `upstream: required` when there is no value to show.
+// `upstream: required` when there is no value to show, after `FILE: ` when File is set.
 func (e FieldError) Error() string {
-	if e.Value == "" {
-		return e.Path + ": " + e.Msg
+	s := e.Msg
+	if e.Value != "" {
+		s = strconv.Quote(e.Value) + ": " + s
 	}
-	return e.Path + ": " + strconv.Quote(e.Value) + ": " + e.Msg
+	if e.Path != "" {
+		s = e.Path + ": " + s
+	}
+	if e.File != "" {
+		s = e.File + ": " + s
+	}
+	return s
+}
+
+// Text formats the problem as editors and compilers do, `FILE:LINE:COL: field.path: "value":
+// problem`: Error with the line and column after the file's name when they are known.
+func (e FieldError) Text() string {
+	if e.File == "" || e.Line == 0 {
+		return e.Error()
+	}
+	e2 := e
+	e2.File = e.File + ":" + strconv.Itoa(e.Line) + ":" + strconv.Itoa(e.Col)
+	return e2.Error()
 }
 
 // Errors is every problem found in a configuration, in file order. Parse and Validate return it
@@ -67,6 +91,6 @@ func WriteInvalid(w io.Writer, path string, err error) {
 		return
 	}
 	for _, e := range fe {
-		fmt.Fprintln(w, "  "+e.Error())
+		fmt.Fprintln(w, "  "+e.Text())
 	}
 }

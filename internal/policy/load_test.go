@@ -75,8 +75,10 @@ func TestParseDefaults(t *testing.T) {
 		MethodOverride: "judge",
 		Admin:          AdminConfig{TopK: 100, MaxExemptions: 1000},
 	}
-	if !reflect.DeepEqual(*cfg, want) {
-		t.Errorf("got  %+v\nwant %+v", *cfg, want)
+	got := *cfg
+	got.src = source{} // where the file was read; not a default
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
 	}
 }
 
@@ -106,21 +108,21 @@ func TestParseStrict(t *testing.T) {
 		yaml string
 		want []string
 	}{
-		{"top level", "upstrem: http://x\n" + minimal, []string{"upstrem: unknown field"}},
-		{"nested", minimal + "store: {backend: memory, timeot: 1s}\n", []string{"store.timeot: unknown field"}},
-		{"two deep", minimal + "identity: {jwt: {claim: sub, hs256_secret_env: S, audiance: x}}\n", []string{"identity.jwt.audiance: unknown field"}},
+		{"top level", "upstrem: http://x\n" + minimal, []string{`upstrem: unknown field (did you mean "upstream"?)`}},
+		{"nested", minimal + "store: {backend: memory, timeot: 1s}\n", []string{`store.timeot: unknown field (did you mean "timeout"?)`}},
+		{"two deep", minimal + "identity: {jwt: {claim: sub, hs256_secret_env: S, audiance: x}}\n", []string{`identity.jwt.audiance: unknown field (did you mean "audience"?)`}},
 		{"in a policy", "upstream: http://x\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n  - {name: b, key: ip, algorithm: token_bucket, ratee: 1/s, burst: 1}\n",
-			[]string{"policies[1].ratee: unknown field"}},
+			[]string{`policies[1].ratee: unknown field (did you mean "rate"?)`}},
 		{"in an override", "upstream: http://x\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1, overrides: [{key: 10.0.0.1, unlimted: true}]}\n",
-			[]string{"policies[0].overrides[0].unlimted: unknown field"}},
+			[]string{`policies[0].overrides[0].unlimted: unknown field (did you mean "unlimited"?)`}},
 		{"in a match", "upstream: http://x\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1, match: {path: /x}}\n",
 			[]string{"policies[0].match.path: unknown field"}},
 		{"type errors", "upstream: http://x\nheaders: {ietf_draft: maybe}\nstore: {max_keys: many, timeout: soon}\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n  - {name: b, key: ip, algorithm: token_bucket, rate: 1/s, burst: lots}\n",
 			[]string{
 				`headers.ietf_draft: "maybe": must be true or false`,
-				`policies[1].burst: "lots": must be an integer`,
 				`store.max_keys: "many": must be an integer`,
 				`store.timeout: "soon": must be a duration such as 500ms, 1m or 2h`,
+				`policies[1].burst: "lots": must be an integer`,
 			}},
 		{"float is not an integer", "upstream: http://x\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 2.5}\n",
 			[]string{`policies[0].burst: "2.5": must be an integer`}},
@@ -129,11 +131,11 @@ func TestParseStrict(t *testing.T) {
 		{"scalar for list", minimal + "trusted_proxies: 10.0.0.0/8\n", []string{`trusted_proxies: "10.0.0.0/8": must be a list`}},
 		{"list for scalar", minimal + "listen: [a, b]\n", []string{`listen: must be a string`}},
 		{"number for string is text", "upstream: http://x\npolicies:\n  - {name: 2024, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n", nil},
-		{"sorted by position", "upstream: http://x\npolicies:\n" + strings.Repeat("  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n", 10) +
+		{"in file order", "upstream: http://x\npolicies:\n" + strings.Repeat("  - {name: a, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n", 10) +
 			"  - {name: k, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1, zz: 1}\n  - {name: b, key: ip, algorithm: token_bucket, rate: 1/s, burst: 1, zz: 1}\n",
 			[]string{"policies[10].zz: unknown field", "policies[11].zz: unknown field"}},
 		{"everything at once", "upstrem: x\nstore: {timeot: 1s}\npolicies:\n  - {name: a, burst: x, ratee: 1}\n",
-			[]string{`policies[0].burst: "x": must be an integer`, "policies[0].ratee: unknown field", "store.timeot: unknown field", "upstrem: unknown field"}},
+			[]string{`upstrem: unknown field (did you mean "upstream"?)`, `store.timeot: unknown field (did you mean "timeout"?)`, `policies[0].burst: "x": must be an integer`, `policies[0].ratee: unknown field (did you mean "rate"?)`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -147,7 +149,7 @@ func TestParseStrict(t *testing.T) {
 }
 
 func TestParseKeysAreCaseInsensitive(t *testing.T) {
-	// viper folds keys; documented on Parse.
+	// The decoder folds keys (configyaml.Options.FoldCase); documented on Parse.
 	cfg := mustParse(t, "Upstream: http://x\nPolicies:\n  - {Name: a, KEY: ip, algorithm: token_bucket, rate: 1/s, burst: 1}\n", noEnv)
 	if cfg.Upstream != "http://x" || cfg.Policies[0].Name != "a" || cfg.Policies[0].Key != "ip" {
 		t.Errorf("got %+v, want upstream http://x and policy a keyed by ip", cfg)
@@ -171,7 +173,7 @@ func TestLoadNamesTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := Load(path, LoadOptions{Getenv: noEnv})
-	if want := path + ": listn: unknown field"; err == nil || err.Error() != want {
+	if want := path + `: listn: unknown field (did you mean "listen"?)`; err == nil || err.Error() != want {
 		t.Errorf("got %v, want %s", err, want)
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml"), LoadOptions{}); !errors.Is(err, os.ErrNotExist) {
@@ -269,13 +271,15 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
 		"RATELIMIT_ADMIN_MAX_EXEMPTIONS",
 		"RATELIMIT_ADMIN_HOSTS",
+		"RATELIMIT_TELEMETRY_OTLP_ENDPOINT", "RATELIMIT_TELEMETRY_OTLP_PROTOCOL", "RATELIMIT_TELEMETRY_OTLP_INSECURE",
+		"RATELIMIT_TELEMETRY_TRACES_SAMPLE_RATIO", "RATELIMIT_TELEMETRY_METRICS_OTLP", "RATELIMIT_TELEMETRY_METRICS_INTERVAL",
 	} {
 		if !got[name] {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 70 {
-		t.Errorf("got %d overrides, want 70: a new field needs a line above", len(got))
+	if len(got) != 76 {
+		t.Errorf("got %d overrides, want 76: a new field needs a line above", len(got))
 	}
 }
 

@@ -89,6 +89,7 @@ type cidrOverride struct {
 // retained or modified.
 func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 	errs, keys, tlsm, rlsRules := cfg.check(opts.Getenv)
+	cfg.locate(errs)
 	if err := errs.err(); err != nil {
 		return nil, err
 	}

@@ -13,13 +13,13 @@ import (
 // certificate rotated on disk is served without a restart.
 type TLSConfig struct {
 	// CertFile is the PEM certificate chain, leaf first. (Required)
-	CertFile string `mapstructure:"cert_file"`
+	CertFile string `yaml:"cert_file"`
 	// KeyFile is the PEM private key of the leaf. (Required)
-	KeyFile string `mapstructure:"key_file"`
+	KeyFile string `yaml:"key_file"`
 	// ClientCAFile, when set, holds the PEM CA certificates that client certificates must chain
 	// to: every client must present one (mutual TLS). (Optional) default: no client
 	// certificates asked.
-	ClientCAFile string `mapstructure:"client_ca_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 // TLSMaterial is a loaded tls block, immutable once built.

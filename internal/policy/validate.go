@@ -18,7 +18,6 @@ import (
 // of counts and names are limitspec's, shared with Envoy's rule files.
 const (
 	maxRate   = 1_000_000_000         // requests per second: one per nanosecond
-	maxRefill = 366 * 24 * time.Hour  // burst/rate: time for an empty bucket to fill
 	minWindow = time.Millisecond      // finer windows are noise next to the store's latency
 	maxWindow = 7 * 24 * time.Hour    // daily and weekly quotas, not monthly ones
 	minSecret = 32                    // RFC 7518 §3.2: an HS256 key is at least 256 bits
@@ -111,6 +110,7 @@ func allDigits(s string) bool {
 // read too, so a valid Config compiles.
 func (c *Config) Validate(getenv func(string) string) error {
 	errs, _, _, _ := c.check(getenv)
+	c.locate(errs)
 	return errs.err()
 }
 
@@ -251,7 +251,8 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 		rls = checkRLS(&es, c, rlsOnly)
 		checkRLSLabels(&es, c, rls)
 	}
-	checkProtect(&es, c) // validate_protect.go
+	checkProtect(&es, c)              // validate_protect.go
+	checkTelemetry(&es, &c.Telemetry) // validate_telemetry.go
 	return es, keys, tlsm, rls
 }
 
@@ -313,7 +314,7 @@ func checkRLS(es *Errors, c *Config, rlsOnly bool) *envoyrules.Rules {
 		return nil
 	}
 	for _, p := range problems {
-		es.add(p.Path, p.Value, p.Msg)
+		*es = append(*es, FieldError{File: p.File, Line: p.Line, Col: p.Col, Path: p.Path, Value: p.Value, Msg: p.Msg})
 	}
 	return rules
 }
@@ -335,3 +336,5 @@ func positiveInt(es *Errors, path string, n int64) {
 		es.add(path, strconv.FormatInt(n, 10), "must be positive")
 	}
 }
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }

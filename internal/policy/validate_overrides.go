@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
 
 func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK bool, alg bucket.Algorithm, algOK bool) {
@@ -55,8 +56,8 @@ func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK
 			checkLimit(es, oat, alg, f, false)
 			eff := effective(p, o)
 			if len(*es) == before && isBucket(alg) {
-				if r, err := ParseRate(eff.rate); err == nil {
-					checkRefill(es, oat+".burst", r, eff.burst)
+				for _, pr := range limitspec.CheckLimit(limitOf(alg, p, eff), 0, nil, 1) {
+					es.add(oat+"."+pr.Field, pr.Value, pr.Msg) // the refill time
 				}
 			}
 			if len(*es) == before {

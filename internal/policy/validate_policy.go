@@ -4,6 +4,8 @@ package policy
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,8 +13,18 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/configyaml"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
 )
+
+// didYouMean is ` (did you mean "x"?)` for the known value that s most resembles, or "".
+func didYouMean(s string, known []string) string {
+	slices.Sort(known) // map order is random: ties go to the first name
+	if m := configyaml.Suggest(s, known); m != "" && m != s {
+		return fmt.Sprintf(" (did you mean %q?)", m)
+	}
+	return ""
+}
 
 // keyKind is the source of a policy's key value.
 type keyKind uint8
@@ -66,14 +78,16 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	}
 
 	alg, algOK := algorithms[p.Algorithm]
+	meaning := false // the limit's fields passed: check what they mean
 	switch {
 	case p.Algorithm == "":
 		es.add(at+".algorithm", "", "required: "+algorithmList)
 	case !algOK:
-		es.add(at+".algorithm", p.Algorithm, "must be "+algorithmList)
+		es.add(at+".algorithm", p.Algorithm, "must be "+algorithmList+didYouMean(p.Algorithm, slices.Collect(maps.Keys(algorithms))))
 	default:
 		before := len(*es)
 		checkFullLimit(es, at, alg, p.fields())
+		fieldsOK := len(*es) == before
 		switch {
 		case alg == bucket.Concurrency && (p.Cost != 0 || p.costSet):
 			es.add(at+".cost", strconv.FormatInt(p.Cost, 10), "not used by concurrency: every request holds one slot")
@@ -87,6 +101,8 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 		}
 		checkCosts(es, at, p.Costs)
 		checkCalendar(es, at, p, alg)
+		_, perOK := periods[p.Period]
+		meaning = fieldsOK && (alg != bucket.Quota || perOK)
 	}
 	if c := p.Cost; c < 0 || c == 0 && p.costSet {
 		es.add(at+".cost", strconv.FormatInt(c, 10), "must be at least 1")
@@ -110,73 +126,42 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	if p.Pool != "" && (len(p.Pool) > limitspec.MaxNameLen || !limitspec.ValidName(p.Pool)) {
 		es.add(at+".pool", p.Pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
 	}
-	if algOK {
-		checkLease(es, at, p, alg)
+	if meaning {
+		checkMeaning(es, at, p, alg)
 	}
 }
 
-// checkLease checks a policy's lease block against its limit and every override's.
-func checkLease(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
-	l := p.Lease
-	if l == nil {
-		return
-	}
-	at += ".lease"
-	if !l.Enabled {
-		if l.Shards != 0 || l.TTL != 0 {
-			es.add(at+".enabled", "false", "lease fields are set, but enabled is false: set enabled: true, or remove the block")
+// checkMeaning runs the check that Envoy's rules share (limitspec.CheckLimit: a bucket's
+// refill time, a quota's offset, the lease) on the policy's limit, and the lease on every
+// override's limit too, once their fields passed their own checks.
+func checkMeaning(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
+	var lease *limitspec.Lease
+	if l := p.Lease; l != nil {
+		lease = &limitspec.Lease{Enabled: l.Enabled, Shards: l.Shards, TTL: l.TTL}
+		if l.Enabled && len(p.ChargeOn) > 0 {
+			// A leased unit is spent when the request is admitted; giving it back after the
+			// answer would need the lease still live, which a slow upstream outlasts.
+			es.add(at+".lease.enabled", "true", "cannot be combined with charge_on: a leased unit is spent when the request is admitted")
+			lease = nil
 		}
+	}
+	ps := limitspec.CheckLimit(limitOf(alg, p, p.fields()), p.Offset, lease, p.Cost)
+	for _, pr := range ps {
+		es.add(at+"."+pr.Field, pr.Value, pr.Msg)
+	}
+	if lease == nil || len(ps) > 0 {
 		return
 	}
-	if !bucket.LeaseSupported(alg) {
-		es.add(at+".enabled", "true", "leases serve token_bucket and fixed_window only, not "+limitspec.AlgorithmName(alg)+" (see docs/shared-pools.md)")
-		return
-	}
-	if len(p.ChargeOn) > 0 {
-		// A leased unit is spent when the request is admitted; giving it back after the
-		// answer would need the lease still live, which a slow upstream outlasts.
-		es.add(at+".enabled", "true", "cannot be combined with charge_on: a leased unit is spent when the request is admitted")
-		return
-	}
-	if field, value, msg := limitspec.CheckLeaseShape(l.Shards, l.TTL); field != "" {
-		es.add(at+"."+field, value, msg)
-		return
-	}
-	limits := []limitFields{p.fields()}
 	for i := range p.Overrides {
-		if !p.Overrides[i].Unlimited {
-			limits = append(limits, effective(p, &p.Overrides[i]))
-		}
-	}
-	shards := max(l.Shards, 1)
-	for _, f := range limits {
-		lim := limitOf(alg, p, f)
-		capacity, what := lim.Burst, "burst"
-		if alg == bucket.FixedWindow {
-			capacity, what = lim.Count, "limit"
-		}
-		if capacity <= 0 || (alg == bucket.TokenBucket && lim.Rate <= 0) {
-			return // reported with the limit's own fields
-		}
-		if int64(shards) > capacity {
-			es.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("must be at most the %s (%d): every shard holds at least one request of it", what, capacity))
-			return
-		}
-		if ttl := bucket.LeaseTTL(lim, bucket.Lease{Shards: shards, TTL: l.TTL}); ttl > 0 {
-			if most := bucket.LeaseCapacity(lim, shards, ttl); p.Cost > most {
-				es.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("leaves room for %d per lease, less than the cost %d of one request", most, p.Cost))
-				return
-			}
+		if p.Overrides[i].Unlimited {
 			continue
 		}
-		if l.TTL == 0 || capacity/int64(shards) < 2 {
-			es.add(at+".shards", strconv.Itoa(shards), fmt.Sprintf("leaves %d of the burst (%d) to a shard: a leased token bucket needs at least 2 per shard", capacity/int64(shards), capacity))
-			return
+		for _, pr := range limitspec.CheckLimit(limitOf(alg, p, effective(p, &p.Overrides[i])), p.Offset, lease, p.Cost) {
+			if strings.HasPrefix(pr.Field, "lease.") { // the override's own are checked with it
+				es.add(at+"."+pr.Field, pr.Value, pr.Msg)
+				return
+			}
 		}
-		t, tau := bucket.ShardGCRA(lim, shards, shards-1)
-		es.add(at+".ttl", limitspec.ShortDuration(l.TTL), "must be at most "+limitspec.ShortDuration(time.Duration(tau-t))+
-			" (the smallest shard's burst time less one interval): leased units come out of the burst less rate×ttl")
-		return
 	}
 }
 
@@ -199,16 +184,11 @@ func (o *OverrideConfig) fields() limitFields {
 	return limitFields{rate: o.Rate, burst: o.Burst, limit: o.Limit, window: o.Window, windowSet: o.windowSet}
 }
 
-// checkFullLimit checks a whole limit at `at`: a policy's, or an exemption's replacement limit
-// (Policy.ReplacementLimit), so that neither can hold what the other may not. The fields come
-// first, then, when they pass, a bucket's refill time.
+// checkFullLimit checks the fields of a whole limit at `at`: a policy's, or an exemption's
+// replacement limit (Policy.ReplacementLimit), so that neither can hold what the other may not.
+// What the limit means (limitspec.CheckLimit) is checked once they pass.
 func checkFullLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields) {
-	before := len(*es)
 	checkLimit(es, at, alg, f, true)
-	if len(*es) == before && isBucket(alg) {
-		r, _ := ParseRate(f.rate)
-		checkRefill(es, at+".burst", r, f.burst)
-	}
 }
 
 // checkLimit checks one algorithm's fields at `at`. For a policy (full) the algorithm's fields
@@ -364,7 +344,7 @@ func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm)
 		}
 		return
 	}
-	period, ok := periods[p.Period]
+	_, ok := periods[p.Period]
 	switch {
 	case p.Period == "":
 		es.add(at+".period", "", "required for quota: day, week or month")
@@ -373,24 +353,6 @@ func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm)
 	}
 	if _, err := limitspec.LoadZone(p.TimeZone); err != nil {
 		es.add(at+".time_zone", p.TimeZone, err.Error())
-	}
-	if !ok {
-		return
-	}
-	o := strconv.Itoa(p.Offset)
-	switch period {
-	case bucket.Day:
-		if p.Offset != 0 {
-			es.add(at+".offset", o, "must be 0 for period day: a day starts at midnight in time_zone")
-		}
-	case bucket.Week:
-		if p.Offset < 0 || p.Offset > 6 {
-			es.add(at+".offset", o, "must be from 0 (weeks start on Sunday) to 6 (Saturday) for period week")
-		}
-	case bucket.Month:
-		if p.Offset < 0 || p.Offset > 27 {
-			es.add(at+".offset", o, "must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for period month")
-		}
 	}
 }
 
@@ -403,14 +365,6 @@ func checkCount(es *Errors, path string, n int64, alg string, full bool) {
 		es.add(path, strconv.FormatInt(n, 10), "must be at least 1")
 	case n > limitspec.MaxCount:
 		es.add(path, strconv.FormatInt(n, 10), fmt.Sprintf("must be at most %d", limitspec.MaxCount))
-	}
-}
-
-// checkRefill rejects a bucket whose refill time burst/rate would not fit the bucket arithmetic.
-// Called on the effective limit, after the fields themselves passed.
-func checkRefill(es *Errors, path string, rate float64, burst int64) {
-	if rate > 0 && burst > 0 && float64(burst)/rate > maxRefill.Seconds() {
-		es.add(path, strconv.FormatInt(burst, 10), "burst/rate (the time to refill) must be at most "+limitspec.ShortDuration(maxRefill))
 	}
 }
 

@@ -1,7 +1,6 @@
 package policy
 
-// The protect block: its defaults (filled in after decoding, since a viper default would
-// create the block and switch protection on for every config) and its checks.
+// The protect block's checks.
 
 import (
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
-	"github.com/spf13/viper"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -22,54 +20,12 @@ const (
 	PriorityCritical  = "critical"
 )
 
-// Defaults and bounds of the protect block.
+// Bounds of the protect block (its defaults are in defaults.go).
 const (
-	defaultProtectLimit    = 50
-	defaultProtectMinLimit = 2
-	defaultProtectMaxLimit = 1000
-	defaultProtectStatus   = http.StatusServiceUnavailable
-	defaultMaxBufferedBody = 64 << 10
-	maxMaxBufferedBody     = 64 << 20
-	defaultStreamShare     = 0.1
-	maxProtectLimit        = 100000
-	maxQueueTimeout        = time.Minute
+	maxMaxBufferedBody = 64 << 20
+	maxProtectLimit    = 100000
+	maxQueueTimeout    = time.Minute
 )
-
-// defaultProtect fills in the protect block's defaults for the fields the file (or the
-// environment) left out; without a block there is nothing to do: protection stays off.
-func defaultProtect(cfg *Config, v *viper.Viper) {
-	if cfg.Protect == nil {
-		// `protect: {}` asks for protection with every default; viper's settings drop an
-		// empty mapping, so it is looked up on its own.
-		if m, ok := v.Get("protect").(map[string]any); !ok || m == nil {
-			return
-		}
-		cfg.Protect = new(ProtectConfig)
-	}
-	p := cfg.Protect
-	c := &p.Concurrency
-	if !v.IsSet("protect.concurrency.adaptive") {
-		c.Adaptive = true
-	}
-	if !v.IsSet("protect.concurrency.limit") {
-		c.Limit = defaultProtectLimit
-	}
-	if !v.IsSet("protect.concurrency.min_limit") {
-		c.MinLimit = defaultProtectMinLimit
-	}
-	if !v.IsSet("protect.concurrency.max_limit") {
-		c.MaxLimit = defaultProtectMaxLimit
-	}
-	if !v.IsSet("protect.status") {
-		p.Status = defaultProtectStatus
-	}
-	if !v.IsSet("protect.max_buffered_body") {
-		p.MaxBufferedBody = defaultMaxBufferedBody
-	}
-	if !v.IsSet("protect.stream_share") {
-		p.StreamShare = defaultStreamShare
-	}
-}
 
 // checkProtect checks the protect block; nil (no block) is valid: protection is off.
 func checkProtect(es *Errors, cfg *Config) {

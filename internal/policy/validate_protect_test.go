@@ -46,9 +46,9 @@ func TestParseProtectIssueExample(t *testing.T) {
 	if p.Status != 429 || len(p.Priorities) != 2 {
 		t.Fatalf("got status %d, %d priorities; want 429, 2", p.Status, len(p.Priorities))
 	}
-	// viper folds keys to lower case; header names are case-insensitive anyway.
-	if got := p.Priorities[0].Match.Headers; !reflect.DeepEqual(got, map[string]string{"x-priority": "critical"}) {
-		t.Errorf("got headers %v, want x-priority: critical", got)
+	// Header names are kept as written (they match in any case).
+	if got := p.Priorities[0].Match.Headers; !reflect.DeepEqual(got, map[string]string{"X-Priority": "critical"}) {
+		t.Errorf("got headers %v, want X-Priority: critical", got)
 	}
 	if p.Priorities[0].Reserve != 0.2 || p.Priorities[1].Match.PathPrefix != "/batch" {
 		t.Errorf("got %+v", p.Priorities)
@@ -100,8 +100,8 @@ func TestValidateProtect(t *testing.T) {
 		{"match forms", "protect: {priorities: [{name: critical, match: {methods: [get], path_prefix: batch, headers: {Host: a, X-A: ''}}}]}",
 			[]string{`protect.priorities[0].match.methods[0]: "get": must be an upper-case HTTP method: GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS or TRACE`,
 				`protect.priorities[0].match.path_prefix: "batch": must start with "/"`,
-				`protect.priorities[0].match.headers.host: "host": Host never reaches the request headers (net/http moves it out), so this key would never be present`,
-				`protect.priorities[0].match.headers.x-a: must not be empty: the value the header must have`}},
+				`protect.priorities[0].match.headers.Host: "Host": Host never reaches the request headers (net/http moves it out), so this key would never be present`,
+				`protect.priorities[0].match.headers.X-A: must not be empty: the value the header must have`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -141,7 +141,7 @@ func TestEnvOverrideProtect(t *testing.T) {
 func TestWarningsPriorityOnAnyClientsHeader(t *testing.T) {
 	prio := "protect: {priorities: [{name: sheddable, match: {path_prefix: /batch}}, {name: critical, match: {headers: {X-Priority: critical}}}]}\n"
 	cfg := mustParse(t, minimal+prio, noEnv)
-	want := []string{"protect.priorities[1].match.headers.x-priority: any client may send this header, so a priority is believed from it only from trusted_proxies, and none is set: this entry matches no request (match on a route, or list the proxy that sets the header in trusted_proxies)"}
+	want := []string{"protect.priorities[1].match.headers.X-Priority: any client may send this header, so a priority is believed from it only from trusted_proxies, and none is set: this entry matches no request (match on a route, or list the proxy that sets the header in trusted_proxies)"}
 	if got := Warnings(cfg); !slices.Equal(got, want) {
 		t.Errorf("without trusted_proxies: got %q\nwant %q", got, want)
 	}
@@ -152,5 +152,27 @@ func TestWarningsPriorityOnAnyClientsHeader(t *testing.T) {
 	cfg = mustParse(t, minimal+"protect: {priorities: [{name: critical, match: {path_prefix: /pay}}]}\n", noEnv)
 	if got := Warnings(cfg); len(got) != 0 {
 		t.Errorf("a route: got %q, want no warning", got)
+	}
+}
+
+// TestEnvOverrideFloat: a float field (protect.stream_share) takes its override; the viper
+// loader refused every value of it ("must be a number"), because the variable's text never
+// became a number.
+func TestEnvOverrideFloat(t *testing.T) {
+	cfg := mustParse(t, minimal+"protect: {}\n", env("RATELIMIT_PROTECT_STREAM_SHARE", "0.25"))
+	if cfg.Protect.StreamShare != 0.25 {
+		t.Errorf("got stream_share %v, want 0.25 from the environment", cfg.Protect.StreamShare)
+	}
+	if err := cfg.Validate(noEnv); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	// Without a protect block the override creates one, with every other default.
+	cfg = mustParse(t, minimal, env("RATELIMIT_PROTECT_STREAM_SHARE", "1"))
+	if cfg.Protect == nil || cfg.Protect.StreamShare != 1 || cfg.Protect.Concurrency.Limit != defaultProtectLimit {
+		t.Errorf("got %+v, want a protect block with stream_share 1 and the default limit", cfg.Protect)
+	}
+	_, err := Parse([]byte(minimal), LoadOptions{Getenv: env("RATELIMIT_PROTECT_STREAM_SHARE", "a tenth")})
+	if got, want := errorLines(t, err), []string{`RATELIMIT_PROTECT_STREAM_SHARE: "a tenth": must be a number`}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }

@@ -85,12 +85,12 @@ func TestRLSFileProblemsAreConfigErrors(t *testing.T) {
 		t.Fatalf("got %v, want Errors", err)
 	}
 	want := Errors{
-		{Path: "rls.response_headers", Value: "draft", Msg: "must be ietf, x-ratelimit, all or none"},
-		{Path: filepath.Join(dir, "b.yml") + ": domain", Value: "d", Msg: "also the domain of " + filepath.Join(dir, "a.yaml") + ": each domain is in one file"},
-		{Path: filepath.Join(dir, "c.yaml") + ": descriptors[0].rate_limit.unit", Value: "days", Msg: "must be second, minute, hour, day, week, month or year"},
+		{Line: 3, Col: 3, Path: "rls.response_headers", Value: "draft", Msg: "must be ietf, x-ratelimit, all or none"},
+		{File: filepath.Join(dir, "b.yml"), Line: 1, Col: 9, Path: "domain", Value: "d", Msg: "also the domain of " + filepath.Join(dir, "a.yaml") + ": each domain is in one file"},
+		{File: filepath.Join(dir, "c.yaml"), Line: 4, Col: 24, Path: "descriptors[0].rate_limit.unit", Value: "days", Msg: "must be second, minute, hour, day, week, month or year"},
 	}
 	if !reflect.DeepEqual(es, want) {
-		t.Errorf("got\n%v\nwant\n%v", es, want)
+		t.Errorf("got\n%#v\nwant\n%#v", es, want)
 	}
 }
 
@@ -155,5 +155,38 @@ func TestRLSLabelClashesWithPolicy(t *testing.T) {
 	err = rlsConfig(t, dir, base+pol("edge.override")).Validate(nil)
 	if err == nil || !strings.Contains(err.Error(), `policies[0].name: "edge.override": an rls rule of domain "edge" counts under this name`) {
 		t.Errorf("a policy named like a domain's override label: got %v", err)
+	}
+}
+
+// TestOneLimitCheckForBothFormats: the same limit written in both formats gets the same
+// problem from the one check they share (limitspec.CheckLimit): a token bucket of 1/h with a
+// burst of 10,000 (a refill of 416 days), a monthly quota starting on the 29th, and a leased
+// token bucket whose ttl outlasts its burst.
+func TestOneLimitCheckForBothFormats(t *testing.T) {
+	for _, c := range []struct {
+		name, policy, rule, field string
+	}{
+		{"refill", "{name: p, key: ip, algorithm: token_bucket, rate: 1/h, burst: 10000}",
+			"{unit: hour, requests_per_unit: 1, algorithm: token_bucket, burst: 10000}", "burst"},
+		{"offset", "{name: p, key: ip, algorithm: quota, limit: 5, period: month, offset: 28}",
+			"{unit: month, requests_per_unit: 5, algorithm: quota, offset: 28}", "offset"},
+		{"lease", "{name: p, key: ip, algorithm: token_bucket, rate: 10/s, burst: 2, lease: {enabled: true, ttl: 1h}}",
+			"{unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 2, lease: {enabled: true, ttl: 1h}}", "lease.ttl"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var pe Errors
+			cfg := mustParse(t, "upstream: http://x\npolicies:\n  - "+c.policy+"\n", noEnv)
+			if !errors.As(cfg.Validate(noEnv), &pe) || len(pe) != 1 || pe[0].Path != "policies[0]."+c.field {
+				t.Fatalf("policy: got %v, want one problem of %s", pe, c.field)
+			}
+			dir := rlsDir(t, map[string]string{"r.yaml": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: " + c.rule + "\n"})
+			var re Errors
+			if !errors.As(rlsConfig(t, dir, "").Validate(noEnv), &re) || len(re) != 1 || re[0].Path != "descriptors[0].rate_limit."+c.field {
+				t.Fatalf("rule: got %v, want one problem of %s", re, c.field)
+			}
+			if pe[0].Msg != re[0].Msg || pe[0].Value != re[0].Value {
+				t.Errorf("the formats disagree:\npolicy: %s\nrule:   %s", pe[0].Error(), re[0].Error())
+			}
+		})
 	}
 }

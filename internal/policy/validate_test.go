@@ -199,10 +199,10 @@ func TestValidate(t *testing.T) {
 			"  - {name: b, key: ip, algorithm: quota, limit: 1, period: week, offset: 7}\n" +
 			"  - {name: c, key: ip, algorithm: quota, limit: 1, period: month, offset: 28}\n" +
 			"  - {name: d, key: ip, algorithm: quota, limit: 1, period: month, offset: -1}\n", nil, []string{
-			`policies[0].offset: "1": must be 0 for period day: a day starts at midnight in time_zone`,
-			`policies[1].offset: "7": must be from 0 (weeks start on Sunday) to 6 (Saturday) for period week`,
-			`policies[2].offset: "28": must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for period month`,
-			`policies[3].offset: "-1": must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for period month`}},
+			`policies[0].offset: "1": must be 0 for a daily quota: a day starts at midnight in time_zone`,
+			`policies[1].offset: "7": must be from 0 (weeks start on Sunday) to 6 (Saturday) for a weekly quota`,
+			`policies[2].offset: "28": must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for a monthly quota`,
+			`policies[3].offset: "-1": must be from 0 (months start on the 1st) to 27 (on the 28th, which every month has) for a monthly quota`}},
 		{"period on a fixed window", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: fixed_window, limit: 1, window: 24h, period: day, time_zone: UTC, offset: 2}\n", nil, []string{
 			`policies[0].period: "day": not used by fixed_window: calendar periods are algorithm: quota`,
 			`policies[0].time_zone: "UTC": not used by fixed_window: calendar periods are algorithm: quota`,
@@ -275,7 +275,7 @@ func TestValidate(t *testing.T) {
 		{"bucket burst too large", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1000/s, burst: 1000000001}\n", nil,
 			[]string{`policies[0].burst: "1000000001": must be at most 1000000000`}},
 		{"bucket refill too long", "upstream: http://h\npolicies:\n  - {name: a, key: ip, algorithm: token_bucket, rate: 1/h, burst: 9000}\n", nil,
-			[]string{`policies[0].burst: "9000": burst/rate (the time to refill) must be at most 8784h`}},
+			[]string{`policies[0].burst: "9000": burst/rate (the time to refill) must be at most 366 days`}},
 		{"slot_lease bounds", "upstream: http://h\nstore: {backend: dynamodb, dynamodb: {table: t-1, slot_lease: 1s}}\npolicies:\n  - {name: a, key: api_key, algorithm: concurrency, limit: 10}\n", nil,
 			[]string{`store.dynamodb.slot_lease: "1s": must be from 3s to 10m`}},
 		{"clock bounds", "upstream: http://h\nstore: {backend: dynamodb, dynamodb: {table: t-1, clock: {max_correction: 0s, warn_offset: 2h, max_offset: 500us}}}\npolicies:\n  - {name: a, key: ip, algorithm: concurrency, limit: 10}\n", nil,
@@ -356,7 +356,7 @@ func TestValidate(t *testing.T) {
 			"      - {key: 10.0.0.1, rate: 1/d}\n      - {key: 10.0.0.2, burst: 100000}\n      - {key: 10.0.0.3, limit: 4}\n", nil,
 			[]string{
 				`policies[0].overrides[0].rate: "1/d": unit must be s, m or h`,
-				`policies[0].overrides[1].burst: "100000": burst/rate (the time to refill) must be at most 8784h`,
+				`policies[0].overrides[1].burst: "100000": burst/rate (the time to refill) must be at most 366 days`,
 				`policies[0].overrides[2].limit: "4": not used by token_bucket: set rate and burst`,
 			}},
 		{"override duplicates", "upstream: http://h\npolicies:\n  - name: a\n    key: ip\n    algorithm: token_bucket\n    rate: 1/s\n    burst: 1\n    overrides:\n" +
@@ -504,7 +504,7 @@ var badConfigs = map[string]string{
 	"policies_not_list":            `policies: must be a list`,
 	"rate_bad_unit":                `policies[2].rate: "10/x": unit must be s, m or h`,
 	"rate_zero":                    `policies[0].rate: "0/s": count must be positive`,
-	"refill_too_long":              `policies[0].burst: "100000": burst/rate (the time to refill) must be at most 8784h`,
+	"refill_too_long":              `policies[0].burst: "100000": burst/rate (the time to refill) must be at most 366 days`,
 	"reset_bad":                    `headers.reset: "iso8601": must be unix or delta`,
 	"store_not_mapping":            `store: "memory": must be a mapping`,
 	"timeout_bad_duration":         `store.timeout: "fast": must be a duration`,
@@ -524,7 +524,7 @@ var badConfigs = map[string]string{
 	"window_negative":              `policies[0].window: "-1m": must be positive`,
 	"override_window_zero":         `policies[0].overrides[0].window: "0s": must be positive`,
 	"window_with_rate":             `policies[0].rate: "5/m": not used by sliding_window`,
-	"yaml_duplicate_key":           `yaml_duplicate_key.yaml: invalid YAML: yaml: unmarshal errors:` + "\n" + `  line 3: mapping key "upstream" already defined at line 2`,
+	"yaml_duplicate_key":           `yaml_duplicate_key.yaml: upstream: written twice (first on line 2)`,
 	"yaml_syntax":                  `yaml_syntax.yaml: invalid YAML: yaml: line 3:`,
 }
 

@@ -10,7 +10,7 @@ import (
 
 func TestClassify(t *testing.T) {
 	c := NewClassifier([]policy.PriorityConfig{
-		// viper hands header names in lower case; they match in any case.
+		// header names match in any case.
 		{Name: "critical", Match: policy.PriorityMatchConfig{Headers: map[string]string{"x-priority": "critical"}}},
 		{Name: "sheddable", Match: policy.PriorityMatchConfig{Methods: []string{"GET"}, PathPrefix: "/batch/"}},
 		{Name: "critical", Match: policy.PriorityMatchConfig{PathPrefix: "/Pay", PathCaseSensitive: true}},

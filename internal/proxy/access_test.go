@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -77,7 +77,7 @@ func accessServer(t *testing.T, access bool, ps *policy.Pseudonyms) (*httptest.S
 	h, err := New(Options{
 		Upstream:   mustURL(t, up.URL),
 		Policies:   func() Policies { return set },
-		Limiter:    bucket.NewMemory(bucket.MemoryOptions{}),
+		Limiter:    memstore.New(memstore.Options{}),
 		Logger:     log,
 		AccessLog:  access,
 		Pseudonyms: ps,

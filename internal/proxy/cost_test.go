@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -22,7 +23,7 @@ func TestWeightedRejectionSaysWhatDidNotFit(t *testing.T) {
 		policies: []*policy.Policy{{Name: "search", Limit: l, Cost: 5}},
 		charges:  []bucket.Charge{{Key: testKey(1), Limit: l, Cost: 5}},
 	}
-	mem := bucket.NewMemory(bucket.MemoryOptions{})
+	mem := memstore.New(memstore.Options{})
 	hs := newHarness(t, pol, newFakeLimiter(true), nil, func(o *Options) { o.Limiter = mem })
 	for _, want := range []string{"7", "2"} {
 		resp, _ := hs.get("/search")

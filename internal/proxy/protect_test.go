@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/protect"
 )
@@ -40,7 +41,7 @@ func protectHarness(t *testing.T, limits ...bucket.Limit) (hs *harness, l *prote
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := bucket.NewMemory(bucket.MemoryOptions{})
+	mem := memstore.New(memstore.Options{})
 	hs = newHarness(t, pol, newFakeLimiter(true), up, func(o *Options) {
 		o.Limiter = mem
 		o.Now = nil

@@ -143,6 +143,15 @@ type Options struct {
 	// Console is told about every planned and decided request (exemptions, heavy hitters, the
 	// live page), and adds exemplars to the limited counters. (Optional) default: none.
 	Console Console
+	// Tracer is told every request's decision, for its trace span. (Optional) default: none.
+	Tracer Tracer
+}
+
+// Tracer is told the decision about each request, once it is answered, with the request's
+// context (which holds its span); *telemetry.Decisions satisfies it. results are the charges'
+// verdicts, nil when the store decided nothing. It must not keep p or results.
+type Tracer interface {
+	Decided(ctx context.Context, decision string, p *policy.Plan, results []bucket.Result)
 }
 
 // Handler enforces the policies on every request and forwards the admitted ones. It serves every
@@ -197,6 +206,7 @@ type Handler struct {
 	slots    atomic.Pointer[[]policySlot] // policy index -> its state (policyOf)
 	slotMu   sync.Mutex                   // serialises installing slots
 	console  Console                      // nil without one
+	tracer   Tracer                       // nil without one
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -281,7 +291,7 @@ func New(o Options) (*Handler, error) {
 		}
 		h.prot = p
 	}
-	h.console = o.Console
+	h.console, h.tracer = o.Console, o.Tracer
 	h.states.New = func() any { return &reqState{buf: make([]byte, 0, 512)} }
 	h.rp = h.newReverseProxy(o.Upstream, o.Transport)
 	h.rpGRPC = h.rp
@@ -329,11 +339,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.reset(grpc, protocolOf(r, grpc), h.access != nil)
 	if h.access == nil {
 		h.serve(w, r, st)
+	} else {
+		start := time.Now()
+		h.serve(st.writer(w), r, st)
+		h.logAccess(r, st, start, time.Now())
+	}
+	if h.tracer != nil {
+		h.traceDecision(r.Context(), st)
+	}
+}
+
+// traceDecision tells the tracer the request's decision.
+func (h *Handler) traceDecision(ctx context.Context, st *reqState) {
+	if st.decision == decNone {
 		return
 	}
-	start := time.Now()
-	h.serve(st.writer(w), r, st)
-	h.logAccess(r, st, start, time.Now())
+	var results []bucket.Result
+	if (st.decision == decAllowed || st.decision == decLimited) && !st.now.IsZero() { // the store decided
+		results = st.results[:len(st.plan.Charges)]
+	}
+	h.tracer.Decided(ctx, decisionNames[st.decision], &st.plan, results)
 }
 
 // done returns a request's state to the pool, once the request is over (also when the reverse

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -30,7 +31,7 @@ func releaseHarness(t *testing.T, up *countingUpstream, l bucket.Limit, chargeOn
 		p.ChargeOn = set
 	}
 	pol := &fakePolicies{policies: []*policy.Policy{p}, charges: []bucket.Charge{{Key: testKey(1), Limit: l}}}
-	mem := bucket.NewMemory(bucket.MemoryOptions{})
+	mem := memstore.New(memstore.Options{})
 	return newHarness(t, pol, newFakeLimiter(true), up, func(o *Options) {
 		o.Limiter = mem
 		o.Now = nil // the memory store decides at the real instant, as in production
@@ -204,7 +205,7 @@ func TestRelease_ErrorCounted(t *testing.T) {
 		charges:  []bucket.Charge{{Key: testKey(1), Limit: oneSlot}},
 	}
 	hs := newHarness(t, pol, newFakeLimiter(true), nil, func(o *Options) {
-		o.Limiter = failingReleaser{bucket.NewMemory(bucket.MemoryOptions{})}
+		o.Limiter = failingReleaser{memstore.New(memstore.Options{})}
 	})
 	if res := hs.served("/"); res.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, want 200", res.StatusCode)
@@ -273,7 +274,7 @@ func chargeOnHarness(t *testing.T, up *countingUpstream, edit func(*Options)) *h
 	pol := &fakePolicies{policies: []*policy.Policy{{Name: "p", Limit: one, ChargeOn: set}},
 		charges: []bucket.Charge{{Key: testKey(1), Limit: one, Refundable: true}}}
 	return newHarness(t, pol, newFakeLimiter(true), up, func(o *Options) {
-		o.Limiter = bucket.NewMemory(bucket.MemoryOptions{})
+		o.Limiter = memstore.New(memstore.Options{})
 		o.Now = nil
 		if edit != nil {
 			edit(o)

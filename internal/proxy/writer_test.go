@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/protect"
 )
 
@@ -54,7 +55,7 @@ func TestForwardCrossesOneWriter(t *testing.T) {
 	h, err := New(Options{
 		Upstream:          mustURL(t, "http://upstream.invalid"),
 		Policies:          func() Policies { return pol },
-		Limiter:           bucket.NewMemory(bucket.MemoryOptions{}),
+		Limiter:           memstore.New(memstore.Options{}),
 		Transport:         staticUpstream{},
 		Logger:            zap.NewNop(),
 		AccessLog:         true,

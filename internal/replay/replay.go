@@ -7,7 +7,7 @@
 //
 // It decides exactly as the gateway does: the same policy.Set plans each line
 // (policy.Set.PlanFields: the same matching, overrides and bucket keys as Set.Plan) and the same
-// bucket.Memory takes the charges, so a line is admitted, limited or shadow-limited for the same
+// memstore.Store takes the charges, so a line is admitted, limited or shadow-limited for the same
 // reasons a request would be. It reports per policy the requests matched, admitted, limited and
 // shadow-limited, the peak rate, the keys limited most (as log pseudonyms, never raw values) and
 // a time series for plotting (see Plot).
@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -83,7 +84,7 @@ type Options struct {
 type Replayer struct {
 	o       Options
 	set     *policy.Set
-	store   *bucket.Memory
+	store   *memstore.Store
 	parser  parser
 	rec     record
 	plan    policy.Plan
@@ -154,7 +155,7 @@ func New(o Options) (*Replayer, error) {
 	r := &Replayer{
 		o:         o,
 		set:       o.Set,
-		store:     bucket.NewMemory(bucket.MemoryOptions{MaxKeys: o.MaxKeys}),
+		store:     memstore.New(memstore.Options{MaxKeys: o.MaxKeys}),
 		parser:    parser{format: o.Format, keyFields: o.KeyFields},
 		results:   make([]bucket.Result, len(pols)),
 		ctx:       context.Background(), // the memory store does no I/O; Read checks its ctx per block

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 )
@@ -207,7 +208,7 @@ policies:
 	reg := prometheus.NewRegistry()
 	now := time.Date(2026, 11, 24, 9, 0, 0, 0, time.UTC)
 	h, err := proxy.New(proxy.Options{
-		Upstream: upURL, Policies: func() proxy.Policies { return set }, Limiter: bucket.NewMemory(bucket.MemoryOptions{}),
+		Upstream: upURL, Policies: func() proxy.Policies { return set }, Limiter: memstore.New(memstore.Options{}),
 		Logger: log, AccessLog: true, Metrics: proxy.NewMetrics(reg),
 		Now:  func() time.Time { return now },
 		Wait: func(context.Context, time.Duration) error { return nil }, // leaky holds are not waited out

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 // fakeConsole records what the service tells the console and grants the exemptions it holds.
@@ -62,7 +63,7 @@ func (f *fakeConsole) take() []observation {
 // not decide.
 func TestConsoleObservesCharges(t *testing.T) {
 	fc := &fakeConsole{}
-	s, _, _ := newTestService(t, bucket.NewMemory(bucket.MemoryOptions{}), func(o *Options) { o.Console = fc })
+	s, _, _ := newTestService(t, memstore.New(memstore.Options{}), func(o *Options) { o.Console = fc })
 	override := d("fw", "o")
 	override.Limit = &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: 2}
 	for i := range 4 {
@@ -91,7 +92,7 @@ func TestConsoleObservesCharges(t *testing.T) {
 // answer and headers follow it) and that an unlimited one answers OK without charging.
 func TestConsoleExemptions(t *testing.T) {
 	fc := &fakeConsole{exempt: map[string]exemption{}}
-	m := bucket.NewMemory(bucket.MemoryOptions{})
+	m := memstore.New(memstore.Options{})
 	s, _, _ := newTestService(t, m, func(o *Options) { o.Console = fc })
 	for range 3 {
 		ask(t, s, d("fw", "a"))

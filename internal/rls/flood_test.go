@@ -8,8 +8,7 @@ import (
 
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 )
 
 // TestFloodLeavesFreshValuesTheirLimits is issue 32 item 6 through the RLS, into one domain: the
@@ -20,7 +19,7 @@ import (
 // least 9 of 10 fresh values are OK while the flood lasts, each then limited at its own limit,
 // and every flood value is still over its limit.
 func TestFloodLeavesFreshValuesTheirLimits(t *testing.T) {
-	m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: 1000})
+	m := memstore.New(memstore.Options{MaxKeys: 1000})
 	m.SetPools(Pool("d"))
 	s, clk, _ := newTestService(t, m, nil)
 	call := func(v string, hits uint32) pb.RateLimitResponse_Code {

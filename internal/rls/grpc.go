@@ -26,6 +26,8 @@ type ServerOptions struct {
 	// server.read_header_timeout): a connection that stays silent is closed then, not after
 	// grpc-go's default of 120 s. 0 keeps that default.
 	HandshakeTimeout time.Duration
+	// Interceptor, when set, wraps every unary call (the gateway's tracing). nil: none.
+	Interceptor grpc.UnaryServerInterceptor
 }
 
 // NewGRPCServer returns a gRPC server serving svc and the standard gRPC health service, which
@@ -42,6 +44,9 @@ func NewGRPCServer(svc *Service, o ServerOptions) (*grpc.Server, *health.Server)
 	}
 	if o.HandshakeTimeout > 0 {
 		opts = append(opts, grpc.ConnectionTimeout(o.HandshakeTimeout))
+	}
+	if o.Interceptor != nil {
+		opts = append(opts, grpc.UnaryInterceptor(o.Interceptor))
 	}
 	if o.MaxConcurrentStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(o.MaxConcurrentStreams))

@@ -20,6 +20,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/telemetry"
 )
 
 // gateway is everything Run builds from the configuration before it serves. Its builders are
@@ -41,6 +42,7 @@ type gateway struct {
 
 	pseudonyms *policy.Pseudonyms
 	console    *admin.Console
+	tel        *telemetry.Telemetry // nil without telemetry.otlp.endpoint (telemetry.go)
 	upstream   *url.URL
 	handler    http.Handler // nil without upstream: the rate limit service alone
 
@@ -77,7 +79,7 @@ func newGateway(ctx context.Context, o Options) (g *gateway, err error) {
 		}
 	}()
 	for _, build := range []func(context.Context) error{
-		g.buildStore, g.buildConsole, g.buildProxy, g.listen, g.buildRLS, g.buildServers,
+		g.buildStore, g.buildConsole, g.buildTelemetry, g.buildProxy, g.listen, g.buildRLS, g.buildServers,
 	} {
 		if err := build(ctx); err != nil {
 			return g, err
@@ -164,7 +166,7 @@ func (g *gateway) buildProxy(context.Context) error {
 		Protect:             prot,
 		Upstream:            upstream,
 		Policies:            g.rl.Current,
-		Limiter:             g.st,
+		Limiter:             g.limiter(),
 		Backend:             cfg.Store.Backend,
 		StoreTimeout:        cfg.Store.Timeout,
 		UpstreamTimeout:     cfg.UpstreamTimeout,
@@ -180,6 +182,7 @@ func (g *gateway) buildProxy(context.Context) error {
 		Metrics:             proxy.NewMetrics(g.reg),
 		Now:                 g.now, // nil: time.Now, and the store timer's start doubles as the instant
 		Console:             g.console,
+		Tracer:              g.tracer(),
 	})
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
@@ -246,7 +249,7 @@ func (g *gateway) buildServers(context.Context) error {
 	// address: they reach the log with pseudonyms instead.
 	errLog = proxy.ScrubLog(errLog, g.pseudonyms)
 	g.proxySrv = &http.Server{
-		Handler:           conns.wrap(g.handler),
+		Handler:           conns.wrap(g.traced(g.handler)),
 		ConnContext:       conns.connContext,
 		ConnState:         conns.connState,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,

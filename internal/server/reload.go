@@ -292,6 +292,9 @@ func restartOnly(old, cur *policy.Config) []string {
 	add("rls", rlsRestartFields(old.RLS) != rlsRestartFields(cur.RLS))
 	// An adaptive limit learns the upstream: a reload must not start it over.
 	add("protect", !reflect.DeepEqual(old.Protect, cur.Protect))
+	// The exporters are built once (telemetry.go); trusted_proxies, which decides whose trace
+	// context is believed, reloads.
+	add("telemetry", !reflect.DeepEqual(old.Telemetry, cur.Telemetry))
 	return out
 }
 

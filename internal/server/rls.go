@@ -36,7 +36,7 @@ func (g *gateway) newRLS(ctx context.Context, tlsCfg *tls.Config) (*rlsServer, e
 	}
 	svc, err := rls.New(rls.Options{
 		Rules:        func() *envoyrules.Rules { return rl.Set().RLS() },
-		Store:        g.st,
+		Store:        g.limiter(),
 		Backend:      cfg.Store.Backend,
 		StoreTimeout: cfg.Store.Timeout,
 		Headers:      rls.ParseHeaders(cfg.RLS.ResponseHeaders, cfg.Headers.Reset == "delta"),
@@ -55,7 +55,7 @@ func (g *gateway) newRLS(ctx context.Context, tlsCfg *tls.Config) (*rlsServer, e
 		return nil, fmt.Errorf("rls.listen: %w", err)
 	}
 	srv, h := rls.NewGRPCServer(svc, rls.ServerOptions{TLS: tlsCfg, MaxConcurrentStreams: uint32(cfg.Server.MaxConcurrentStreams),
-		HandshakeTimeout: cfg.Server.ReadHeaderTimeout})
+		HandshakeTimeout: cfg.Server.ReadHeaderTimeout, Interceptor: g.rlsInterceptor()})
 	return &rlsServer{srv: srv, health: h, l: l}, nil
 }
 

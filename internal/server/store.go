@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
 )
@@ -84,7 +85,7 @@ func (g *gateway) newBackend(ctx context.Context) (backend, error) {
 // memoryBackend is the in-memory store, with its metrics.
 func (g *gateway) memoryBackend() (backend, error) {
 	cfg, rl, reg := g.cfg, g.rl, g.reg
-	m := bucket.NewMemory(bucket.MemoryOptions{MaxKeys: cfg.Store.MaxKeys})
+	m := memstore.New(memstore.Options{MaxKeys: cfg.Store.MaxKeys})
 	// Every pool has its share of the store before the first request (a pool first seen
 	// during a flood would find the shares divided among fewer), and again after each reload.
 	rl.OnSet(func(set *policy.Set) { m.SetPools(poolNames(set)...) })

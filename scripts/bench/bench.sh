@@ -168,7 +168,7 @@ go_benches() {
   # seconds apart, so their ratio is what the table reports per round.
   note "Go benchmarks: decision cost ($go_count interleaved rounds, -benchtime $go_time)"
   mkdir -p "$out/bin"
-  $GO test -c -o "$out/bin/bucket.test" ./internal/bucket/
+  $GO test -c -o "$out/bin/memstore.test" ./internal/memstore/
   : >"$out/decision.txt"
   : >"$out/decision-rounds.tsv"
   local round grp pats pat
@@ -177,7 +177,7 @@ go_benches() {
       pats=("^BenchmarkMemory\$/./^${grp%/*}\$/^${grp#*/}\$" "^BenchmarkXRate\$/./^${grp%/*}\$/^${grp#*/}\$")
       [ $((round % 2)) = 0 ] && pats=("${pats[1]}" "${pats[0]}")
       for pat in "${pats[@]}"; do
-        (cd internal/bucket && "$out/bin/bucket.test" -test.run '^$' -test.bench "$pat" -test.benchmem \
+        (cd internal/memstore && "$out/bin/memstore.test" -test.run '^$' -test.bench "$pat" -test.benchmem \
           -test.benchtime "$go_time") | tee -a "$out/decision.txt" |
           awk -v r="$round" '/^Benchmark/ { n = $1; sub(/-[0-9]+$/, "", n); printf "%s\t%s\t%s\n", r, n, $3 }' >>"$out/decision-rounds.tsv"
       done
@@ -186,8 +186,11 @@ go_benches() {
   note "Go benchmarks: handler"
   $GO test -run '^$' -bench '^BenchmarkHandler' -benchmem -count "$go_count" -benchtime "$go_time" \
     ./internal/proxy/ >"$out/handler.txt"
+  note "Go benchmarks: tracing off, on unsampled, on sampled (telemetry block)"
+  $GO test -run '^$' -bench '^BenchmarkHandlerTelemetry$' -benchmem -count "$go_count" -benchtime "$go_time" \
+    ./internal/telemetry/ >"$out/telemetry.txt"
   note "Go benchmarks: bytes per key at 1M keys"
-  $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/bucket/ >"$out/bytes.txt"
+  $GO test -run '^$' -bench '^BenchmarkMemory(Sliding)?BytesPerKey$' -benchtime 1x -count 1 ./internal/memstore/ >"$out/bytes.txt"
   note "Go benchmarks: the operators' console's cost in instructions (callgrind)"
   local console_rc=0
   local instr_n=30000
@@ -219,13 +222,13 @@ go_benches() {
       return m % 2 ? a[(m+1)/2] : (a[m/2] + a[m/2+1]) / 2
     }
     END { for (i = 1; i <= k; i++) { n = order[i]; printf "%s\t%s\t%s\t%s\n", n, med(ns[n]), med(by[n]), med(al[n]) } }
-  ' "$out/decision.txt" "$out/handler.txt" >"$out/medians.tsv"
+  ' "$out/decision.txt" "$out/handler.txt" "$out/telemetry.txt" >"$out/medians.tsv"
 
   {
     echo
     echo "## 1. Decision cost (Go benchmarks, $go_count interleaved rounds, -benchtime $go_time, GOMAXPROCS=$ncpu)"
     echo
-    echo "One charge per decision on bucket.Memory vs golang.org/x/time/rate with a per-key map (Mutex: one map"
+    echo "One charge per decision on the memory store (memstore.Store) vs golang.org/x/time/rate with a per-key map (Mutex: one map"
     echo "behind one mutex; Sharded: 256 such maps). Each round runs one group (keys x mode) of ours and of"
     echo "x/time/rate back to back in fresh processes, alternating which goes first. ns/op columns are medians"
     echo "over the rounds; the ratio is ours / the faster x/time/rate variant *of the same round*, median"
@@ -266,7 +269,9 @@ go_benches() {
       }' "$out/decision-ratios.tsv" "$out/medians.tsv"
     echo
     echo "Full handler (internal/proxy, in-memory upstream, no sockets: the allocation budget of a request;"
-    echo "BenchmarkHandler_PlainReverseProxy is (b) in process, over the same in-memory upstream as _Admitted):"
+    echo "BenchmarkHandler_PlainReverseProxy is (b) in process, over the same in-memory upstream as _Admitted;"
+    echo "BenchmarkHandlerTelemetry (internal/telemetry) is an admitted request with tracing off (no telemetry"
+    echo "block: the handler alone), on at sample_ratio 0 and on at 1, exporting to a discarding exporter):"
     echo
     echo "| benchmark | ns/op | B/op | allocs/op |"
     echo "|---|---:|---:|---:|"

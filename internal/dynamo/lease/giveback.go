@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -91,8 +90,8 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 	if g.units <= 0 {
 		return g.mark, true
 	}
-	p.giveMu.Lock()
-	defer p.giveMu.Unlock()
+	p.give <- struct{}{}
+	defer func() { <-p.give }()
 	m := p.ls.m
 	if !p.gcra {
 		cg := p.ls.t.CountGiveBack(g.pk, g.units, "attribute_exists(#count)")
@@ -102,7 +101,7 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 				m.Units.WithLabelValues(unitsRefunded).Add(float64(g.units))
 				return 0, true
 			}
-			if done || !again || attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
+			if done || !again || attempt == refundAttempts || !sleepCtx(ctx, time.Duration(p.ls.rnd.Int64N(int64(refundBackoff)<<attempt))) {
 				m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 				return 0, false
 			}
@@ -110,7 +109,7 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 	}
 	t := p.shards[g.shard].t // immutable after newPool
 	to := g.tail - g.units*t
-	gid := schema.NewMarker()
+	gid := p.ls.rnd.Marker()
 	u := Update{
 		Expr:   "SET #tat = :to, #lv = :gid",
 		Cond:   "#tat = :end AND #lv = :lv",
@@ -133,7 +132,7 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 			m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 			return 0, false
 		}
-		if attempt == refundAttempts || !sleepCtx(ctx, time.Duration(rand.Int64N(int64(refundBackoff)<<attempt))) {
+		if attempt == refundAttempts || !sleepCtx(ctx, time.Duration(p.ls.rnd.Int64N(int64(refundBackoff)<<attempt))) {
 			// Never lost silently: counted as expired (it may have landed: then the table is
 			// roomier than we count, never the other way).
 			m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))

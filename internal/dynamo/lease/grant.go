@@ -62,7 +62,7 @@ func (p *pool) leaseShard(ctx context.Context, i int, n, want, least, shift int6
 		if p.gcra {
 			// Every write to a token bucket's shard leaves its own marker: a give-back of
 			// its units lands only while it is still there (see refundGrant).
-			fm.mark = schema.NewMarker()
+			fm.mark = p.ls.rnd.Marker()
 			fm.u.Expr += ", #lv = :lv"
 			fm.u.Names["#lv"] = schema.LeaseWrite
 			fm.u.Values[":lv"] = schema.Unum(fm.mark)

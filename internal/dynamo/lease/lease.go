@@ -5,7 +5,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // A charge whose Lease is on is answered from units this Store reserved from the shared
@@ -100,6 +100,8 @@ type Config struct {
 	Throttled error
 	// Now is the sweeper's clock (default time.Now).
 	Now func() time.Time
+	// Rand is the source of markers, jitter and shard choices (nil: math/rand/v2's).
+	Rand func() uint64
 }
 
 // Pools is a Store's lease pools. It is safe for concurrent use.
@@ -108,6 +110,7 @@ type Pools struct {
 	m            Metrics
 	errThrottled error
 	now          func() time.Time
+	rnd          schema.Rand
 
 	mu       sync.Mutex
 	pools    map[leaseKey]*pool
@@ -149,7 +152,7 @@ func NewPools(c Config) *Pools {
 		c.Metrics.Units.WithLabelValues(o)
 	}
 	return &Pools{
-		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now,
+		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now, rnd: c.Rand,
 		pools: make(map[leaseKey]*pool), stop: make(chan struct{}),
 	}
 }
@@ -165,9 +168,11 @@ type pool struct {
 	ttl, horizon int64
 	home         int // the shard tried first
 
-	// giveMu makes the pool's give-backs serial: a token bucket's chunks go back newest first,
-	// each conditioned on the marker the one before it left.
-	giveMu sync.Mutex
+	// give makes the pool's give-backs serial (a lock of one place): a token bucket's chunks go
+	// back newest first, each conditioned on the marker the one before it left. A channel
+	// rather than a sync.Mutex because it is held across calls to the table: a goroutine waiting
+	// on it is durably blocked, so the simulator's fake clock (testing/synctest) can run.
+	give chan struct{}
 
 	mu        sync.Mutex
 	forgotten bool // removed from ls.pools by the sweeper: a request that found it looks again
@@ -248,7 +253,7 @@ func newPool(ls *Pools, k leaseKey, n int64) *pool {
 	l, shards := k.limit, max(k.lease.Shards, 1)
 	ttl := int64(bucket.LeaseTTL(l, k.lease))
 	p := &pool{
-		ls: ls, key: k, base: k.key.String(), gcra: l.Algorithm == bucket.TokenBucket,
+		ls: ls, key: k, give: make(chan struct{}, 1), base: k.key.String(), gcra: l.Algorithm == bucket.TokenBucket,
 		ttl: ttl, horizon: max(ttl/2, 1), shards: make([]shard, shards), estAt: n, lastUse: n,
 		// The store's round trip so far (its warm-up reads at startup, other pools' calls):
 		// the first renewal is placed and sized like the later ones.
@@ -260,7 +265,7 @@ func newPool(ls *Pools, k leaseKey, n int64) *pool {
 	}
 	// Replicas start on different shards (the key's digest and this Store's address would do;
 	// a random start spreads them without coordination).
-	p.home = rand.IntN(shards)
+	p.home = ls.rnd.IntN(shards)
 	for i := range p.shards {
 		sh := &p.shards[i]
 		if p.gcra {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -160,7 +159,7 @@ func (p *pool) lease(ctx context.Context, n, want, shift int64) (*grant, error) 
 			others = append(others, i)
 		}
 	}
-	rand.Shuffle(len(others), func(i, j int) { others[i], others[j] = others[j], others[i] })
+	p.ls.rnd.Shuffle(len(others), func(i, j int) { others[i], others[j] = others[j], others[i] })
 	order = append(order, others...)
 	if p.gcra {
 		room := func(i int) int64 {
@@ -259,7 +258,7 @@ func (p *pool) emptied(i int, sh *shard, n, least int64) {
 		most = min(most, max((sh.tauL-p.shift(0))/2, 1))
 	}
 	spread := min(max(at-n, p.horizon/16)<<min(p.fails, 10), most)
-	until := at + rand.Int64N(max(spread, 1))
+	until := at + p.ls.rnd.Int64N(max(spread, 1))
 	if !p.gcra {
 		until = min(until, windowEnd(p.key.limit, n))
 	}

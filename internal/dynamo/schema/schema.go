@@ -60,7 +60,45 @@ func Number(item map[string]types.AttributeValue, name string) (int64, bool, err
 
 // NewMarker draws the marker of a write: never zero (Result.Token's "none"), top two bits clear
 // (the fallback store marks its own tokens with the top bit).
-func NewMarker() uint64 { return rand.Uint64()>>2 | 1 }
+func NewMarker() uint64 { return Rand(nil).Marker() }
+
+// Rand is the random source of a store's markers, ids, jitter and shard choices: nil draws from
+// math/rand/v2's global source (what the gateway uses). The simulator gives each replica a
+// seeded one, so that a seed repeats its run.
+type Rand func() uint64
+
+// Uint64 draws 64 random bits.
+func (r Rand) Uint64() uint64 {
+	if r == nil {
+		return rand.Uint64()
+	}
+	return r()
+}
+
+// Marker draws a write's marker (see NewMarker).
+func (r Rand) Marker() uint64 { return r.Uint64()>>2 | 1 }
+
+// Int64N draws from [0, n); n > 0.
+func (r Rand) Int64N(n int64) int64 {
+	if r == nil {
+		return rand.Int64N(n)
+	}
+	return int64(r() % uint64(n))
+}
+
+// IntN draws from [0, n); n > 0.
+func (r Rand) IntN(n int) int { return int(r.Int64N(int64(n))) }
+
+// Shuffle shuffles n elements with swap.
+func (r Rand) Shuffle(n int, swap func(i, j int)) {
+	if r == nil {
+		rand.Shuffle(n, swap)
+		return
+	}
+	for i := n - 1; i > 0; i-- {
+		swap(i, r.IntN(i+1))
+	}
+}
 
 // BucketKey is the item of a token or leaky bucket whose key is key (the charge's bucket.Key in
 // hex).

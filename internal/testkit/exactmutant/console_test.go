@@ -170,9 +170,11 @@ func TestResetUnconditionalDropsTheCondition(t *testing.T) {
 }
 
 // TestExemptionOutlivesItsExpiry: an exemption stored through the mutant reads back expiring an
-// hour after the expiry it was given; through the real client, at it.
+// hour after the expiry it was given; through the real client, at it. The expiry is an hour from
+// the wall clock, not from t0: DynamoDB Local's TTL sweep runs on the wall clock and deletes an
+// exemption item whose expiry has passed (t0 is in the past), which made this test flaky.
 func TestExemptionOutlivesItsExpiry(t *testing.T) {
-	expires := t0.Add(time.Hour)
+	expires := time.Now().UTC().Add(time.Hour).Truncate(time.Second)
 	data, _ := json.Marshal(map[string]any{"id": "ex_1", "policy": "fx", "expires_at": expires, "bucket_key": "ab"})
 	for _, name := range []string{"", ExemptionOutlivesExpiry} {
 		s := dynamoStore(t, name).(console)

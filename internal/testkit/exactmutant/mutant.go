@@ -154,3 +154,10 @@ func unmarked(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
 	maps.DeleteFunc(c.ExpressionAttributeNames, func(k, _ string) bool { return !used(k) })
 	return &c
 }
+
+// Unmarked is a give-back's write without its marker (see markerEdits), for the simulator's
+// give-back-without-its-marker mutant (internal/testkit/sim).
+func Unmarked(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput { return unmarked(in) }
+
+// Marked reports whether in is a give-back (it carries its own id as :gid).
+func Marked(in *dynamodb.UpdateItemInput) bool { return marked(in) }

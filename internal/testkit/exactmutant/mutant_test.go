@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/dynamolocal"
 )
 
@@ -51,7 +52,7 @@ func admits(t *testing.T, s bucket.Store, n int, charges ...bucket.Charge) int {
 
 func TestAdmitEverythingAdmitsPastEveryLimit(t *testing.T) {
 	for _, name := range []string{"", AdmitEverything} {
-		s := Store(bucket.NewMemory(bucket.MemoryOptions{}), name)
+		s := Store(memstore.New(memstore.Options{}), name)
 		got := admits(t, s, 5, fw(1, 2))
 		want := map[string]int{"": 2, AdmitEverything: 5}[name]
 		if got != want {

@@ -25,8 +25,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
@@ -74,7 +74,7 @@ func newRLSService(b *testing.B, c rls.Console) *rls.Service {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := rls.New(rls.Options{Rules: func() *envoyrules.Rules { return rules }, Store: bucket.NewMemory(bucket.MemoryOptions{}),
+	s, err := rls.New(rls.Options{Rules: func() *envoyrules.Rules { return rules }, Store: memstore.New(memstore.Options{}),
 		Backend: "memory", StoreTimeout: time.Second, Metrics: m, Headers: rls.ParseHeaders("ietf", false), Console: c})
 	if err != nil {
 		b.Fatal(err)
@@ -121,7 +121,7 @@ func BenchmarkDecision(b *testing.B) {
 		h, err := proxy.New(proxy.Options{
 			Upstream:  &url.URL{Scheme: "http", Host: "upstream.invalid"},
 			Policies:  func() proxy.Policies { return set },
-			Limiter:   bucket.NewMemory(bucket.MemoryOptions{}),
+			Limiter:   memstore.New(memstore.Options{}),
 			Backend:   "memory",
 			Transport: staticUpstream{},
 			Metrics:   proxy.NewMetrics(nil),

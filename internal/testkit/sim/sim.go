@@ -1,0 +1,622 @@
+// Package sim is a deterministic simulator of the rate limiter's shared store.
+//
+// One run (Run) puts several replicas of the real engine (the real policy set, the real DynamoDB
+// store code with its coalescing, leases, give-backs and console writes, and the real memory
+// store) in one process under testing/synctest's fake clock, against a simulated DynamoDB
+// (package simddb), and drives them from one seed: the workload (keys, costs, groups, charge_on
+// outcomes, resets, exemptions), the faults (lost answers, lost requests, writes applied after
+// their client gave up, duplicates landing after other writes, reordering, throttling,
+// transaction conflicts, timeouts, a replica crashing and restarting, a clock stepping by
+// seconds, a store outage that sweeps what TTL may delete) and every interleaving: which
+// pending call lands next, when time moves. Every store call waits until the driver delivers
+// it, so the driver alone decides the order of everything the store sees. The history (the
+// driver's actions and every call's masked description and answer) is hashed; the same seed
+// gives the same hash. Invariants are checked as the run goes (see check.go) and the exact
+// bounds of every key at checkpoints and at the end (package exactcheck, the judge of make
+// check-exact).
+//
+// A store joins the simulator as a backend (see backend in replica.go): the Redis store will
+// be one more, beside "dynamodb" and "memory".
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simddb"
+)
+
+// Config is one run.
+type Config struct {
+	Seed uint64
+	// Decisions is how many decisions the run makes (default 2,000).
+	Decisions int
+	// Mutant names a broken store to run instead of the real one (see mutants.go); empty: none.
+	Mutant string
+	// Trace keeps the history's lines in the Result (a failing run's report).
+	Trace bool
+}
+
+// Result is what a run did and found.
+type Result struct {
+	Seed       uint64
+	Decisions  int
+	Steps      int
+	SimSeconds float64
+	// HistorySHA256 is the hash of the whole history: equal for equal seeds.
+	HistorySHA256 string
+	Violations    []string
+	History       []string
+	// Admitted and Rejected count the decisions that ended so (errors are neither).
+	Admitted, Rejected, Errors int
+}
+
+// Run runs one seed inside a synctest bubble of t.
+func Run(t *testing.T, cfg Config) Result {
+	t.Helper()
+	var res Result
+	synctest.Test(t, func(t *testing.T) {
+		w, err := newWorld(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res = w.run()
+	})
+	return res
+}
+
+var debug = os.Getenv("SIM_DEBUG") != ""
+
+// Table is the simulated table's name.
+const table = "sim"
+
+const (
+	storeTimeout = 500 * time.Millisecond
+	lateWrites   = 5 * time.Second
+	// maxOrphanAge is how long a call whose client gave up may still land: within the
+	// store's LateWrites, as the store requires of the network.
+	maxOrphanAge = 4 * time.Second
+	slotLease    = 3 * time.Second
+	// maxOffset bounds a replica clock's offset from the true clock.
+	maxOffset = 750 * time.Millisecond
+	// readEvery is the console's read of resets and exemptions on every replica.
+	readEvery = time.Second
+)
+
+type world struct {
+	cfg   Config
+	rng   *rand.Rand
+	db    *simddb.DB
+	set   *policy.Set
+	mode  dynamo.Mode
+	deny  bool
+	start time.Time
+
+	mu      sync.Mutex // pending and the orphans' flags; the decisions' completions
+	pending []*call
+	ended   []*decision
+
+	reps   []*replica
+	outage bool
+	// faultRate is the share of deliveries that go wrong while faults are on; healAt is the
+	// decision count from which none do (the liveness phase).
+	faultRate float64
+	healAt    int
+	pace      time.Duration // the typical time step
+
+	hist  hash.Hash
+	lines []string
+	steps int
+
+	agenda   agenda
+	seq      int
+	started  int // decisions started
+	// closers counts the goroutines the drain waits for besides decisions (releases, console
+	// calls, stores closing); exemptionID numbers the exemptions.
+	closers     int
+	closing     bool
+	exemptionID int
+	inflight int
+	judge    *judge
+	res      Result
+}
+
+func newWorld(cfg Config) (*world, error) {
+	if cfg.Decisions <= 0 {
+		cfg.Decisions = 2000
+	}
+	set, err := compilePolicies()
+	if err != nil {
+		return nil, err
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5117))
+	w := &world{cfg: cfg, rng: rng, db: simddb.New(), set: set, start: time.Now(), hist: sha256.New()}
+	w.mode = dynamo.Mode(rng.IntN(2))
+	w.deny = rng.IntN(2) == 0
+	w.faultRate = []float64{0, 0.02, 0.08, 0.2}[rng.IntN(4)]
+	w.healAt = cfg.Decisions * 4 / 5
+	w.pace = []time.Duration{2 * time.Millisecond, 8 * time.Millisecond, 25 * time.Millisecond}[rng.IntN(3)]
+	w.judge = newJudge(w)
+	w.db.OnWrite = w.onWrite
+	w.record("seed %d mode %s deny %v faults %.2f pace %s mutant %q", cfg.Seed, w.mode, w.deny, w.faultRate, w.pace, cfg.Mutant)
+	for i := range 3 {
+		w.reps = append(w.reps, w.newReplica(i, backendDynamo))
+	}
+	w.reps = append(w.reps, w.newReplica(3, backendMemory))
+	for _, r := range w.reps {
+		r.start(w)
+		w.at(w.start.Add(readEvery+time.Duration(r.id)*time.Millisecond*7), func() { w.readConsole(r) })
+	}
+	return w, nil
+}
+
+// record adds a line to the history.
+func (w *world) record(format string, args ...any) {
+	line := fmt.Sprintf("%d %s ", w.steps, time.Since(w.start)) + fmt.Sprintf(format, args...)
+	w.hist.Write([]byte(line))
+	w.hist.Write([]byte{'\n'})
+	if w.cfg.Trace {
+		w.lines = append(w.lines, line)
+	}
+}
+
+func (w *world) faulty() bool { return w.faultRate > 0 && w.started < w.healAt }
+
+// run drives the world until its decisions are made, heals, checks liveness, drains and
+// judges.
+func (w *world) run() Result {
+	for w.started < w.cfg.Decisions || w.inflight > 0 {
+		w.step()
+	}
+	w.record("heal")
+	w.healAll()
+	w.liveness()
+	w.drain()
+	w.judge.final()
+	w.res.Seed = w.cfg.Seed
+	w.res.Decisions = w.started
+	w.res.Steps = w.steps
+	w.res.SimSeconds = time.Since(w.start).Seconds()
+	w.res.HistorySHA256 = hex.EncodeToString(w.hist.Sum(nil))
+	w.res.History = w.lines
+	w.res.Violations = w.judge.violations
+	return w.res
+}
+
+// settle waits until every goroutine is blocked, then records what ended.
+func (w *world) settle() {
+	synctest.Wait()
+	w.collect()
+}
+
+// step is one action of the driver.
+func (w *world) step() {
+	w.settle()
+	w.steps++
+	if debug && w.steps%20000 == 0 {
+		fmt.Fprintf(os.Stderr, "step %d started %d inflight %d pending %d sim %s agenda %d\n", w.steps, w.started, w.inflight, len(w.pending), time.Since(w.start), len(w.agenda))
+	}
+	w.dropOldOrphans()
+	if ev, ok := w.agenda.due(time.Now()); ok {
+		ev.f()
+		return
+	}
+	pending := w.sortedPending()
+	r := w.rng.Float64()
+	switch {
+	case len(pending) > 0 && r < 0.7:
+		c := pending[w.rng.IntN(len(pending))]
+		w.deliver(c, w.pickFault(c))
+	case w.started < w.cfg.Decisions && w.inflight < 16 && r < 0.88:
+		w.decide()
+	case r < 0.882 && w.faulty():
+		w.chaos()
+	case r < 0.886:
+		w.console()
+	default:
+		w.advance()
+	}
+}
+
+// advance moves simulated time: mostly by a fraction of the pace, now and then by up to a
+// second and a half (timeouts, windows rolling over, leases expiring), never past the next
+// agenda event.
+func (w *world) advance() {
+	var d time.Duration
+	switch r := w.rng.Float64(); {
+	case r < 0.9:
+		d = time.Duration(w.rng.Int64N(int64(w.pace))) + 1
+	case r < 0.995:
+		d = time.Duration(w.rng.Int64N(int64(10 * w.pace)))
+	default:
+		d = time.Duration(w.rng.Int64N(int64(1500 * time.Millisecond)))
+	}
+	if next, ok := w.agenda.next(); ok && time.Now().Add(d).After(next) {
+		d = max(next.Sub(time.Now()), 0)
+	}
+	if d > 0 {
+		time.Sleep(d)
+	}
+}
+
+func (w *world) pickFault(c *call) fault {
+	if c.orphan {
+		if w.rng.IntN(3) == 0 {
+			return dropped
+		}
+		return deliverOK
+	}
+	if !w.faulty() || w.rng.Float64() >= w.faultRate {
+		return deliverOK
+	}
+	return []fault{lostAnswer, lostRequest, applyLater, throttled, conflicted}[w.rng.IntN(5)]
+}
+
+func (w *world) dropOldOrphans() {
+	cut := time.Now().Add(-maxOrphanAge)
+	w.mu.Lock()
+	kept := w.pending[:0]
+	for _, c := range w.pending {
+		if !c.orphan || c.sent.After(cut) {
+			kept = append(kept, c)
+		}
+	}
+	w.pending = kept
+	w.mu.Unlock()
+}
+
+// chaos is one fault of the whole system: a replica crashes (and restarts later), a clock
+// steps, or the store has an outage (and sweeps what TTL may delete).
+func (w *world) chaos() {
+	switch w.rng.IntN(4) {
+	case 0:
+		r := w.reps[w.rng.IntN(len(w.reps))]
+		if !r.alive {
+			return
+		}
+		w.crash(r)
+		w.at(time.Now().Add(time.Duration(w.rng.Int64N(int64(2*time.Second)))+time.Millisecond), func() { w.restart(r) })
+	case 1:
+		r := w.reps[w.rng.IntN(len(w.reps))]
+		// A step of up to a second and a half either way, the offset kept within maxOffset
+		// (beyond it, the concurrency slots' leases are not promised to hold).
+		step := time.Duration(w.rng.Int64N(int64(3*time.Second))) - 1500*time.Millisecond
+		r.offset = min(max(r.offset+step, -maxOffset), maxOffset)
+		w.judge.offset(r)
+		w.record("clock r%d steps %s to %s", r.id, step, r.offset)
+	case 2:
+		if w.outage {
+			return
+		}
+		w.outage = true
+		n := w.db.Sweep(time.Now())
+		w.record("store outage (TTL swept %d items)", n)
+		w.at(time.Now().Add(time.Duration(w.rng.Int64N(int64(800*time.Millisecond)))+time.Millisecond), func() {
+			w.outage = false
+			w.record("store back")
+		})
+	default:
+		w.record("sweep %d", w.db.Sweep(time.Now()))
+	}
+}
+
+// healAll ends every fault: outages, dead replicas. Clock offsets stay (they are no fault).
+func (w *world) healAll() {
+	w.outage = false
+	for _, r := range w.reps {
+		if !r.alive {
+			w.restart(r)
+		}
+	}
+	w.agenda.dropRestarts()
+}
+
+// drain delivers every call and lets every goroutine end: the leases are given back, the
+// stores closed.
+func (w *world) drain() {
+	w.closing = true
+	for _, r := range w.reps {
+		w.closeReplica(r, true)
+	}
+	for i := 0; ; i++ {
+		w.settle()
+		pending := w.sortedPending()
+		w.mu.Lock()
+		closers := w.closers
+		w.mu.Unlock()
+		if len(pending) == 0 && w.inflight == 0 && closers == 0 {
+			break
+		}
+		if len(pending) > 0 {
+			w.deliver(pending[0], deliverOK)
+			continue
+		}
+		time.Sleep(10 * time.Millisecond)
+		if i > 1_000_000 {
+			panic("sim: drain does not end")
+		}
+	}
+	w.settle()
+	w.judge.leases()
+}
+
+// The agenda: events the driver runs at their instants (console reads, restarts, releases).
+type event struct {
+	at      time.Time
+	seq     int
+	f       func()
+	restart bool
+}
+
+type agenda []*event
+
+func (a agenda) Len() int { return len(a) }
+func (a agenda) Less(i, j int) bool {
+	if !a[i].at.Equal(a[j].at) {
+		return a[i].at.Before(a[j].at)
+	}
+	return a[i].seq < a[j].seq
+}
+func (a agenda) Swap(i, j int) { a[i], a[j] = a[j], a[i] }
+func (a *agenda) Push(x any)   { *a = append(*a, x.(*event)) }
+func (a *agenda) Pop() any {
+	old := *a
+	e := old[len(old)-1]
+	*a = old[:len(old)-1]
+	return e
+}
+
+func (a *agenda) due(now time.Time) (*event, bool) {
+	if len(*a) == 0 || (*a)[0].at.After(now) {
+		return nil, false
+	}
+	return heap.Pop(a).(*event), true
+}
+
+func (a *agenda) next() (time.Time, bool) {
+	if len(*a) == 0 {
+		return time.Time{}, false
+	}
+	return (*a)[0].at, true
+}
+
+func (a *agenda) dropRestarts() {
+	kept := (*a)[:0]
+	for _, e := range *a {
+		if !e.restart {
+			kept = append(kept, e)
+		}
+	}
+	*a = kept
+	heap.Init(a)
+}
+
+func (w *world) at(t time.Time, f func()) *event {
+	w.seq++
+	e := &event{at: t, seq: w.seq, f: f}
+	heap.Push(&w.agenda, e)
+	return e
+}
+
+// decision is one request's rate-limit decision.
+type decision struct {
+	id      int
+	rep     *replica
+	inc     int
+	pols    []*simPolicy
+	charges []bucket.Charge
+	exempt  []bool
+	results []bucket.Result
+	// start and end bound the decision on the true clock; now is the replica's reading.
+	start, end, now time.Time
+	admitted        bool
+	err             error
+}
+
+// decide starts a decision on a live replica.
+func (w *world) decide() {
+	var live []*replica
+	for _, r := range w.reps {
+		if r.alive {
+			live = append(live, r)
+		}
+	}
+	if len(live) == 0 {
+		w.advance()
+		return
+	}
+	r := live[w.rng.IntN(len(live))]
+	g := groups[w.rng.IntN(len(groups))]
+	d := &decision{id: w.started, rep: r, inc: r.inc}
+	value := keyValues[w.rng.IntN(len(keyValues))]
+	for _, name := range g {
+		p := policyByName(name)
+		if p.lease && r.backend != backendDynamo {
+			continue
+		}
+		c, _, _, err := w.set.KeyCharge(name, value)
+		if err != nil {
+			panic(err)
+		}
+		if p.limit.Kind != 0 || p.conc == 0 { // costs: mostly 1, sometimes up to 3
+			if w.rng.IntN(4) == 0 && p.conc == 0 {
+				c.Cost = 1 + w.rng.Int64N(3)
+			}
+		}
+		d.pols = append(d.pols, p)
+		d.charges = append(d.charges, c)
+	}
+	if len(d.charges) == 0 {
+		return
+	}
+	w.started++
+	w.inflight++
+	d.start = time.Now()
+	d.now = d.start.Add(r.offset)
+	d.exempt = make([]bool, len(d.charges))
+	var charged []bucket.Charge
+	var idx []int
+	for i, c := range d.charges {
+		if exp, ok := r.exempt[c.Key.String()]; ok && d.now.Before(exp) {
+			d.exempt[i] = true
+			continue
+		}
+		charged = append(charged, c)
+		idx = append(idx, i)
+	}
+	d.results = make([]bucket.Result, len(d.charges))
+	w.record("decide %d r%d %s %v costs %v exempt %v", d.id, r.id, value, g, costs(d.charges), d.exempt)
+	store := r.store
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		res := make([]bucket.Result, len(charged))
+		admitted, err := true, error(nil)
+		if len(charged) > 0 {
+			admitted, err = store.Take(ctx, d.now, charged, res)
+		}
+		for j, i := range idx {
+			d.results[i] = res[j]
+		}
+		d.admitted, d.err, d.end = admitted && err == nil, err, time.Now()
+		w.mu.Lock()
+		w.ended = append(w.ended, d)
+		w.mu.Unlock()
+	}()
+}
+
+func costs(cs []bucket.Charge) []int64 {
+	out := make([]int64, len(cs))
+	for i := range cs {
+		out[i] = cs[i].N()
+	}
+	return out
+}
+
+// collect records the decisions that ended, in the order they were started, and schedules
+// what follows an admission: a concurrency slot's release when its request ends, a charge_on
+// give-back when its answer is not charged.
+func (w *world) collect() {
+	w.mu.Lock()
+	ended := w.ended
+	w.ended = nil
+	w.mu.Unlock()
+	sort.Slice(ended, func(i, j int) bool { return ended[i].id < ended[j].id })
+	for _, r := range w.reps {
+		w.mu.Lock()
+		ex := r.pendingExempt
+		r.pendingExempt = nil
+		w.mu.Unlock()
+		if ex != nil {
+			r.exempt = ex
+		}
+	}
+	for _, d := range ended {
+		w.inflight--
+		if d.inc != d.rep.inc {
+			w.record("decided %d r%d lost with its replica", d.id, d.rep.id)
+			continue // its replica crashed meanwhile: its answer went nowhere
+		}
+		switch {
+		case d.err != nil:
+			w.res.Errors++
+		case d.admitted:
+			w.res.Admitted++
+		default:
+			w.res.Rejected++
+		}
+		w.record("decided %d r%d admitted %v err %v %s", d.id, d.rep.id, d.admitted, errKind(d.err), results(d))
+		w.judge.decided(d)
+		if d.admitted {
+			w.followUp(d)
+		}
+	}
+}
+
+func results(d *decision) string {
+	s := ""
+	for i, r := range d.results {
+		s += fmt.Sprintf("[%v %d]", r.Allowed, r.Remaining)
+		_ = i
+	}
+	return s
+}
+
+// followUp schedules an admitted decision's releases.
+func (w *world) followUp(d *decision) {
+	var give []bucket.Taken
+	var conc []bucket.Taken
+	for i, c := range d.charges {
+		if d.exempt[i] || !d.results[i].Allowed || c.Shadow {
+			continue
+		}
+		t := bucket.Taken{Charge: c, At: d.now, Token: d.results[i].Token}
+		switch {
+		case d.pols[i].conc > 0:
+			conc = append(conc, t)
+		case d.pols[i].refund && w.rng.IntN(3) == 0:
+			give = append(give, t)
+		}
+	}
+	if len(give) > 0 {
+		w.judge.givenBack(d, give)
+		w.at(d.end.Add(time.Duration(w.rng.Int64N(int64(300*time.Millisecond)))), func() { w.release(d, give, "give back") })
+	}
+	if len(conc) > 0 {
+		hold := time.Duration(w.rng.Int64N(int64(time.Second)))
+		if w.rng.IntN(20) == 0 {
+			hold += slotLease // a request that outlives its slot's lease without renewals... renewed
+		}
+		w.at(d.end.Add(hold), func() {
+			w.judge.exited(d, time.Now())
+			w.release(d, conc, "release")
+		})
+	}
+}
+
+// release gives taken back on d's replica, if it still runs the incarnation that took them.
+func (w *world) release(d *decision, taken []bucket.Taken, what string) {
+	r := d.rep
+	if !r.alive || r.inc != d.inc {
+		w.record("%s %d r%d: replica gone", what, d.id, r.id)
+		return
+	}
+	w.record("%s %d r%d", what, d.id, r.id)
+	store := r.store
+	now := time.Now().Add(r.offset)
+	w.goTrack(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*storeTimeout)
+		defer cancel()
+		_ = store.Release(ctx, now, taken)
+	})
+}
+
+// errKind is a decision error's gist for the history.
+func errKind(err error) string {
+	switch {
+	case err == nil:
+		return "none"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, errTransport):
+		return "transport"
+	case errors.Is(err, dynamo.ErrThrottled):
+		return "throttled"
+	}
+	return mask(err.Error())
+}
