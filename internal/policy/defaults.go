@@ -57,6 +57,12 @@ func (d *DynamoDBConfig) SetDefaults() {
 	d.Clock = ClockConfig{Correct: true, MaxCorrection: defaultMaxCorrection, WarnOffset: defaultWarnOffset}
 }
 
+// SetDefaults fills in store.redis's defaults.
+func (r *RedisConfig) SetDefaults() {
+	r.Mode = redisSingle
+	r.KeyPrefix = "rl:"
+}
+
 // SetDefaults fills in the protect block's defaults: `protect: {}` is protection with all of
 // them.
 func (p *ProtectConfig) SetDefaults() {

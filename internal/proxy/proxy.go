@@ -349,18 +349,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// traceDecision tells the tracer the request's decision.
-func (h *Handler) traceDecision(ctx context.Context, st *reqState) {
-	if st.decision == decNone {
-		return
-	}
-	var results []bucket.Result
-	if (st.decision == decAllowed || st.decision == decLimited) && !st.now.IsZero() { // the store decided
-		results = st.results[:len(st.plan.Charges)]
-	}
-	h.tracer.Decided(ctx, decisionNames[st.decision], &st.plan, results)
-}
-
 // done returns a request's state to the pool, once the request is over (also when the reverse
 // proxy aborted it with a panic): without its writer and body, which the pool must not keep
 // alive.
@@ -373,6 +361,18 @@ func (h *Handler) done(st *reqState) {
 func (h *Handler) decide(st *reqState, d int) {
 	h.m.decided(st.proto, d)
 	st.decision = d
+}
+
+// traceDecision tells the tracer the request's decision.
+func (h *Handler) traceDecision(ctx context.Context, st *reqState) {
+	if st.decision == decNone {
+		return
+	}
+	var results []bucket.Result
+	if (st.decision == decAllowed || st.decision == decLimited) && !st.now.IsZero() { // the store decided
+		results = st.results[:len(st.plan.Charges)]
+	}
+	h.tracer.Decided(ctx, decisionNames[st.decision], &st.plan, results)
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {

@@ -9,7 +9,7 @@
 // and nothing is consumed from the call's other descriptors (envoyproxy/ratelimit goes on
 // counting them). docs/envoy.md describes the protocol as served.
 //
-// With Options.Console the operators' console (package admin, through the Console interface
+// With Options.Console the operators' console (package console, through the Console interface
 // declared here) applies its exemptions to each rule's charge and is told every descriptor a
 // rule charged; without one the call path calls nothing more.
 package rls
@@ -320,7 +320,7 @@ func cost(ch *bucket.Charge, callHits uint32, descHits *wrapperspb.UInt64Value) 
 	}
 	// A check that consumes nothing: take one, refundable (never cached as a denial), straight
 	// from the item (no lease), and give it back once the call is decided.
-	ch.Cost, ch.Refundable, ch.Lease = 1, true, bucket.Lease{}
+	ch.Cost, ch.MayGiveBack, ch.Lease = 1, true, bucket.Lease{}
 	return true, nil
 }
 

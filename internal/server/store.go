@@ -57,6 +57,8 @@ func (g *gateway) newBackend(ctx context.Context) (backend, error) {
 		b, err = g.memoryBackend()
 	case "dynamodb":
 		b, err = g.dynamoBackend(ctx)
+	case "redis":
+		b, err = g.redisBackend(ctx)
 	default:
 		err = fmt.Errorf("store.backend %q: not available in this build", g.cfg.Store.Backend)
 	}
