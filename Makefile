@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload bench-redis check-exact profile-c profile-d schema clean
+.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload bench-redis check-exact sim profile-c profile-d schema clean
 
 all: build
 
@@ -93,6 +93,15 @@ bench-scale: build
 check-exact: build
 	$(GO) build -o $(BIN)/ratelimit-test-gateway ./internal/testkit/gateway
 	$(GO) run ./scripts/check/exact
+
+## sim: the deterministic simulator (docs/simulator.md): replicas of the real engine against a
+## simulated DynamoDB in one process on a fake clock, faults and interleavings from a seed; SIM_SEEDS
+## seeds (default 150, about two minutes on 2 cores) of SIM_DECISIONS decisions (default 2000), every
+## mutant, and the simulated DynamoDB's differential test against DynamoDB Local; writes
+## .cache/sim/report.json. `make sim SEED=N` replays seed N and prints its history when it fails.
+## `make test` runs a short budget of it.
+sim:
+	./scripts/sim.sh
 
 ## bench-rls: Envoy's rate limit service: BenchmarkDecision (the proxy's decision beside the RLS's,
 ## in process and over loopback gRPC) then the binary under a Go load generator over a pool of gRPC

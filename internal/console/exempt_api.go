@@ -174,9 +174,6 @@ func sharedOf(e *Exemption) sharedExemption {
 // replica applies here within it (plus the store's answer).
 const syncPeriod = time.Second
 
-// syncLogEvery is how often a read that keeps failing is logged again.
-const syncLogEvery = time.Minute
-
 // Run reads the shared exemptions every second until ctx ends (a no-op without Options.Shared).
 func (c *Console) Run(ctx context.Context) {
 	if c.o.Shared == nil {
@@ -184,31 +181,48 @@ func (c *Console) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(syncPeriod)
 	defer t.Stop()
-	// A store that is out fails every read: the first failure is logged, then one line a
-	// minute with how many failed since, and the recovery (not one line a second).
-	var (
-		failing  bool
-		loggedAt time.Time
-		missed   int
-	)
+	var fails syncFailures
 	for {
 		err := c.Sync(ctx)
-		switch {
-		case ctx.Err() != nil:
-		case err != nil && (!failing || time.Since(loggedAt) >= syncLogEvery):
-			c.o.Logger.Warn("admin: reading the shared exemptions failed", zap.Int("failed_since_last_line", missed), zap.Error(err))
-			failing, loggedAt, missed = true, time.Now(), 0
-		case err != nil:
-			missed++
-		case failing:
-			c.o.Logger.Info("admin: reading the shared exemptions works again")
-			failing, missed = false, 0
+		if ctx.Err() != nil {
+			return
 		}
+		fails.note(c.o.Logger, c.o.Now(), err)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// syncFailLogEvery bounds the log of a sync that keeps failing (a missing table, no rights):
+// its first failure is logged at once, then at most one line per this period.
+const syncFailLogEvery = time.Minute
+
+// syncFailures logs a failing sync once, then at most once a syncFailLogEvery with the count of
+// failures since, and its recovery once.
+type syncFailures struct {
+	failing    bool
+	lastLogged time.Time
+	since      int // failures not logged
+}
+
+func (f *syncFailures) note(log *zap.Logger, now time.Time, err error) {
+	switch {
+	case err == nil && f.failing:
+		log.Info("admin: reading the shared exemptions works again")
+		*f = syncFailures{}
+	case err == nil:
+	case !f.failing || now.Sub(f.lastLogged) >= syncFailLogEvery:
+		fields := []zap.Field{zap.Error(err)}
+		if f.failing {
+			fields = append(fields, zap.Int("failures_since_last_line", f.since+1))
+		}
+		log.Warn("admin: reading the shared exemptions failed; retried every second, logged at most once a minute", fields...)
+		f.failing, f.lastLogged, f.since = true, now, 0
+	default:
+		f.since++
 	}
 }
 

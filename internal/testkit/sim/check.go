@@ -268,7 +268,7 @@ func (j *judge) exemptionCreated(id, key string, at, expires time.Time) {
 
 // onWrite checks an item the table just changed.
 func (w *world) onWrite(_, key string, it simddb.Item) {
-	w.record("write %s %s", mask(key), mask(simddb.Format(it)))
+	w.record("write %s %s", mask(key), maskItem(it))
 	if it == nil {
 		return
 	}
