@@ -74,6 +74,7 @@ func TestParseDefaults(t *testing.T) {
 		Policies:       []PolicyConfig{{Name: "p", Key: "ip", Algorithm: "token_bucket", Rate: "1/s", Burst: 1, Mode: "enforce"}},
 		MethodOverride: "judge",
 		Admin:          AdminConfig{TopK: 100, MaxExemptions: 1000},
+		Telemetry:      TelemetryConfig{OTLP: OTLPConfig{Protocol: "grpc"}, Metrics: TelemetryMetricsConfig{Interval: time.Minute}},
 	}
 	got := *cfg
 	got.src = source{} // where the file was read; not a default
