@@ -9,7 +9,7 @@
 // (a digest), never a client value, and every key expires once its state is a fresh key's.
 // docs/redis.md describes the deployments and what each can lose.
 //
-// Files: store.go the decision, release.go give-backs and concurrency slots' renewals, admin.go
+// Files: store.go the decision, release.go give-backs and concurrency slots' renewals, console.go
 // the console, scripts.go and lua/ the scripts, slot.go the cluster's hash slots, dial.go the
 // client from the configuration.
 package redisstore

@@ -16,7 +16,7 @@ import (
 // fixed window's, quota's or sliding window's charge is subtracted while its window, period or
 // slot still counts it and the key is the generation it was counted in (a reset makes a new
 // one); a token bucket's charge is given back only while the bucket's marker is still the one its
-// write left, i.e. nothing wrote since (see bucket.GCRARefundN), and the give-back leaves its own
+// write left, i.e. nothing wrote since (see bucket.GCRAGiveBackN), and the give-back leaves its own
 // marker, so a second copy of it finds its own marker and changes nothing. Leaky-bucket charges
 // are never given back. A give-back is sent once: one whose answer is lost may or may not have
 // landed, and is not re-sent (a counter's would subtract twice): stricter.

@@ -18,7 +18,7 @@ import (
 // MaxExemptionData bounds one exemption's JSON.
 const MaxExemptionData = 16 << 10
 
-// Peek returns the state of c's key at now without charging it, as bucket.Memory.Peek
+// Peek returns the state of c's key at now without charging it, as memstore.Store.Peek
 // describes.
 func (s *Store) Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucket.Result, error) {
 	c.Cost = 1
