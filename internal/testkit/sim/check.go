@@ -246,7 +246,7 @@ func (j *judge) memoryRestarted(at time.Time) {
 func (j *judge) resetStarted(r *replica, c bucket.Charge, at time.Time) int {
 	var p *simPolicy
 	for i := range policies {
-		if cc, _, _, _ := j.w.set.KeyCharge(policies[i].name, "x"); cc.Limit == c.Limit && cc.Lease == c.Lease && cc.Refundable == c.Refundable {
+		if cc, _, _, _ := j.w.set.KeyCharge(policies[i].name, "x"); cc.Limit == c.Limit && cc.Lease == c.Lease && cc.MayGiveBack == c.MayGiveBack {
 			p = &policies[i]
 		}
 	}
