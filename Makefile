@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload check-exact sim profile-c profile-d schema clean
+.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload bench-redis check-exact sim profile-c profile-d schema clean
 
 all: build
 
@@ -109,6 +109,13 @@ sim:
 ## .cache/bench/rls.md (~2 minutes). Knobs: go run ./scripts/bench/rls -h
 bench-rls: build
 	$(GO) run ./scripts/bench/rls
+
+## bench-redis: the Redis store (scripts/redis.sh's redis-server: one node and a 3-node cluster):
+## decisions/s, p50/p99 and CPU per decision (this process and redis-server) on one key and over
+## 10,000 keys, beside the memory store and DynamoDB Local (when DYNAMODB_ENDPOINT names one), and
+## a run paced at 5,000 decisions/s; writes .cache/bench/redis.json (~1 minute). Knobs: go run ./scripts/bench/redis -h
+bench-redis:
+	$(GO) run ./scripts/bench/redis
 
 ## bench-overload: the upstream protection (protect block) under overload: an upstream of fixed
 ## capacity (queueing beyond it), load stepping 0.5x/1x/2x/4x with 20% critical, 60% default, 20%

@@ -370,6 +370,9 @@ func checkConfig(t *testing.T, o objects, gw corev1.Container, vals map[string]a
 			t.Errorf("config listens on %q; the container's port %s is %d", f.addr, f.name, ports[f.name])
 		}
 	}
+	if want := str(dig(vals, "telemetry", "otlp", "endpoint")); cfg.Telemetry.OTLP.Endpoint != want {
+		t.Errorf("telemetry.otlp.endpoint %q in the values, %q in the configuration", want, cfg.Telemetry.OTLP.Endpoint)
+	}
 	if secret := str(dig(vals, "store", "redis", "passwordSecret", "name")); secret != "" {
 		name := str(dig(vals, "store", "redis", "password_env"))
 		found := false

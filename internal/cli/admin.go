@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -317,10 +316,10 @@ func (c *adminClient) get(ctx context.Context, pol, key, pseudonym, domain strin
 		return err
 	}
 	return c.show(raw, func(w *tabwriter.Writer) error {
-		fmt.Fprintf(w, "policy\t%s\nkey\t%s\nlimit\t%d\nremaining\t%d\nreset after\t%ss\nlimited\t%v\n",
-			ks.Policy, ks.Key, ks.Limit, ks.Remaining, strconv.FormatFloat(ks.ResetAfter, 'f', -1, 64), ks.Limited)
+		fmt.Fprintf(w, "policy\t%s\nkey\t%s\nlimit\t%d\nremaining\t%d\nreset after\t%s\nlimited\t%v\n",
+			ks.Policy, ks.Key, ks.Limit, ks.Remaining, roundedSeconds(ks.ResetAfter), ks.Limited)
 		if ks.RetryAfter != nil {
-			fmt.Fprintf(w, "retry after\t%gs\n", *ks.RetryAfter)
+			fmt.Fprintf(w, "retry after\t%s\n", roundedSeconds(*ks.RetryAfter))
 		}
 		fmt.Fprintf(w, "exempt\t%v\n", ks.Exempt)
 		if e := ks.Exemption; e != nil {
@@ -491,4 +490,14 @@ func (c *adminClient) exemptLimitGiven(ctx context.Context, pol, domain, rate st
 		return fmt.Errorf("admin exempt %s: %s is missing (policy %s is a %s; or --unlimited for no limit)", pol, strings.Join(missing, " and "), pol, algorithm)
 	}
 	return nil
+}
+
+// roundedSeconds prints a duration in seconds for a person: to a tenth of a second from 1 s
+// up (1.8s, not 1.812345678s), to the millisecond below (250ms).
+func roundedSeconds(sec float64) string {
+	d := time.Duration(sec * float64(time.Second))
+	if d >= time.Second || d <= -time.Second {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // fakeAdmin answers the admin API's policies, top and exemption calls as the console does
-// (the console's own handlers are tested in internal/admin): enough to see what the CLI sends.
+// (the console's own handlers are tested in internal/console): enough to see what the CLI sends.
 type fakeAdmin struct {
 	topCalls, writes atomic.Int32
 	token            string
@@ -115,5 +115,14 @@ func TestAdmin401NamesTheVariable(t *testing.T) {
 	_, _, errs = runCLI(t, map[string]string{"OPS_TOKEN": "wrong"}, append(args, "--token-env", "OPS_TOKEN")...)
 	if !strings.Contains(errs, "sent the token held by OPS_TOKEN") || strings.Contains(errs, "wrong") {
 		t.Errorf("with a wrong token: %q; want the variable named and its value never printed", errs)
+	}
+}
+
+// TestRoundedSeconds: durations print as a person reads them.
+func TestRoundedSeconds(t *testing.T) {
+	for in, want := range map[float64]string{1.812345678: "1.8s", 59.96: "1m0s", 0.25: "250ms", 0.0004: "0s", 3: "3s", 1.2000000000000002: "1.2s"} {
+		if got := roundedSeconds(in); got != want {
+			t.Errorf("roundedSeconds(%v) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -142,10 +143,15 @@ func createTable(ctx context.Context, path string, getenv func(string) string, s
 	if d.Endpoint != "" {
 		where = d.Endpoint
 	}
-	if err := server.CreateTable(ctx, cfg); err != nil {
+	created, err := server.CreateTable(ctx, cfg)
+	if err != nil {
 		return fmt.Errorf("table create %s (%s): %w", d.Table, where, err)
 	}
-	fmt.Fprintf(stdout, "table %s (%s): ACTIVE, partition key pk (S), on-demand billing, TTL on ttl (created if it was missing)\n", d.Table, where)
+	what := "existed already; left as it was, TTL on ttl ensured"
+	if created {
+		what = "created: partition key pk (S), on-demand billing, TTL on ttl"
+	}
+	fmt.Fprintf(stdout, "table %s (%s): %s; ACTIVE\n", d.Table, where, what)
 	return nil
 }
 
@@ -166,6 +172,14 @@ func validate(path string, getenv func(string) string, stdout, stderr io.Writer)
 	}
 	fmt.Fprintln(stdout, "  "+policy.ProtectSummary(cfg))
 	fmt.Fprintln(stdout, "  "+policy.AdminSummary(cfg))
+	if tc := cfg.Telemetry; tc.Enabled() {
+		proto := cmp.Or(tc.OTLP.Protocol, "grpc")
+		fmt.Fprintf(stdout, "  telemetry: traces to %s (%s), sample ratio %g", tc.OTLP.Endpoint, proto, tc.Traces.Ratio())
+		if tc.Metrics.OTLP {
+			fmt.Fprintf(stdout, "; metrics every %s", tc.Metrics.Every())
+		}
+		fmt.Fprintln(stdout)
+	}
 	for _, w := range policy.Warnings(cfg) {
 		fmt.Fprintln(stderr, "  warning: "+w)
 	}

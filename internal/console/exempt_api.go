@@ -181,15 +181,48 @@ func (c *Console) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(syncPeriod)
 	defer t.Stop()
+	var fails syncFailures
 	for {
-		if err := c.Sync(ctx); err != nil && ctx.Err() == nil {
-			c.o.Logger.Warn("admin: reading the shared exemptions failed", zap.Error(err))
+		err := c.Sync(ctx)
+		if ctx.Err() != nil {
+			return
 		}
+		fails.note(c.o.Logger, c.o.Now(), err)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// syncFailLogEvery bounds the log of a sync that keeps failing (a missing table, no rights):
+// its first failure is logged at once, then at most one line per this period.
+const syncFailLogEvery = time.Minute
+
+// syncFailures logs a failing sync once, then at most once a syncFailLogEvery with the count of
+// failures since, and its recovery once.
+type syncFailures struct {
+	failing    bool
+	lastLogged time.Time
+	since      int // failures not logged
+}
+
+func (f *syncFailures) note(log *zap.Logger, now time.Time, err error) {
+	switch {
+	case err == nil && f.failing:
+		log.Info("admin: reading the shared exemptions works again")
+		*f = syncFailures{}
+	case err == nil:
+	case !f.failing || now.Sub(f.lastLogged) >= syncFailLogEvery:
+		fields := []zap.Field{zap.Error(err)}
+		if f.failing {
+			fields = append(fields, zap.Int("failures_since_last_line", f.since+1))
+		}
+		log.Warn("admin: reading the shared exemptions failed; retried every second, logged at most once a minute", fields...)
+		f.failing, f.lastLogged, f.since = true, now, 0
+	default:
+		f.since++
 	}
 }
 

@@ -165,9 +165,9 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 		es.add("headers.reset", c.Headers.Reset, "must be unix or delta")
 	}
 	switch c.Store.Backend {
-	case "memory", "dynamodb":
+	case "memory", "dynamodb", "redis":
 	default:
-		es.add("store.backend", c.Store.Backend, "must be memory or dynamodb")
+		es.add("store.backend", c.Store.Backend, "must be memory, dynamodb or redis")
 	}
 	if _, err := bucket.ParseOnError(c.Store.OnError); err != nil {
 		// The values are bucket's, which applies the rule; its message names the field, ours

@@ -31,11 +31,12 @@ func checkStore(es *Errors, st *StoreConfig) {
 	case r < 0 || r > maxReplicas:
 		es.add("store.replicas", strconv.Itoa(r), fmt.Sprintf("must be from 1 to %d", maxReplicas))
 	}
+	checkRedis(es, st)
 	d := st.DynamoDB
 	if st.Backend != "dynamodb" {
-		if d != nil && st.Backend == "memory" {
+		if d != nil && st.Backend != "dynamodb" {
 			// A forgotten `backend: dynamodb` would enforce every limit per replica, silently.
-			es.add("store.dynamodb", "", "set, but store.backend is memory: set store.backend: dynamodb, or remove the block")
+			es.add("store.dynamodb", "", "set, but store.backend is "+st.Backend+": set store.backend: dynamodb, or remove the block")
 		}
 		return
 	}

@@ -236,6 +236,9 @@ func newLogger(w io.Writer, lvl zapcore.Level) *zap.Logger {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "ts"
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	// Durations with their unit ("30s", "1.2ms"): the production default writes bare seconds
+	// ("drain_timeout":30), which a reader has to guess.
+	enc.EncodeDuration = zapcore.StringDurationEncoder
 	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core)
 }
