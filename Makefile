@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload bench-redis check-exact profile-c profile-d schema clean
+.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload bench-redis check-exact sim profile-c profile-d schema clean
 
 all: build
 
@@ -13,9 +13,22 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ratelimit-replay ./cmd/ratelimit-replay
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./cmd/demo-upstream
 
+## image: the container image the Helm chart runs by default (ratelimit-proxy:<the chart's
+## appVersion>), built from the Dockerfile. IMAGE=registry/name:tag to name it otherwise.
+CHART_APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' deploy/helm/ratelimit-proxy/Chart.yaml)
+IMAGE ?= ratelimit-proxy:$(CHART_APP_VERSION)
+image:
+	docker build -t $(IMAGE) --build-arg VERSION=$(VERSION) .
+
 ## run: the example config on the in-memory store, in front of the demo upstream.
 run: build
 	./scripts/run-demo.sh
+
+## deps: the Debian packages the tests use (Java and npm for DynamoDB Local, curl, python3-flask,
+## chromium), installed with apt-get when missing (root). make test names the missing ones and
+## installs them only when CI=true or RATELIMIT_INSTALL_DEPS=1.
+deps:
+	./scripts/deps.sh install
 
 ## test: formatting, vet, lint, the static build, the race-enabled test suite, short fuzz runs;
 ## skipped tests are listed.
@@ -82,6 +95,15 @@ bench-scale: build
 check-exact: build
 	$(GO) build -o $(BIN)/ratelimit-test-gateway ./internal/testkit/gateway
 	$(GO) run ./scripts/check/exact
+
+## sim: the deterministic simulator (docs/simulator.md): replicas of the real engine against a
+## simulated DynamoDB in one process on a fake clock, faults and interleavings from a seed; SIM_SEEDS
+## seeds (default 150, about two minutes on 2 cores) of SIM_DECISIONS decisions (default 2000), every
+## mutant, and the simulated DynamoDB's differential test against DynamoDB Local; writes
+## .cache/sim/report.json. `make sim SEED=N` replays seed N and prints its history when it fails.
+## `make test` runs a short budget of it.
+sim:
+	./scripts/sim.sh
 
 ## bench-rls: Envoy's rate limit service: BenchmarkDecision (the proxy's decision beside the RLS's,
 ## in process and over loopback gRPC) then the binary under a Go load generator over a pool of gRPC

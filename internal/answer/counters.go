@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/histbuckets"
 )
 
 // Counters are the series both front ends count into, with the same names, help and labels, so
@@ -53,7 +55,7 @@ func NewCounters(reg prometheus.Registerer) (*Counters, error) {
 			Name: "ratelimit_store_duration_seconds",
 			Help: "Time the rate-limit store took to decide one request.",
 			// 10µs (an in-memory shard) to 1s (a struggling remote store), ×√10 apart.
-			Buckets: prometheus.ExponentialBucketsRange(10e-6, 1, 11),
+			Buckets: histbuckets.Range(10e-6, 1, 11),
 		}, []string{"backend"})),
 		storeErrors: collect(reg, &errs, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_store_errors_total",

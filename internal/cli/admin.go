@@ -9,14 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/console"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -36,7 +35,7 @@ type adminClient struct {
 }
 
 // newAdminCmd is `admin policies|get|reset|top|exempt|exemptions|unexempt`: a client of the
-// admin API (internal/admin) of a running gateway.
+// admin API (internal/console) of a running gateway.
 func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr io.Writer) *cobra.Command {
 	c := &adminClient{configPath: configPath, getenv: getenv, stdout: stdout, http: &http.Client{Timeout: 10 * time.Second}}
 	cmd := &cobra.Command{
@@ -110,6 +109,9 @@ func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr 
 			if ex.unlimited {
 				body["unlimited"] = true
 			} else {
+				if err := c.exemptLimitGiven(cmd.Context(), args[0], domain, ex.rate, ex.burst, ex.limit); err != nil {
+					return err
+				}
 				body["limit"] = map[string]any{"rate": ex.rate, "burst": ex.burst, "limit": ex.limit, "window": ex.window}
 			}
 			if ex.until != "" {
@@ -180,7 +182,7 @@ func (c *adminClient) settings() (base, tokenEnv string, err error) {
 
 // dialable turns a listen address into one to connect to: a listener on every address
 // (":9090", "0.0.0.0:9090", "[::]:9090") is reached on loopback, which is also a Host that the
-// admin listener answers (an unspecified address is not: admin.HostGuard).
+// admin listener answers (an unspecified address is not: console.HostGuard).
 func dialable(listen string) string {
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
@@ -237,6 +239,14 @@ func (c *adminClient) call(ctx context.Context, base, method, path string, body,
 		if p.Detail == "" {
 			p.Detail = strings.TrimSpace(string(data))
 		}
+		if resp.StatusCode == http.StatusUnauthorized {
+			// Say where the token came from: the usual cause is a variable never exported.
+			if c.getenv(tokenEnv) == "" {
+				p.Detail += fmt.Sprintf(" (the token is read from %s, which is empty: export it, or name another variable with --token-env)", tokenEnv)
+			} else {
+				p.Detail += fmt.Sprintf(" (sent the token held by %s)", tokenEnv)
+			}
+		}
 		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, p.Detail)
 	}
 	if raw, ok := out.(*json.RawMessage); ok {
@@ -268,7 +278,7 @@ func (c *adminClient) policies(ctx context.Context) error {
 	if err := c.call(ctx, base, http.MethodGet, "/v1/policies", nil, &raw); err != nil {
 		return err
 	}
-	var v struct{ Policies []admin.PolicyInfo }
+	var v struct{ Policies []console.PolicyInfo }
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return err
 	}
@@ -301,15 +311,15 @@ func (c *adminClient) get(ctx context.Context, pol, key, pseudonym, domain strin
 	if err := c.call(ctx, base, http.MethodGet, "/v1/keys/"+url.PathEscape(pol)+"?"+q.Encode(), nil, &raw); err != nil {
 		return err
 	}
-	var ks admin.KeyState
+	var ks console.KeyState
 	if err := json.Unmarshal(raw, &ks); err != nil {
 		return err
 	}
 	return c.show(raw, func(w *tabwriter.Writer) error {
-		fmt.Fprintf(w, "policy\t%s\nkey\t%s\nlimit\t%d\nremaining\t%d\nreset after\t%ss\nlimited\t%v\n",
-			ks.Policy, ks.Key, ks.Limit, ks.Remaining, strconv.FormatFloat(ks.ResetAfter, 'f', -1, 64), ks.Limited)
+		fmt.Fprintf(w, "policy\t%s\nkey\t%s\nlimit\t%d\nremaining\t%d\nreset after\t%s\nlimited\t%v\n",
+			ks.Policy, ks.Key, ks.Limit, ks.Remaining, roundedSeconds(ks.ResetAfter), ks.Limited)
 		if ks.RetryAfter != nil {
-			fmt.Fprintf(w, "retry after\t%gs\n", *ks.RetryAfter)
+			fmt.Fprintf(w, "retry after\t%s\n", roundedSeconds(*ks.RetryAfter))
 		}
 		fmt.Fprintf(w, "exempt\t%v\n", ks.Exempt)
 		if e := ks.Exemption; e != nil {
@@ -370,9 +380,10 @@ func (c *adminClient) top(ctx context.Context, pol string, n int, replicas []str
 	if len(replicas) == 0 {
 		replicas = []string{base}
 	}
-	lists := make([][]admin.TopKey, 0, len(replicas))
+	replicas = distinctURLs(replicas)
+	lists := make([][]console.TopKey, 0, len(replicas))
 	for _, r := range replicas {
-		var v struct{ Keys []admin.TopKey }
+		var v struct{ Keys []console.TopKey }
 		var raw json.RawMessage
 		// Each replica's own top n*2 (at least 100): a key heavy across replicas but below n
 		// on each still shows up in the merge.
@@ -385,7 +396,7 @@ func (c *adminClient) top(ctx context.Context, pol string, n int, replicas []str
 		}
 		lists = append(lists, v.Keys)
 	}
-	merged := admin.MergeTop(n, lists...)
+	merged := console.MergeTop(n, lists...)
 	if c.asJSON {
 		return json.NewEncoder(c.stdout).Encode(map[string]any{"policy": pol, "replicas": len(replicas), "keys": merged})
 	}
@@ -406,7 +417,7 @@ func (c *adminClient) exemptions(ctx context.Context) error {
 	if err := c.call(ctx, base, http.MethodGet, "/v1/exemptions", nil, &raw); err != nil {
 		return err
 	}
-	var v struct{ Exemptions []admin.Exemption }
+	var v struct{ Exemptions []console.Exemption }
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return err
 	}
@@ -422,4 +433,71 @@ func (c *adminClient) exemptions(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// distinctURLs drops repeated admin URLs (a trailing slash or the case of the scheme and host
+// aside), keeping the first of each: a replica named twice is counted once.
+func distinctURLs(urls []string) []string {
+	seen := map[string]bool{}
+	out := urls[:0:0]
+	for _, u := range urls {
+		k := strings.TrimRight(u, "/")
+		if p, err := url.Parse(k); err == nil && p.Host != "" {
+			p.Scheme, p.Host = strings.ToLower(p.Scheme), strings.ToLower(p.Host)
+			k = p.String()
+		}
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// exemptLimitGiven checks, before anything is sent, that `admin exempt` has the replacement
+// limit its policy needs, naming the missing flag: --rate and --burst for a token or leaky
+// bucket, --limit for the others (the policy's algorithm asked of the API; when it cannot be,
+// both are named).
+func (c *adminClient) exemptLimitGiven(ctx context.Context, pol, domain, rate string, burst, limit int64) error {
+	algorithm := ""
+	if domain == "" {
+		if base, _, err := c.settings(); err == nil {
+			var v struct{ Policies []console.PolicyInfo }
+			if c.call(ctx, base, http.MethodGet, "/v1/policies", nil, &v) == nil {
+				for _, p := range v.Policies {
+					if p.Name == pol {
+						algorithm = p.Algorithm
+					}
+				}
+			}
+		}
+	}
+	bucket := algorithm == "token_bucket" || algorithm == "leaky_bucket"
+	var missing []string
+	switch {
+	case bucket && rate == "" && burst == 0:
+		missing = []string{"--rate", "--burst"}
+	case bucket && rate == "":
+		missing = []string{"--rate"}
+	case bucket && burst == 0:
+		missing = []string{"--burst"}
+	case algorithm != "" && !bucket && limit == 0:
+		missing = []string{"--limit"}
+	case algorithm == "" && rate == "" && burst == 0 && limit == 0:
+		return fmt.Errorf("admin exempt %s: no replacement limit: give --rate and --burst (a token or leaky bucket), --limit (a window, quota or concurrency policy), or --unlimited", pol)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("admin exempt %s: %s is missing (policy %s is a %s; or --unlimited for no limit)", pol, strings.Join(missing, " and "), pol, algorithm)
+	}
+	return nil
+}
+
+// roundedSeconds prints a duration in seconds for a person: to a tenth of a second from 1 s
+// up (1.8s, not 1.812345678s), to the millisecond below (250ms).
+func roundedSeconds(sec float64) string {
+	d := time.Duration(sec * float64(time.Second))
+	if d >= time.Second || d <= -time.Second {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
 }

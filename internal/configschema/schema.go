@@ -30,7 +30,7 @@ import (
 
 	"github.com/invopop/jsonschema"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -134,7 +134,7 @@ const (
 	sha256Pattern       = `^sha256:[0-9a-f]{64}$`
 	tablePattern        = `^[A-Za-z0-9_.-]{3,255}$`
 	regionPattern       = `^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
-	maxCount            = limitspec.MaxCount // the bound validation applies
+	maxCount            = limitterms.MaxCount // the bound validation applies
 )
 
 var (
@@ -436,7 +436,7 @@ func (g *gen) walkDefaults(v reflect.Value, path string, skip []string) {
 		switch {
 		case f.Type == reflect.TypeFor[time.Duration]():
 			if d := time.Duration(fv.Int()); d != 0 {
-				g.set(p, "default", limitspec.ShortDuration(d))
+				g.set(p, "default", limitterms.ShortDuration(d))
 			}
 		case f.Type.Kind() == reflect.Struct:
 			g.walkDefaults(fv, p, nil)

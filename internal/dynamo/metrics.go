@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/histbuckets"
 )
 
 // The op label's values: one per kind of DynamoDB call.
@@ -64,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ratelimit_dynamodb_lease_local_decision_seconds",
 			Help: "Time to decide a leased charge without a DynamoDB round trip: spent from this replica's lease, or rejected while the pool is empty.",
 			// 1µs to 100ms, ×√10 apart.
-			Buckets: prometheus.ExponentialBucketsRange(1e-6, 0.1, 11),
+			Buckets: histbuckets.Range(1e-6, 0.1, 11),
 		}),
 		leaseUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_dynamodb_lease_units_total",

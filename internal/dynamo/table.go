@@ -29,7 +29,14 @@ const tableActiveTimeout = 2 * time.Minute
 // enables TTL on the ttl attribute. It is idempotent: an existing table is kept, and TTL is still
 // made sure of. The schema is described in the package documentation.
 func CreateTable(ctx context.Context, api TableAPI, table string) error {
-	_, err := api.CreateTable(ctx, &dynamodb.CreateTableInput{
+	_, err := EnsureTable(ctx, api, table)
+	return err
+}
+
+// EnsureTable is CreateTable, reporting whether this call created the table (false: it existed
+// already, or a retried create of the SDK's found the one its lost first try made).
+func EnsureTable(ctx context.Context, api TableAPI, table string) (created bool, err error) {
+	_, err = api.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName:            aws.String(table),
 		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(attrPK), AttributeType: types.ScalarAttributeTypeS}},
 		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(attrPK), KeyType: types.KeyTypeHash}},
@@ -37,8 +44,14 @@ func CreateTable(ctx context.Context, api TableAPI, table string) error {
 	})
 	var inUse *types.ResourceInUseException
 	if err != nil && !errors.As(err, &inUse) {
-		return fmt.Errorf("dynamo: create table %s: %w", table, err)
+		return false, fmt.Errorf("dynamo: create table %s: %w", table, err)
 	}
+	created = err == nil
+	return created, ensureTTL(ctx, api, table)
+}
+
+// ensureTTL waits for the table to be ACTIVE and enables TTL on it unless it is on.
+func ensureTTL(ctx context.Context, api TableAPI, table string) error {
 	waiter := dynamodb.NewTableExistsWaiter(api, func(o *dynamodb.TableExistsWaiterOptions) {
 		o.MinDelay = 200 * time.Millisecond
 		o.MaxDelay = 2 * time.Second
@@ -51,7 +64,7 @@ func CreateTable(ctx context.Context, api TableAPI, table string) error {
 	} else if on {
 		return nil
 	}
-	_, err = api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
+	_, err := api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName: aws.String(table),
 		TimeToLiveSpecification: &types.TimeToLiveSpecification{
 			AttributeName: aws.String(schema.TTL),

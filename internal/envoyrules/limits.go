@@ -3,7 +3,7 @@ package envoyrules
 // This file checks a rate_limit block of envoyproxy/ratelimit's files (read by load.go): its
 // unit, requests and algorithm, turns them into a bucket.Limit, and checks what that limit
 // means (refill time, quota offset, lease) with the check proxy policies share
-// (limitspec.CheckLimit).
+// (limitterms.CheckLimit).
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // algorithms are the algorithms a rule may name. leaky_bucket shapes by holding a request,
@@ -55,8 +55,8 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 	}
 	if !rl.rpuSet {
 		p.add(at+".requests_per_unit", "", "required")
-	} else if rl.requestsPerUnit < 0 || rl.requestsPerUnit > limitspec.MaxCount {
-		p.add(at+".requests_per_unit", strconv.FormatInt(rl.requestsPerUnit, 10), fmt.Sprintf("must be from 0 to %d", limitspec.MaxCount))
+	} else if rl.requestsPerUnit < 0 || rl.requestsPerUnit > limitterms.MaxCount {
+		p.add(at+".requests_per_unit", strconv.FormatInt(rl.requestsPerUnit, 10), fmt.Sprintf("must be from 0 to %d", limitterms.MaxCount))
 	}
 	mult := rl.unitMultiplier
 	if mult == 0 {
@@ -88,8 +88,8 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 			p.add(at+".offset", strconv.Itoa(rl.offset), "used by algorithm quota only")
 		}
 	}
-	if rl.pool != "" && (len(rl.pool) > limitspec.MaxNameLen || !limitspec.ValidName(rl.pool)) {
-		p.add(at+".pool", rl.pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
+	if rl.pool != "" && (len(rl.pool) > limitterms.MaxNameLen || !limitterms.ValidName(rl.pool)) {
+		p.add(at+".pool", rl.pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitterms.MaxNameLen))
 	}
 	if len(*p.es) != before || !algOK || !known {
 		return bucket.Limit{}, unit, false
@@ -111,8 +111,8 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		if rpu < 1 {
 			p.add(at+".requests_per_unit", strconv.FormatInt(rpu, 10), "must be at least 1 for token_bucket: it is the refill rate")
 		}
-		if burst < 1 || burst > limitspec.MaxCount {
-			p.add(at+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("must be from 1 to %d", limitspec.MaxCount))
+		if burst < 1 || burst > limitterms.MaxCount {
+			p.add(at+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("must be from 1 to %d", limitterms.MaxCount))
 		}
 		if len(*p.es) != before {
 			return bucket.Limit{}, unit, false
@@ -133,7 +133,7 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		if mult != 1 {
 			p.add(at+".unit_multiplier", strconv.FormatInt(mult, 10), "must be 1 for algorithm quota: a calendar period is one day, week or month")
 		}
-		zone, err := limitspec.LoadZone(rl.timeZone)
+		zone, err := limitterms.LoadZone(rl.timeZone)
 		if err != nil {
 			p.add(at+".time_zone", rl.timeZone, err.Error())
 		}
@@ -143,11 +143,11 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		lim = bucket.Limit{Algorithm: alg, Count: rpu, Period: per, Offset: uint8(rl.offset), Zone: zone}
 	}
 	// What the limit means, checked as a proxy policy's is: refill time, offset, lease.
-	var lease *limitspec.Lease
+	var lease *limitterms.Lease
 	if l := rl.lease; l != nil {
-		lease = &limitspec.Lease{Enabled: l.enabled, Shards: l.shards, TTL: l.ttl}
+		lease = &limitterms.Lease{Enabled: l.enabled, Shards: l.shards, TTL: l.ttl}
 	}
-	for _, pr := range limitspec.CheckLimit(lim, rl.offset, lease, 1) {
+	for _, pr := range limitterms.CheckLimit(lim, rl.offset, lease, 1) {
 		p.add(at+"."+pr.Field, pr.Value, pr.Msg)
 	}
 	return lim, unit, len(*p.es) == before

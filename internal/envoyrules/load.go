@@ -9,7 +9,7 @@
 // It sits below internal/policy, which loads the rules while it validates a configuration
 // (Set.RLS returns them), and never imports it: what a rule shares with a proxy policy (the
 // bounds of counts, pool names and how a pool or a namespace marks a bucket key, algorithm
-// names, quota time zones) comes from internal/limitspec, and the rest of the configuration
+// names, quota time zones) comes from internal/limitterms, and the rest of the configuration
 // comes in as Options. The RLS front end (internal/rls) serves the compiled rules.
 package envoyrules
 

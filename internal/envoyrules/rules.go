@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // Rules is the compiled content of rls.config_dir: envoyproxy/ratelimit's domains and their
@@ -270,7 +270,7 @@ func (m *Match) Label(domain string, entries []Entry) string {
 func OverrideLimit(requestsPerUnit uint32, unit Unit, multiplier uint32) (l bucket.Limit, ok bool) {
 	mult := max(int64(multiplier), 1)
 	u := unit.Duration()
-	if u == 0 || int64(requestsPerUnit) > limitspec.MaxCount || mult > int64(maxPeriod/u) {
+	if u == 0 || int64(requestsPerUnit) > limitterms.MaxCount || mult > int64(maxPeriod/u) {
 		return bucket.Limit{}, false
 	}
 	return bucket.Limit{Algorithm: bucket.FixedWindow, Count: int64(requestsPerUnit), Window: time.Duration(mult) * u}, true
@@ -308,11 +308,11 @@ func hashEntries(prefix []byte, entries []Entry, sub func(int) (string, bool)) b
 }
 
 // storeName is what a rule's bucket keys start with: its pool, or its domain within the
-// store's namespace (limitspec.StoreName, as a proxy policy's). The \x03 marks domains apart
+// store's namespace (limitterms.StoreName, as a proxy policy's). The \x03 marks domains apart
 // from proxy policies (a policy name never starts with a control byte); a pool is shared on
 // purpose, as a proxy policy's.
 func storeName(namespace, domain, pool string) string {
-	return limitspec.StoreName(namespace, "\x03rls\x00"+domain, pool)
+	return limitterms.StoreName(namespace, "\x03rls\x00"+domain, pool)
 }
 
 // keyPrefix appends to b the part of a key before the entries: store name, algorithm with
@@ -320,7 +320,7 @@ func storeName(namespace, domain, pool string) string {
 func keyPrefix(b []byte, store string, l bucket.Limit) []byte {
 	b = append(b, store...)
 	b = append(b, 0)
-	b = append(b, limitspec.AlgorithmName(l.Algorithm)...)
+	b = append(b, limitterms.AlgorithmName(l.Algorithm)...)
 	switch l.Algorithm {
 	case bucket.FixedWindow, bucket.SlidingWindow:
 		b = append(b, '/')

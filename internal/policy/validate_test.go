@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 func TestFieldErrorFormat(t *testing.T) {
@@ -586,5 +588,17 @@ func TestValidateReadsKeyFile(t *testing.T) {
 	var es Errors
 	if !errors.As(err, &es) || len(es) != 1 || es[0].Path != "identity.jwt.rs256_public_key_file" {
 		t.Errorf("got %v, want one identity.jwt.rs256_public_key_file error", err)
+	}
+}
+
+// TestOnErrorValuesAreBuckets: store.on_error accepts exactly what bucket.ParseOnError does,
+// which applies the rule ("" is its default, allow).
+func TestOnErrorValuesAreBuckets(t *testing.T) {
+	for _, v := range []string{`""`, "allow", "deny", "local", "Deny", "fail"} {
+		cfg := mustParse(t, minimal+"store: {on_error: "+v+", replicas: 2}\n", noEnv)
+		_, perr := bucket.ParseOnError(cfg.Store.OnError)
+		if verr := cfg.Validate(noEnv); (verr == nil) != (perr == nil) {
+			t.Errorf("on_error %s: Validate %v, bucket.ParseOnError %v", v, verr, perr)
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/histbuckets"
 )
 
 // Metrics are the upstream protection's collectors:
@@ -37,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.queue = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ratelimit_upstream_queue_seconds",
 		Help:    "Time requests waited for an upstream concurrency slot (admitted or shed); requests that found one at once are not observed.",
-		Buckets: prometheus.ExponentialBucketsRange(100e-6, 10, 11),
+		Buckets: histbuckets.Range(100e-6, 10, 11),
 	})
 	limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "ratelimit_upstream_concurrency_limit",

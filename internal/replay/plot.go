@@ -156,8 +156,19 @@ func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
 	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
 	for i := range ticks {
 		if ticks[i].Label != "" {
-			ticks[i].Label = strconv.FormatFloat(ticks[i].Value, 'f', -1, 64)
+			ticks[i].Label = tickLabel(ticks[i].Value)
 		}
 	}
 	return ticks
+}
+
+// tickLabel prints a tick's value without float noise: gonum steps ticks by repeated addition,
+// so 1.2 arrives as 1.2000000000000002 and 60 as 60.00000000000007. Twelve significant digits
+// are far more than any axis shows, and drop the noise.
+func tickLabel(v float64) string {
+	r, err := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 12, 64), 64)
+	if err != nil {
+		r = v
+	}
+	return strconv.FormatFloat(r, 'f', -1, 64)
 }

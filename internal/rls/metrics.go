@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/histbuckets"
 )
 
 // Call results, the values of ratelimit_rls_calls_total{result}. One per ShouldRateLimit call.
@@ -64,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "ratelimit_rls_call_duration_seconds",
 		Help: "Time to answer one ShouldRateLimit call, store included (Envoy's default timeout is 20ms).",
 		// 10µs to 1s, ×√10 apart: a memory decision, then the 20ms of Envoy's default timeout.
-		Buckets: prometheus.ExponentialBucketsRange(10e-6, 1, 11),
+		Buckets: histbuckets.Range(10e-6, 1, 11),
 	}))
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

@@ -54,7 +54,8 @@ type Options struct {
 type Hooks struct {
 	// DynamoDB wraps the DynamoDB client the shared store writes through.
 	DynamoDB func(dynamo.API) dynamo.API
-	// Store wraps the shared store (DynamoDB) before the fallback and the front ends see it.
+	// Store wraps the shared store, whatever its backend, before the fallback and the front ends
+	// see it. The memory store is not wrapped.
 	Store func(bucket.Store) bucket.Store
 }
 
@@ -235,6 +236,9 @@ func newLogger(w io.Writer, lvl zapcore.Level) *zap.Logger {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "ts"
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	// Durations with their unit ("30s", "1.2ms"): the production default writes bare seconds
+	// ("drain_timeout":30), which a reader has to guess.
+	enc.EncodeDuration = zapcore.StringDurationEncoder
 	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/telemetry"
 )
 
 // StartupTimeout bounds what serve does with DynamoDB before it listens: loading the AWS
@@ -151,7 +152,11 @@ func (g *gateway) dynamoBackend(ctx context.Context) (backend, error) {
 	if d.Mode == "transaction" {
 		mode = dynamo.Transaction
 	}
-	ds := dynamo.New(g.o.Hooks.dynamoDB(client), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
+	var api dynamo.API = client
+	if cfg.Telemetry.Enabled() {
+		api = telemetry.TraceDynamoDB(client) // a span per DynamoDB call of a recorded request
+	}
+	ds := dynamo.New(g.o.Hooks.dynamoDB(api), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
 		SlotLease: d.SlotLease, Now: clock.decide,
 		// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 		// batch whose deadline is another waiter's: a write can land up to about twice the
@@ -244,15 +249,15 @@ func newDynamoClient(ctx context.Context, d *policy.DynamoDBConfig, now func() t
 
 // CreateTable creates the table of cfg's store.dynamodb block (see dynamo.CreateTable), bounded
 // by ctx. It fails unless store.backend is dynamodb.
-func CreateTable(ctx context.Context, cfg *policy.Config) error {
+func CreateTable(ctx context.Context, cfg *policy.Config) (created bool, err error) {
 	if cfg.Store.Backend != "dynamodb" || cfg.Store.DynamoDB == nil {
-		return fmt.Errorf("store.backend is %q: table create needs store.backend dynamodb and a store.dynamodb block", cfg.Store.Backend)
+		return false, fmt.Errorf("store.backend is %q: table create needs store.backend dynamodb and a store.dynamodb block", cfg.Store.Backend)
 	}
 	client, err := NewDynamoClient(ctx, cfg.Store.DynamoDB)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return dynamo.CreateTable(ctx, client, cfg.Store.DynamoDB.Table)
+	return dynamo.EnsureTable(ctx, client, cfg.Store.DynamoDB.Table)
 }
 
 // poolNames are the memory store's pools of a compiled set: each policy's name and each RLS

@@ -10,15 +10,15 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/console"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/redisstore"
 )
 
 // The Redis store is a console's shared store too (see console.go).
 var (
-	_ admin.Keys   = (*redisstore.Store)(nil)
-	_ admin.Shared = (*redisstore.Store)(nil)
+	_ console.Keys   = (*redisstore.Store)(nil)
+	_ console.Shared = (*redisstore.Store)(nil)
 )
 
 // redisBackend is the Redis (or Valkey) store. It starts whether or not Redis answers: the

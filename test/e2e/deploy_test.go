@@ -86,11 +86,12 @@ type k8sProbe struct {
 }
 
 type k8sContainer struct {
-	Name  string    `yaml:"name"`
-	Image string    `yaml:"image"`
-	Args  []string  `yaml:"args"`
-	Ports []k8sPort `yaml:"ports"`
-	Env   []struct {
+	Name            string    `yaml:"name"`
+	Image           string    `yaml:"image"`
+	ImagePullPolicy string    `yaml:"imagePullPolicy"`
+	Args            []string  `yaml:"args"`
+	Ports           []k8sPort `yaml:"ports"`
+	Env             []struct {
 		Name  string `yaml:"name"`
 		Value string `yaml:"value"`
 	} `yaml:"env"`
@@ -117,6 +118,9 @@ type k8sContainer struct {
 		Capabilities             struct {
 			Drop []string `yaml:"drop"`
 		} `yaml:"capabilities"`
+		SeccompProfile struct {
+			Type string `yaml:"type"`
+		} `yaml:"seccompProfile"`
 	} `yaml:"securityContext"`
 	VolumeMounts []struct {
 		Name      string `yaml:"name"`

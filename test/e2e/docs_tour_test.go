@@ -210,18 +210,24 @@ func TestReadmeTour(t *testing.T) {
 		docSession
 		start func(*testing.T) *strings.Replacer
 		skip  *regexp.Regexp // the commands that start what start started
+		// pace is the least time between two commands: a person pasting them one by one
+		// (the README's burst shows what a bucket refilled since the command before admits).
+		pace time.Duration
 	}{
-		{docSession{"README.md", []string{"A quick tour with curl", "Before you enforce: what if?"}}, proxy, nil},
-		{docSession{"docs/grpc-http2-tls.md", []string{"HTTP/2 on the listener"}}, proxy, nil},
-		{docSession{"docs/envoy.md", []string{"Trying it locally"}}, rls, regexp.MustCompile(`^make |ratelimit-proxy serve `)},
+		{docSession{"README.md", []string{"A quick tour with curl", "Before you enforce: what if?"}}, proxy, nil, time.Second},
+		{docSession{"docs/grpc-http2-tls.md", []string{"HTTP/2 on the listener"}}, proxy, nil, 0},
+		{docSession{"docs/envoy.md", []string{"Trying it locally"}}, rls, regexp.MustCompile(`^make |ratelimit-proxy serve `), 0},
 	} {
 		t.Run(s.page, func(t *testing.T) {
 			steps := sessionSteps(t, s.docSession)
 			rewrite := s.start(t)
+			var last time.Time
 			for _, st := range steps {
 				if s.skip != nil && s.skip.MatchString(st.cmd) {
 					continue
 				}
+				// A reader's pace, not a wait for anything: nothing here is synchronised by it.
+				time.Sleep(time.Until(last.Add(s.pace)))
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				cmd := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", rewrite.Replace(st.cmd))
 				cmd.Dir = dir
@@ -236,8 +242,30 @@ func TestReadmeTour(t *testing.T) {
 				if err := matchShown(shownLines(st.output), string(out)); err != nil {
 					t.Errorf("%s: %s: %v; it printed:\n%s", st.where, st.cmd, err, out)
 				}
+				last = time.Now()
 			}
+			checkTourFilesIgnored(t, dir)
 		})
+	}
+}
+
+// checkTourFilesIgnored: every file the session's commands left in the working directory (the
+// repository's root, for a reader) is one the repository's .gitignore ignores.
+func checkTourFilesIgnored(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() == "bin" || e.Name() == "configs" {
+			continue // the repository's own
+		}
+		cmd := exec.Command("git", "check-ignore", "-q", "--no-index", e.Name())
+		cmd.Dir = repoRoot
+		if err := cmd.Run(); err != nil {
+			t.Errorf("the tour leaves %s, which git does not ignore (add it to .gitignore): %v", e.Name(), err)
+		}
 	}
 }
 

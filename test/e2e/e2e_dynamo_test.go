@@ -374,8 +374,8 @@ func TestDynamoTableCreateCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errs := runCLI(t, "table", "create", "--config", path)
-	if code != 0 || !strings.Contains(out, table) {
-		t.Fatalf("table create: exit %d, stdout %q, stderr %q; want 0 naming the table", code, out, errs)
+	if code != 0 || !strings.Contains(out, table) || !strings.Contains(out, ": created:") {
+		t.Fatalf("table create: exit %d, stdout %q, stderr %q; want 0 naming the table and saying it created it", code, out, errs)
 	}
 	c := testClient(t, endpoint)
 	ttl, err := c.DescribeTimeToLive(context.Background(), &dynamodb.DescribeTimeToLiveInput{TableName: aws.String(table)})
@@ -385,9 +385,9 @@ func TestDynamoTableCreateCommand(t *testing.T) {
 	if d := ttl.TimeToLiveDescription; d == nil || aws.ToString(d.AttributeName) != "ttl" || d.TimeToLiveStatus != types.TimeToLiveStatusEnabled {
 		t.Errorf("TTL got %+v, want enabled on ttl", d)
 	}
-	// Idempotent.
-	if code, _, errs := runCLI(t, "table", "create", "--config", path); code != 0 {
-		t.Errorf("second table create: exit %d, stderr %q", code, errs)
+	// Idempotent, and says the table was there.
+	if code, out, errs := runCLI(t, "table", "create", "--config", path); code != 0 || !strings.Contains(out, "existed already") || strings.Contains(out, "created:") {
+		t.Errorf("second table create: exit %d, stdout %q, stderr %q; want 0 saying it existed already", code, out, errs)
 	}
 
 	// A gateway without create_table uses it.

@@ -1,0 +1,713 @@
+package deploy_test
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	"helm.sh/helm/v4/pkg/chart/common"
+	chartutil "helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/lint"
+	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+)
+
+const chartDir = "deploy/helm/ratelimit-proxy"
+
+// chartCase is one documented way to install the chart: its defaults, or a values file of
+// examples/.
+type chartCase struct {
+	name      string
+	values    string // relative to the repository; "" for the defaults
+	release   string
+	namespace string
+}
+
+func chartCases(t *testing.T) []chartCase {
+	cases := []chartCase{{name: "defaults", release: "ratelimit-proxy", namespace: "default"}}
+	for _, f := range glob(t, chartDir+"/examples/*.yaml") {
+		c := chartCase{name: filepath.Base(f), values: f, release: "ratelimit-proxy", namespace: "ratelimit"}
+		if c.name == "sidecar.yaml" {
+			c.release, c.namespace = "orders", "default"
+		}
+		cases = append(cases, c)
+	}
+	return cases
+}
+
+func (c chartCase) vals(t *testing.T) map[string]any {
+	t.Helper()
+	if c.values == "" {
+		return map[string]any{}
+	}
+	v, err := common.ReadValuesFile(filepath.Join(root(), c.values))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// renderChart renders the chart as `helm template` does, returning its documents (NOTES.txt
+// aside) in a stable order.
+func renderChart(t *testing.T, c chartCase, vals map[string]any) []doc {
+	t.Helper()
+	ch, err := loader.Load(filepath.Join(root(), chartDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, common.ReleaseOptions{Name: c.release, Namespace: c.namespace, IsInstall: true}, nil)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	names := make([]string, 0, len(out))
+	for n := range out {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var docs []doc
+	for _, n := range names {
+		if strings.HasSuffix(n, "NOTES.txt") || strings.TrimSpace(out[n]) == "" {
+			continue
+		}
+		dec := yaml.NewDecoder(strings.NewReader(out[n]))
+		for i := 0; ; i++ {
+			var obj map[string]any
+			err := dec.Decode(&obj)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %s: document %d: %v\n%s", c.name, n, i, err, out[n])
+			}
+			if obj == nil {
+				continue
+			}
+			docs = append(docs, doc{file: c.name + ":" + strings.TrimPrefix(n, "ratelimit-proxy/"), index: i, obj: obj, json: toJSON(t, obj)})
+		}
+	}
+	return docs
+}
+
+// TestChartShape renders the chart with its defaults and with every example of examples/,
+// decodes every object strictly into its Kubernetes (or Prometheus Operator) type, and holds
+// each rendering to the rules the plain manifests keep (numeric non-root user, references
+// that exist, no subPath, no admin port on a Service, a NetworkPolicy for every port), plus the
+// chart's: a restricted security context, the image tag from appVersion, selectors of the PDB,
+// HPA, spread and ServiceMonitor that find the pods, and a configuration that the gateway's
+// own loader accepts.
+func TestChartShape(t *testing.T) {
+	imageUser := dockerfileUser(t)
+	meta := chartMeta(t)
+	for _, c := range chartCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			vals := c.vals(t)
+			docs := renderChart(t, c, vals)
+			o := decodeDocs(t, docs)
+			// Secrets are the user's, by reference: those the values name exist.
+			for _, name := range []any{dig(vals, "store", "redis", "passwordSecret", "name"), dig(vals, "tls", "secretName")} {
+				if name, _ := name.(string); name != "" {
+					o.secrets[nsName(c.namespace, name)] = true
+				}
+			}
+			for _, d := range docs {
+				if ns := str(dig(d.obj, "metadata", "namespace")); ns != c.namespace && !(d.kind() == "ConfigMap" && strings.HasSuffix(str(dig(d.obj, "metadata", "name")), "-dashboard")) {
+					t.Errorf("%s: namespace %q, want the release's %q", d, ns, c.namespace)
+				}
+			}
+			sidecar := str(vals["mode"]) == "sidecar"
+			var dep *appsv1.Deployment
+			if sidecar {
+				if len(o.deployments) != 0 {
+					t.Fatalf("sidecar mode renders %d Deployments", len(o.deployments))
+				}
+				dep = patchedWorkload(t, o, str(dig(vals, "fullnameOverride")))
+			} else {
+				if len(o.deployments) != 1 {
+					t.Fatalf("%d Deployments, want 1", len(o.deployments))
+				}
+				dep = o.deployments[0]
+			}
+			for _, err := range checkDeployment(t, dep, o, imageUser) {
+				t.Errorf("Deployment %s: %v", dep.Name, err)
+			}
+			pod := dep.Spec.Template.Spec
+			gw := gatewayContainer(t, pod)
+			if want := "ratelimit-proxy:" + meta.AppVersion; c.values == "" && gw.Image != want {
+				t.Errorf("image %s, want %s (the repository and the chart's appVersion)", gw.Image, want)
+			}
+			checkRestricted(t, pod, gw, sidecar)
+			skip := checkConfig(t, o, gw, vals)
+			checkSelectors(t, dep, o)
+			checkMonitoring(t, o, vals)
+			if !sidecar {
+				checkSpread(t, dep, o)
+			}
+			if skip != "" {
+				t.Skip(skip)
+			}
+		})
+	}
+}
+
+// chartMeta is Chart.yaml.
+func chartMeta(t *testing.T) struct{ Version, AppVersion string } {
+	t.Helper()
+	var m struct {
+		Version    string `yaml:"version"`
+		AppVersion string `yaml:"appVersion"`
+	}
+	data, err := os.ReadFile(filepath.Join(root(), chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return struct{ Version, AppVersion string }{m.Version, m.AppVersion}
+}
+
+func gatewayContainer(t *testing.T, pod corev1.PodSpec) corev1.Container {
+	t.Helper()
+	for _, c := range pod.Containers {
+		if isGatewayImage(c.Image) {
+			return c
+		}
+	}
+	t.Fatal("no container runs the gateway's image")
+	return corev1.Container{}
+}
+
+// sidecarApp is the workload a sidecar patch is applied to in the test: an application alone.
+const sidecarApp = `{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"orders"},
+"spec":{"selector":{"matchLabels":{"app.kubernetes.io/name":"orders"}},"template":{"metadata":{"labels":{"app.kubernetes.io/name":"orders"}},
+"spec":{"terminationGracePeriodSeconds":45,"containers":[{"name":"app","image":"example/orders:1.4"}]}}}}`
+
+// patchedWorkload applies the sidecar patch (the ConfigMap NAME-sidecar's patch.yaml) to an
+// application's Deployment as `kubectl patch` does (a strategic merge).
+func patchedWorkload(t *testing.T, o objects, name string) *appsv1.Deployment {
+	t.Helper()
+	return applySidecarPatch(t, o, name, []byte(sidecarApp))
+}
+
+func applySidecarPatch(t *testing.T, o objects, name string, workload []byte) *appsv1.Deployment {
+	t.Helper()
+	var cm *corev1.ConfigMap
+	for _, m := range o.configMaps {
+		if m.Name == name+"-sidecar" {
+			cm = m
+		}
+	}
+	if cm == nil {
+		t.Fatalf("no ConfigMap %s-sidecar with the patch", name)
+	}
+	var patch any
+	if err := yaml.Unmarshal([]byte(cm.Data["patch.yaml"]), &patch); err != nil {
+		t.Fatalf("patch.yaml: %v", err)
+	}
+	out, err := strategicpatch.StrategicMergePatch(workload, toJSON(t, patch), appsv1.Deployment{})
+	if err != nil {
+		t.Fatalf("kubectl patch: %v", err)
+	}
+	var dep appsv1.Deployment
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&dep); err != nil {
+		t.Fatalf("the patched Deployment: %v", err)
+	}
+	dep.Namespace = "default"
+	for _, cm := range o.configMaps {
+		dep.Namespace = cm.Namespace
+		break
+	}
+	return &dep
+}
+
+// checkRestricted: the Pod Security Standard "restricted" for the gateway's container.
+func checkRestricted(t *testing.T, pod corev1.PodSpec, c corev1.Container, sidecar bool) {
+	t.Helper()
+	sc := c.SecurityContext
+	if sc == nil {
+		t.Fatal("the gateway's container has no securityContext")
+	}
+	nonRoot, user := effectiveUser(pod.SecurityContext, sc)
+	if !nonRoot || user == nil || *user == 0 {
+		t.Errorf("not a numeric non-root user: runAsNonRoot %v, runAsUser %v", nonRoot, user)
+	}
+	if !ptrTrue(sc.ReadOnlyRootFilesystem) {
+		t.Error("the root filesystem is writable")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("allowPrivilegeEscalation is not false")
+	}
+	if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("capabilities %+v, want all dropped and none added", sc.Capabilities)
+	}
+	seccomp := sc.SeccompProfile
+	if seccomp == nil && pod.SecurityContext != nil {
+		seccomp = pod.SecurityContext.SeccompProfile
+	}
+	if seccomp == nil || seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("seccomp profile %+v, want RuntimeDefault", seccomp)
+	}
+	if sidecar && sc.SeccompProfile == nil {
+		t.Error("a sidecar's seccomp profile must be its own: the workload's pod sets its own securityContext")
+	}
+}
+
+// checkConfig: the ConfigMap's configuration parses and validates with the gateway's own
+// loader (with the files the pod's volumes hold), its ports are the container's, and no secret
+// value is in it.
+func checkConfig(t *testing.T, o objects, gw corev1.Container, vals map[string]any) (skip string) {
+	t.Helper()
+	var cfgMap *corev1.ConfigMap
+	for _, m := range o.configMaps {
+		if _, ok := m.Data["config.yaml"]; ok {
+			cfgMap = m
+		}
+	}
+	if cfgMap == nil {
+		t.Fatal("no ConfigMap with config.yaml")
+	}
+	text := cfgMap.Data["config.yaml"]
+	dir := t.TempDir()
+	// The files the config names, where the test puts them.
+	replacer := []string{}
+	for _, m := range o.configMaps {
+		if !strings.HasSuffix(m.Name, "-rules") {
+			continue
+		}
+		rules := filepath.Join(dir, "rules")
+		if err := os.MkdirAll(rules, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range m.Data {
+			if err := os.WriteFile(filepath.Join(rules, k), []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		replacer = append(replacer, "/etc/ratelimit-proxy/rules", rules)
+	}
+	if strings.Contains(text, "/etc/ratelimit-proxy/tls/") {
+		writeTestCert(t, filepath.Join(dir, "tls"))
+		replacer = append(replacer, "/etc/ratelimit-proxy/tls", filepath.Join(dir, "tls"))
+	}
+	if len(replacer) > 0 {
+		text = strings.NewReplacer(replacer...).Replace(text)
+	}
+	env := map[string]string{}
+	for _, e := range gw.Env {
+		if e.ValueFrom != nil {
+			env[e.Name] = "from-a-secret" // a Secret's value, by reference
+		} else {
+			env[e.Name] = e.Value
+		}
+	}
+	getenv := func(k string) string { return env[k] }
+	cfg, err := policy.Parse([]byte(text), policy.LoadOptions{Getenv: getenv})
+	if err == nil {
+		err = cfg.Validate(getenv)
+	}
+	if err != nil && str(dig(vals, "store", "backend")) == "redis" && strings.Contains(err.Error(), "redis") {
+		// Until the redis store lands, the rest of the file is checked on the memory store
+		// and the case is reported skipped at its end.
+		skip = "this build's gateway has no redis store yet: " + err.Error()
+		var m map[string]any
+		if err := yaml.Unmarshal([]byte(text), &m); err != nil {
+			t.Fatal(err)
+		}
+		m["store"] = map[string]any{"backend": "memory"}
+		b, merr := yaml.Marshal(m)
+		if merr != nil {
+			t.Fatal(merr)
+		}
+		if cfg, err = policy.Parse(b, policy.LoadOptions{Getenv: getenv}); err == nil {
+			err = cfg.Validate(getenv)
+		}
+	}
+	if err != nil {
+		t.Fatalf("the rendered configuration does not load:\n%v\n%s", err, text)
+	}
+	ports := map[string]int32{}
+	for _, p := range gw.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	listen := cfg.Listen
+	if cfg.Upstream == "" {
+		listen = "" // RLS alone: no proxy
+	}
+	for _, f := range []struct{ name, addr string }{{"http", listen}, {"metrics", cfg.AdminListen}, {"grpc-rls", rlsListen(cfg)}} {
+		_, port, _ := strings.Cut(f.addr, ":")
+		if (port == "") != (ports[f.name] == 0) || (port != "" && port != itoa(ports[f.name])) {
+			t.Errorf("config listens on %q; the container's port %s is %d", f.addr, f.name, ports[f.name])
+		}
+	}
+	if want := str(dig(vals, "telemetry", "otlp", "endpoint")); cfg.Telemetry.OTLP.Endpoint != want {
+		t.Errorf("telemetry.otlp.endpoint %q in the values, %q in the configuration", want, cfg.Telemetry.OTLP.Endpoint)
+	}
+	if secret := str(dig(vals, "store", "redis", "passwordSecret", "name")); secret != "" {
+		name := str(dig(vals, "store", "redis", "password_env"))
+		found := false
+		for _, e := range gw.Env {
+			if e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == secret {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("store.redis.passwordSecret %s: no variable %s from it in the container (%+v)", secret, name, gw.Env)
+		}
+		if strings.Contains(text, "passwordSecret") {
+			t.Error("the chart's own key passwordSecret is in the configuration")
+		}
+	}
+	return skip
+}
+
+func rlsListen(cfg *policy.Config) string {
+	if cfg.RLS == nil {
+		return ""
+	}
+	return cfg.RLS.Listen
+}
+
+func itoa(n int32) string { return big.NewInt(int64(n)).String() }
+
+// checkSelectors: the PDB, the HPA and the Services find the gateway's pods.
+func checkSelectors(t *testing.T, dep *appsv1.Deployment, o objects) {
+	t.Helper()
+	podLabels := labels.Set(dep.Spec.Template.Labels)
+	for _, pdb := range o.pdbs {
+		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+		if err != nil || !sel.Matches(podLabels) {
+			t.Errorf("PodDisruptionBudget %s selects %v, not the pods %v", pdb.Name, pdb.Spec.Selector, podLabels)
+		}
+	}
+	for _, hpa := range o.hpas {
+		ref := hpa.Spec.ScaleTargetRef
+		if ref.Kind != "Deployment" || ref.Name != dep.Name || ref.APIVersion != "apps/v1" {
+			t.Errorf("HorizontalPodAutoscaler %s scales %+v, not Deployment %s", hpa.Name, ref, dep.Name)
+		}
+		if dep.Spec.Replicas != nil {
+			t.Errorf("with an HPA the Deployment sets replicas (%d): each upgrade resets the HPA's count", *dep.Spec.Replicas)
+		}
+	}
+	for _, svc := range o.services {
+		if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+			t.Errorf("Service %s selects %v, not the pods %v", svc.Name, svc.Spec.Selector, podLabels)
+		}
+	}
+}
+
+// checkSpread: the replicas spread over zones, and the constraint selects them.
+func checkSpread(t *testing.T, dep *appsv1.Deployment, o objects) {
+	t.Helper()
+	found := false
+	for _, c := range dep.Spec.Template.Spec.TopologySpreadConstraints {
+		if c.TopologyKey != "topology.kubernetes.io/zone" {
+			continue
+		}
+		found = true
+		sel, err := metav1.LabelSelectorAsSelector(c.LabelSelector)
+		if err != nil || !sel.Matches(labels.Set(dep.Spec.Template.Labels)) {
+			t.Errorf("topology spread selects %v, not the pods", c.LabelSelector)
+		}
+	}
+	if !found {
+		t.Error("no topology spread by zone")
+	}
+	if len(o.pdbs) != 1 {
+		t.Errorf("%d PodDisruptionBudgets, want 1", len(o.pdbs))
+	}
+}
+
+// checkMonitoring: a ServiceMonitor reaches the metrics port through a headless Service; the
+// alerts name metrics the gateway exports; the dashboard is deploy/grafana's.
+func checkMonitoring(t *testing.T, o objects, vals map[string]any) {
+	t.Helper()
+	if want := dig(vals, "metrics", "serviceMonitor", "enabled") == true; want != (len(o.serviceMonitors) == 1) {
+		t.Errorf("serviceMonitor.enabled %v, %d ServiceMonitors", want, len(o.serviceMonitors))
+	}
+	for _, sm := range o.serviceMonitors {
+		sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, svc := range o.services {
+			if !sel.Matches(labels.Set(svc.Labels)) {
+				continue
+			}
+			n++
+			if svc.Spec.ClusterIP != corev1.ClusterIPNone {
+				t.Errorf("ServiceMonitor %s scrapes Service %s, which has a cluster IP", sm.Name, svc.Name)
+			}
+			for _, ep := range sm.Spec.Endpoints {
+				if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == ep.Port }) {
+					t.Errorf("ServiceMonitor %s: Service %s has no port %s", sm.Name, svc.Name, ep.Port)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("ServiceMonitor %s selects %d Services, want the metrics one", sm.Name, n)
+		}
+	}
+	if want := dig(vals, "metrics", "prometheusRule", "enabled") == true; want != (len(o.rules) == 1) {
+		t.Errorf("prometheusRule.enabled %v, %d PrometheusRules", want, len(o.rules))
+	}
+	metricsDoc, err := os.ReadFile(filepath.Join(root(), "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pr := range o.rules {
+		var alerts []string
+		for _, g := range pr.Spec.Groups {
+			for _, r := range g.Rules {
+				alerts = append(alerts, r.Alert)
+				for _, m := range metricName.FindAllString(r.Expr.String(), -1) {
+					if !bytes.Contains(metricsDoc, []byte("`"+m+"`")) {
+						t.Errorf("alert %s: %s is no metric of docs/operations.md", r.Alert, m)
+					}
+				}
+			}
+		}
+		for _, want := range []string{"RateLimitStoreErrors", "RateLimitFailOpen", "RateLimitReloadFailed", "RateLimitShedding", "RateLimitLimitedShareJump"} {
+			if !slices.Contains(alerts, want) {
+				t.Errorf("PrometheusRule %s: no alert %s", pr.Name, want)
+			}
+		}
+	}
+	want, err := os.ReadFile(filepath.Join(root(), "deploy", "grafana", "ratelimit-proxy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range o.configMaps {
+		if got, ok := cm.Data["ratelimit-proxy.json"]; ok && strings.TrimSpace(got) != strings.TrimSpace(string(want)) {
+			t.Errorf("ConfigMap %s: the dashboard differs from deploy/grafana/ratelimit-proxy.json (copy it to %s/files/)", cm.Name, chartDir)
+		}
+	}
+}
+
+// TestChartLint is `helm lint` (the Go API) with the defaults and every example: no error
+// and no warning.
+func TestChartLint(t *testing.T) {
+	for _, c := range chartCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			res := lint.RunAll(filepath.Join(root(), chartDir), c.vals(t), c.namespace)
+			for _, m := range res.Messages {
+				if m.Severity >= support.WarningSev {
+					t.Error(m.Error())
+				} else {
+					t.Log(m.Error())
+				}
+			}
+		})
+	}
+}
+
+// TestChartRefusesIncompleteValues: values that would deploy something broken fail to render
+// with the name of the value to set.
+func TestChartRefusesIncompleteValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vals string
+		want string
+	}{
+		{"rls without callers", "rls: {enabled: true}", "networkPolicy.rlsFrom"},
+		{"sidecar without its workload", "mode: sidecar", "sidecar.podSelector"},
+		{"nothing served", "proxy: {enabled: false}", "proxy.enabled or rls.enabled"},
+		{"password secret without its variable", "store: {backend: redis, redis: {url: 'redis://r:6379', passwordSecret: {name: redis}}}", "store.redis.password_env"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals, err := common.ReadValues([]byte(tc.vals))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch, err := loader.Load(filepath.Join(root(), chartDir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rv, err := chartutil.ToRenderValues(ch, vals, common.ReleaseOptions{Name: "x", Namespace: "default", IsInstall: true}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = engine.Render(ch, rv)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error naming %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// writeTestCert writes a self-signed tls.crt and tls.key into dir.
+func writeTestCert(t *testing.T, dir string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"test"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string]*pem.Block{"tls.crt": {Type: "CERTIFICATE", Bytes: der}, "tls.key": {Type: "EC PRIVATE KEY", Bytes: kder}} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+var metricName = regexp.MustCompile(`\bratelimit_[a-z_]+`)
+
+// TestManifestsMatchChart: deploy/kubernetes/ (the plain manifests of the HTTP sidecar example)
+// is what the chart renders with examples/sidecar.yaml, so the two cannot drift: the same
+// configuration, the Deployment equal to the application's with the chart's sidecar patch
+// applied, the same NetworkPolicy, metrics Service and ServiceMonitor.
+func TestManifestsMatchChart(t *testing.T) {
+	c := chartCase{name: "sidecar.yaml", values: chartDir + "/examples/sidecar.yaml", release: "orders", namespace: ""}
+	vals := c.vals(t)
+	chart := decodeDocs(t, renderChart(t, c, vals))
+	raw := decodeExample(t, k8sExample{"deploy/kubernetes", glob(t, "deploy/kubernetes/*.yaml")})
+	name := str(vals["fullnameOverride"])
+
+	// The configuration, as the gateway reads it.
+	parsed := func(o objects, what string) any {
+		cm := o.configMaps[nsName("", name)]
+		if cm == nil {
+			t.Fatalf("%s: no ConfigMap %s", what, name)
+		}
+		var v any
+		if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &v); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	sameJSON(t, "ConfigMap "+name+" config.yaml", parsed(raw, "deploy/kubernetes"), parsed(chart, "the chart"))
+
+	// The Deployment: the application alone, patched.
+	if len(raw.deployments) != 1 {
+		t.Fatalf("deploy/kubernetes: %d Deployments", len(raw.deployments))
+	}
+	want := raw.deployments[0]
+	app := want.DeepCopy()
+	app.Spec.Template.Spec.Containers = slices.DeleteFunc(app.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return isGatewayImage(c.Image) })
+	app.Spec.Template.Spec.Volumes = slices.DeleteFunc(app.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return strings.HasPrefix(v.Name, "ratelimit-proxy-") })
+	got := applySidecarPatch(t, chart, name, toJSON(t, app))
+	got.Namespace = want.Namespace
+	for _, d := range []*appsv1.Deployment{want, got} { // kubectl patch puts new containers first
+		spec := &d.Spec.Template.Spec
+		slices.SortFunc(spec.Containers, func(a, b corev1.Container) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(spec.Volumes, func(a, b corev1.Volume) int { return strings.Compare(a.Name, b.Name) })
+	}
+	sameJSON(t, "Deployment "+want.Name, want, got)
+
+	pick := func(o objects, what string) (np, svc, sm any) {
+		for _, n := range o.netpols {
+			if n.Name == name {
+				np = n.Spec
+			}
+		}
+		for _, s := range o.services {
+			if s.Name == name+"-metrics" {
+				svc = []any{s.Labels["app.kubernetes.io/component"], s.Spec}
+			}
+		}
+		for _, m := range o.serviceMonitors {
+			if m.Name == name {
+				sm = m.Spec
+			}
+		}
+		if np == nil || svc == nil || sm == nil {
+			t.Fatalf("%s: a NetworkPolicy %s (%v), a Service %s-metrics (%v) and a ServiceMonitor %s (%v) expected", what, name, np != nil, name, svc != nil, name, sm != nil)
+		}
+		return np, svc, sm
+	}
+	rnp, rsvc, rsm := pick(raw, "deploy/kubernetes")
+	cnp, csvc, csm := pick(chart, "the chart")
+	sameJSON(t, "NetworkPolicy "+name, rnp, cnp)
+	sameJSON(t, "Service "+name+"-metrics", rsvc, csvc)
+	sameJSON(t, "ServiceMonitor "+name, rsm, csm)
+}
+
+// sameJSON fails when want and got differ as JSON, showing both.
+func sameJSON(t *testing.T, what string, want, got any) {
+	t.Helper()
+	w, g := toJSON(t, want), toJSON(t, got)
+	if !bytes.Equal(w, g) {
+		t.Errorf("%s: deploy/kubernetes and the chart differ:\n manifests: %s\n chart:     %s", what, w, g)
+	}
+}
+
+// TestDeployDocShowsNotes: the notes docs/deploy.md shows after a `helm install` (a block after
+// `<!-- notes: EXAMPLE RELEASE NAMESPACE -->`) are what the chart prints for them, and the page
+// links every example of examples/.
+func TestDeployDocShowsNotes(t *testing.T) {
+	const page = "docs/deploy.md"
+	data, err := os.ReadFile(filepath.Join(root(), page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	for _, f := range glob(t, chartDir+"/examples/*.yaml") {
+		if !strings.Contains(text, "(../"+f+")") {
+			t.Errorf("%s links no %s: every example is documented", page, f)
+		}
+	}
+	m := regexp.MustCompile("(?s)<!-- notes: (\\S+) (\\S+) (\\S+) -->\n```\n(.*?)```").FindAllStringSubmatch(text, -1)
+	if len(m) == 0 {
+		t.Fatalf("%s shows no notes", page)
+	}
+	for _, n := range m {
+		c := chartCase{name: n[1], values: chartDir + "/examples/" + n[1], release: n[2], namespace: n[3]}
+		ch, err := loader.Load(filepath.Join(root(), chartDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rv, err := chartutil.ToRenderValues(ch, c.vals(t), common.ReleaseOptions{Name: c.release, Namespace: c.namespace, IsInstall: true}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := engine.Render(ch, rv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(out["ratelimit-proxy/templates/NOTES.txt"]); got != strings.TrimSpace(n[4]) {
+			t.Errorf("%s: the notes of %s differ; the chart prints:\n%s", page, n[1], got)
+		}
+	}
+}
