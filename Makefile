@@ -90,6 +90,8 @@ bench-scale: build
 ## (minutes). CHECK_EXACT_SELFTEST=1: the same scenario against mutants (the test gateway,
 ## internal/testkit/gateway, as each one), writes .cache/check/selftest.json. CHECK_EXACT_DURATION=30s per run; other knobs:
 ## go run ./scripts/check/exact -h. `make test` runs a short version (TestCheckExactShort).
+## CHECK_EXACT_STORE=redis: the same on one redis-server behind TCP fault relays (connections reset,
+## answers lost, delays), redis-server SIGKILLed and restarted empty (TestCheckExactRedisShort).
 check-exact: build
 	$(GO) build -o $(BIN)/ratelimit-test-gateway ./internal/testkit/gateway
 	$(GO) run ./scripts/check/exact

@@ -227,10 +227,18 @@ func (s *Store) key(c *bucket.Charge) string {
 	return s.prefix + "{" + c.Key.String() + "}" + kind
 }
 
-// marker returns a random non-zero id: a write's marker, a state's generation, a slot's id.
+// markerBits bounds every marker, and so every Result.Token, below 2^62: the stores that wrap
+// or sit beside this one tag tokens with the top bits (package fallback's decisions of its local
+// store carry 1<<63, the memory store's sketch 1<<62), and a Redis token with such a bit set
+// was given back to the wrong store (a charge_on or hits_addend 0 give-back that never reached
+// Redis).
+const markerBits = 62
+
+// marker returns a random non-zero id below 2^markerBits: a write's marker, a state's
+// generation, a slot's id.
 func marker() uint64 {
 	for {
-		if m := rand.Uint64(); m != 0 {
+		if m := rand.Uint64() >> (64 - markerBits); m != 0 {
 			return m
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,6 +172,73 @@ func (i *Instance) Kill(node string) error {
 		return fmt.Errorf("redis local: kill %s: %w", node, err)
 	}
 	return nil
+}
+
+// Restart starts a node that Kill ended again, on its port, from its configuration (without
+// persistence it starts empty), and waits until it answers PING within ctx.
+func (i *Instance) Restart(ctx context.Context, node string) error {
+	if i == nil || i.stateDir == "" {
+		return fmt.Errorf("redis local: no node %s started here", node)
+	}
+	dir := filepath.Join(i.stateDir, node)
+	conf := filepath.Join(dir, "redis.conf")
+	if _, err := os.Stat(conf); err != nil {
+		return fmt.Errorf("redis local: restart %s: %w", node, err)
+	}
+	// The killed process must be gone first, or its port is still taken.
+	for old := i.PID(node); old != 0 && syscall.Kill(old, 0) == nil; {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redis local: restart %s: pid %d still running: %w", node, old, ctx.Err())
+		case <-time.After(10 * time.Millisecond): // polling its end, bounded by ctx
+		}
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("redis local: restart %s: %w", node, err)
+	}
+	defer logf.Close()
+	cmd := exec.Command("redis-server", conf)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redis local: restart %s: %w", node, err)
+	}
+	go func() { _ = cmd.Wait() }() // reaped when it ends; Stop ends it by its pid file
+	if err := os.WriteFile(filepath.Join(dir, "pid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("redis local: restart %s: %w", node, err)
+	}
+	port, err := os.ReadFile(filepath.Join(dir, "port"))
+	if err != nil {
+		return fmt.Errorf("redis local: restart %s: %w", node, err)
+	}
+	addr := "127.0.0.1:" + strings.TrimSpace(string(port))
+	for {
+		if pingOK(addr) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redis local: restart %s: no answer on %s: %w", node, addr, ctx.Err())
+		case <-time.After(20 * time.Millisecond): // polling the restarted node, bounded by ctx
+		}
+	}
+}
+
+// pingOK reports whether addr answers PING with PONG.
+func pingOK(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	b := make([]byte, 7)
+	n, _ := c.Read(b)
+	return string(b[:n]) == "+PONG\r\n"
 }
 
 func (i *Instance) run(script, arg string) error {

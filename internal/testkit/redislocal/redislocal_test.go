@@ -58,3 +58,24 @@ func TestStartStop(t *testing.T) {
 		})
 	}
 }
+
+// TestKillRestart: a killed node comes back on its port, empty.
+func TestKillRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	inst, err := Start(ctx, t.TempDir(), Single)
+	defer func() { _ = inst.Stop() }()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := inst.Addrs()[0]
+	if err := inst.Kill("node0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Restart(ctx, "node0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := ping(t, addr); got != "+PONG" {
+		t.Errorf("after the restart: %q, want +PONG", got)
+	}
+}

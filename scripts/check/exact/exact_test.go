@@ -120,6 +120,68 @@ func TestCheckExactShort(t *testing.T) {
 	}
 }
 
+// TestCheckExactRedisShort is `CHECK_EXACT_STORE=redis make check-exact` in small: 3 real gateway
+// processes on one redis-server behind TCP fault relays (connections reset before a command,
+// answers lost after it ran, delays), offset clocks, redis-server SIGKILLed and restarted empty,
+// the console's resets and exemptions; two runs of 14 s (consecutive seeds: one exemption left
+// to expire and one deleted in each). It fails on any over-admission beyond the restart's (every
+// key full again), a fault kind never injected or a policy offered less than twice its bound.
+// Then the admit-everything mutant on Redis: every policy must over-admit.
+func TestCheckExactRedisShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the check starts 3 gateway processes and redis-server")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "ratelimit-proxy")
+	build := exec.Command("go", "build", "-o", bin, "../../../internal/testkit/gateway")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the gateway: %v\n%s", err, out)
+	}
+	o, err := parseFlags([]string{"-modes", redisMode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.bin = bin
+	o.out = filepath.Join(dir, "check")
+	o.duration = 14 * time.Second // an exemption's life and a deletion, with every replica applying them
+	o.repeats = 2
+	o.settle = 2 * time.Second
+	o.faultRate = 0.01 // a tenth of the relays' slices faulty: the console's calls mostly get through
+	o.seed = uint64(time.Now().UnixNano()) % 1e9
+	o.logf = t.Logf
+	t.Logf("seed %d (reproduce: CHECK_EXACT_STORE=redis CHECK_EXACT_SEED=%d make check-exact)", o.seed, o.seed)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	sum, _, err := check(ctx, o, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sum.verdict(o.expectedFaults()); err != nil {
+		t.Errorf("seed %d: %v", o.seed, err)
+	}
+	for _, k := range append(append([]ddbrelay.FaultKind(nil), redisFaultKinds...), faultKill, faultClockOffset) {
+		if sum.FaultsInjected[k] == 0 {
+			t.Errorf("fault %s never injected", k)
+		}
+	}
+	o.mutantBin = filepath.Join(dir, "ratelimit-proxy-exactmutant")
+	if err := buildMutant(ctx, "../../../internal/testkit/gateway", o.mutantBin); err != nil {
+		t.Fatal(err)
+	}
+	o.duration = 4 * time.Second
+	st, err := selftest(ctx, o, []string{exactmutant.AdmitEverything}, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.verdict(); err != nil {
+		t.Errorf("seed %d: %v", o.seed, err)
+	}
+	if got, want := len(st.Policies), len(policies())+1; got != want {
+		t.Errorf("self-test policies got %d (%v), want %d", got, slices.Sorted(maps.Keys(st.Policies)), want)
+	}
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {

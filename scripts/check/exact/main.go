@@ -74,6 +74,9 @@ type Summary struct {
 // memoryMode is the run on the memory store (one replica), beside the DynamoDB group modes.
 const memoryMode = "memory"
 
+// redisMode is the run on one redis-server behind a TCP fault relay (redisfaults.go).
+const redisMode = "redis"
+
 // The faults the orchestrator injects itself, counted in faults_injected beside the relay's: a
 // replica SIGKILLed (and restarted), a replica run with its clock offset.
 const (
@@ -83,7 +86,13 @@ const (
 
 // expectedFaults are the kinds a check must inject, each at least once.
 func (o options) expectedFaults() []ddbrelay.FaultKind {
-	kinds := append([]ddbrelay.FaultKind(nil), o.faultKinds...)
+	var kinds []ddbrelay.FaultKind
+	if slices.ContainsFunc(o.modes, func(m string) bool { return m != redisMode && m != memoryMode }) {
+		kinds = append(kinds, o.faultKinds...)
+	}
+	if slices.Contains(o.modes, redisMode) {
+		kinds = append(kinds, redisFaultKinds...)
+	}
 	if o.kill {
 		kinds = append(kinds, faultKill)
 	}
@@ -107,7 +116,11 @@ func parseFlags(args []string) (options, error) {
 	var kill, correct, self string
 	fs.IntVar(&o.replicas, "replicas", harness.Atoi(envOr("CHECK_EXACT_REPLICAS", "3")), "gateway processes per run, at least 3 (CHECK_EXACT_REPLICAS)")
 	fs.DurationVar(&o.duration, "duration", harness.Dur(envOr("CHECK_EXACT_DURATION", "60s")), "load per run (CHECK_EXACT_DURATION)")
-	fs.StringVar(&modes, "modes", envOr("CHECK_EXACT_MODES", "refund,transaction,memory"), "runs per repeat: the DynamoDB group modes refund and transaction (3 replicas behind the fault relay), and memory (the memory store, one replica: its counts are the process's own) (CHECK_EXACT_MODES)")
+	defModes := "refund,transaction,memory"
+	if os.Getenv("CHECK_EXACT_STORE") == redisMode {
+		defModes = redisMode
+	}
+	fs.StringVar(&modes, "modes", envOr("CHECK_EXACT_MODES", defModes), "runs per repeat: the DynamoDB group modes refund and transaction (3 replicas behind the fault relay), memory (the memory store, one replica: its counts are the process's own), and redis (3 replicas on one redis-server behind a TCP fault relay; CHECK_EXACT_STORE=redis makes it the default) (CHECK_EXACT_MODES)")
 	fs.IntVar(&o.repeats, "repeats", harness.Atoi(envOr("CHECK_EXACT_REPEATS", "2")), "runs of every mode, each with its own seed (CHECK_EXACT_REPEATS)")
 	fs.StringVar(&seed, "seed", envOr("CHECK_EXACT_SEED", ""), "the first run's seed, the next ones follow (CHECK_EXACT_SEED; default: random, printed)")
 	fs.Float64Var(&o.faultRate, "fault-rate", harness.Atof(envOr("CHECK_EXACT_FAULT_RATE", "0.02")), "probability of each fault kind per DynamoDB call (CHECK_EXACT_FAULT_RATE)")
@@ -163,8 +176,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-fault-rate %v, -load %v, -clock-offset %v, -store-timeout %v: out of range", o.faultRate, o.load, o.offset, o.storeTimeout)
 	}
 	for _, m := range o.modes {
-		if m != "refund" && m != "transaction" && m != memoryMode {
-			return o, fmt.Errorf("-modes: %q is not refund, transaction or memory", m)
+		if m != "refund" && m != "transaction" && m != memoryMode && m != redisMode {
+			return o, fmt.Errorf("-modes: %q is not refund, transaction, memory or redis", m)
 		}
 	}
 	return o, nil

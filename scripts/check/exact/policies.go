@@ -175,8 +175,11 @@ func gatewayConfig(proxy, admin, upstream, table, endpoint, mode string, storeTi
   timeout: %s
   dynamodb: {table: %s, endpoint: %s, region: us-east-1, create_table: false, mode: %s, slot_lease: 3s, clock: {correct: %t}}`,
 		storeTimeout, table, endpoint, mode, correct)
-	if mode == memoryMode {
+	switch mode {
+	case memoryMode:
 		store = "  backend: memory"
+	case redisMode:
+		store = fmt.Sprintf("  backend: redis\n  on_error: deny          # an error must never count as admitted\n  timeout: %s\n  redis: {url: '%s'}", storeTimeout, endpoint)
 	}
 	fmt.Fprintf(&b, `listen: %s
 admin_listen: %s
@@ -194,7 +197,7 @@ policies:
 	}
 	for _, p := range ps {
 		lease := p.leaseYAML
-		if mode == memoryMode {
+		if mode == memoryMode || mode == redisMode {
 			lease = ""
 		}
 		fmt.Fprintf(&b, "  - name: %s\n    key: global\n    match: {path_prefix: /%s/}%s%s\n", p.name, p.name, p.yaml, lease)

@@ -107,9 +107,10 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		}
 	}()
 	memory := mode == memoryMode
+	redisRun := mode == redisMode
 	cl := &consoleLog{}
 	table := "check-exact-" + randomHex(4)
-	if !memory {
+	if !memory && !redisRun {
 		client, err := dynamolocal.NewClient(ctx, ddbEndpoint)
 		if err != nil {
 			return res, err
@@ -142,8 +143,8 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		}
 		faults = append(faults, f)
 	}
-	if memory {
-		faults = nil // no store calls to fault: the faults are the kill
+	if memory || redisRun {
+		faults = nil // no DynamoDB calls to fault (Redis's faults are its own relay's)
 	}
 	relay, err := ddbrelay.New(cmp.Or(ddbEndpoint, "http://127.0.0.1:1"), ddbrelay.Options{Faults: faults, Seed: seed, Delay: o.storeDelay, Jitter: o.storeJitter, Watch: cl.watch})
 	if err != nil {
@@ -164,6 +165,15 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 		}
 		relayURLs[i] = u
 		cleanups = append(cleanups, closeRelay)
+	}
+	var rf *redisFaults
+	if redisRun {
+		rf, err = startRedisFaults(ctx, o, seed, filepath.Join(o.out, fmt.Sprintf("redis-%d", seed)), replicas)
+		if err != nil {
+			return res, err
+		}
+		cleanups = append(cleanups, rf.close)
+		copy(relayURLs, rf.urls)
 	}
 	up := newUpstream(policies())
 	upURL, closeUp, err := harness.Serve(up)
@@ -244,14 +254,25 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	if o.kill {
 		// Mid-load, replica 0 dies without a chance to give anything back, and comes back.
 		// The memory store's replica dies near the load's end: its exemptions die with it, and
-		// the console's (one deleted, then one left to expire) come first.
+		// the console's (one deleted, then one left to expire) come first. On Redis the store
+		// itself dies (SIGKILL, no persistence: every count and exemption gone) and restarts.
 		killAt := o.duration * 2 / 5
-		if memory {
+		if memory || redisRun {
 			killAt = o.duration * 19 / 20
 		}
 		t := time.NewTimer(killAt)
 		select {
 		case <-t.C:
+			if redisRun {
+				restart.From = time.Now()
+				if err := rf.restart(ctx); err != nil {
+					return res, err
+				}
+				restart.To = time.Now()
+				res.Killed = true
+				o.logf("redis-server killed (SIGKILL) and restarted empty")
+				break
+			}
 			victim := reps[0]
 			if u, err := victim.leaseUnits(ctx); err == nil {
 				res.UnitsAtKill = outstanding(u)
@@ -341,12 +362,19 @@ func oneRun(ctx context.Context, o options, ddbEndpoint string, seed uint64, mod
 	if err != nil {
 		return res, fmt.Errorf("the policies' key digests: %w", err)
 	}
-	b, cs, err := consoleBounds(cl, memory, digests, minOff, maxOff)
+	// On Redis a reset is one DEL from the replica the console asked, landing within its call,
+	// as the memory store's does.
+	b, cs, err := consoleBounds(cl, memory || redisRun, digests, minOff, maxOff)
 	if err != nil {
 		return res, err
 	}
-	if memory && res.Killed {
+	if (memory || redisRun) && res.Killed {
 		b.all = append(b.all, restart)
+	}
+	if rf != nil {
+		for k, n := range rf.stats() {
+			res.Faults[k] += n
+		}
 	}
 	res.Console = cs
 	judge(&res, ps, gen.records, reps, b)
