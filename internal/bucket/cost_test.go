@@ -121,40 +121,40 @@ func TestQuotaCost(t *testing.T) {
 	}
 }
 
-// TestRefundsGiveTheWholeCost: charge_on refunds of a weighted charge give back all of its cost,
+// TestGiveBacksGiveTheWholeCost: charge_on give-backs of a weighted charge give back all of its cost,
 // under the same conditions as one of cost 1, and never more than was counted.
-func TestRefundsGiveTheWholeCost(t *testing.T) {
+func TestGiveBacksGiveTheWholeCost(t *testing.T) {
 	now := t0.UnixNano()
 	// Token bucket, T = 100ms: a cost-3 charge added 300ms; while nothing wrote since, all of it
 	// comes back; after another write, none.
 	token := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 10, Burst: 5}
 	tat, _ := bucket.GCRAN(0, now, token, 3)
-	if got, ok := bucket.GCRARefundN(tat, tat, token, 3); !ok || got != now {
+	if got, ok := bucket.GCRAGiveBackN(tat, tat, token, 3); !ok || got != now {
 		t.Errorf("token refund with nothing written since: got %v %v, want %d true", got, ok, now)
 	}
 	later, _ := bucket.GCRAN(tat, now+int64(ms(250)), token, 1)
-	if _, ok := bucket.GCRARefundN(later, tat, token, 3); ok {
+	if _, ok := bucket.GCRAGiveBackN(later, tat, token, 3); ok {
 		t.Errorf("token refund after another write: got true, want false")
 	}
 	quota := bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Day}
 	s, _ := bucket.QuotaN(bucket.FixedState{}, now, quota, 4)
-	if got, ok := bucket.QuotaRefundN(s, now, quota, 4); !ok || got.Count != 0 {
+	if got, ok := bucket.QuotaGiveBackN(s, now, quota, 4); !ok || got.Count != 0 {
 		t.Errorf("quota refund in the period: got %+v %v, want count 0", got, ok)
 	}
-	if _, ok := bucket.QuotaRefundN(s, now, quota, 5); ok {
+	if _, ok := bucket.QuotaGiveBackN(s, now, quota, 5); ok {
 		t.Errorf("quota refund of more than was counted: got true, want false")
 	}
-	if _, ok := bucket.QuotaRefundN(s, now-int64(48*time.Hour), quota, 4); ok {
+	if _, ok := bucket.QuotaGiveBackN(s, now-int64(48*time.Hour), quota, 4); ok {
 		t.Errorf("quota refund of a charge taken in another period: got true, want false")
 	}
 	fixed := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 10, Window: time.Minute}
 	fs, _ := bucket.FixedN(bucket.FixedState{}, now, fixed, 4)
-	if got, ok := bucket.FixedRefundN(fs, now, fixed, 4); !ok || got.Count != 0 {
+	if got, ok := bucket.FixedGiveBackN(fs, now, fixed, 4); !ok || got.Count != 0 {
 		t.Errorf("fixed refund: got %+v %v, want count 0", got, ok)
 	}
 	sliding := bucket.Limit{Algorithm: bucket.SlidingWindow, Count: 10, Window: 10 * time.Second}
 	ss, _ := bucket.SlidingN(bucket.SlidingState{}, now, sliding, 4)
-	if got, ok := bucket.SlidingRefundN(ss, now, sliding, 4); !ok || got.Counts != (bucket.SlidingState{}).Counts {
+	if got, ok := bucket.SlidingGiveBackN(ss, now, sliding, 4); !ok || got.Counts != (bucket.SlidingState{}).Counts {
 		t.Errorf("sliding refund: got %+v %v, want every counter 0", got, ok)
 	}
 }

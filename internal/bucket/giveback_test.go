@@ -67,15 +67,15 @@ func TestGiveBackModel(t *testing.T) {
 				tk.back = true
 				switch l.Algorithm {
 				case bucket.TokenBucket:
-					tat, _ = bucket.GCRARefundN(tat, tk.left, l, tk.cost)
+					tat, _ = bucket.GCRAGiveBackN(tat, tk.left, l, tk.cost)
 				case bucket.FixedWindow:
-					fixed, _ = bucket.FixedRefundN(fixed, tk.at, l, tk.cost)
+					fixed, _ = bucket.FixedGiveBackN(fixed, tk.at, l, tk.cost)
 				case bucket.Quota:
-					fixed, _ = bucket.QuotaRefundN(fixed, tk.at, l, tk.cost)
+					fixed, _ = bucket.QuotaGiveBackN(fixed, tk.at, l, tk.cost)
 				case bucket.SlidingWindow:
-					sliding, _ = bucket.SlidingRefundN(sliding, tk.at, l, tk.cost)
+					sliding, _ = bucket.SlidingGiveBackN(sliding, tk.at, l, tk.cost)
 				case bucket.Concurrency:
-					conc = bucket.ConcurrentRelease(conc)
+					conc = bucket.ConcurrentGiveBack(conc)
 				}
 			} else {
 				cost := 1 + rng.Int64N(3)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/console"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -35,7 +35,7 @@ type adminClient struct {
 }
 
 // newAdminCmd is `admin policies|get|reset|top|exempt|exemptions|unexempt`: a client of the
-// admin API (internal/admin) of a running gateway.
+// admin API (internal/console) of a running gateway.
 func newAdminCmd(configPath *string, getenv func(string) string, stdout, stderr io.Writer) *cobra.Command {
 	c := &adminClient{configPath: configPath, getenv: getenv, stdout: stdout, http: &http.Client{Timeout: 10 * time.Second}}
 	cmd := &cobra.Command{
@@ -182,7 +182,7 @@ func (c *adminClient) settings() (base, tokenEnv string, err error) {
 
 // dialable turns a listen address into one to connect to: a listener on every address
 // (":9090", "0.0.0.0:9090", "[::]:9090") is reached on loopback, which is also a Host that the
-// admin listener answers (an unspecified address is not: admin.HostGuard).
+// admin listener answers (an unspecified address is not: console.HostGuard).
 func dialable(listen string) string {
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
@@ -278,7 +278,7 @@ func (c *adminClient) policies(ctx context.Context) error {
 	if err := c.call(ctx, base, http.MethodGet, "/v1/policies", nil, &raw); err != nil {
 		return err
 	}
-	var v struct{ Policies []admin.PolicyInfo }
+	var v struct{ Policies []console.PolicyInfo }
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return err
 	}
@@ -311,7 +311,7 @@ func (c *adminClient) get(ctx context.Context, pol, key, pseudonym, domain strin
 	if err := c.call(ctx, base, http.MethodGet, "/v1/keys/"+url.PathEscape(pol)+"?"+q.Encode(), nil, &raw); err != nil {
 		return err
 	}
-	var ks admin.KeyState
+	var ks console.KeyState
 	if err := json.Unmarshal(raw, &ks); err != nil {
 		return err
 	}
@@ -381,9 +381,9 @@ func (c *adminClient) top(ctx context.Context, pol string, n int, replicas []str
 		replicas = []string{base}
 	}
 	replicas = distinctURLs(replicas)
-	lists := make([][]admin.TopKey, 0, len(replicas))
+	lists := make([][]console.TopKey, 0, len(replicas))
 	for _, r := range replicas {
-		var v struct{ Keys []admin.TopKey }
+		var v struct{ Keys []console.TopKey }
 		var raw json.RawMessage
 		// Each replica's own top n*2 (at least 100): a key heavy across replicas but below n
 		// on each still shows up in the merge.
@@ -396,7 +396,7 @@ func (c *adminClient) top(ctx context.Context, pol string, n int, replicas []str
 		}
 		lists = append(lists, v.Keys)
 	}
-	merged := admin.MergeTop(n, lists...)
+	merged := console.MergeTop(n, lists...)
 	if c.asJSON {
 		return json.NewEncoder(c.stdout).Encode(map[string]any{"policy": pol, "replicas": len(replicas), "keys": merged})
 	}
@@ -417,7 +417,7 @@ func (c *adminClient) exemptions(ctx context.Context) error {
 	if err := c.call(ctx, base, http.MethodGet, "/v1/exemptions", nil, &raw); err != nil {
 		return err
 	}
-	var v struct{ Exemptions []admin.Exemption }
+	var v struct{ Exemptions []console.Exemption }
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return err
 	}
@@ -462,7 +462,7 @@ func (c *adminClient) exemptLimitGiven(ctx context.Context, pol, domain, rate st
 	algorithm := ""
 	if domain == "" {
 		if base, _, err := c.settings(); err == nil {
-			var v struct{ Policies []admin.PolicyInfo }
+			var v struct{ Policies []console.PolicyInfo }
 			if c.call(ctx, base, http.MethodGet, "/v1/policies", nil, &v) == nil {
 				for _, p := range v.Policies {
 					if p.Name == pol {

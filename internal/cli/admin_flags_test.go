@@ -12,7 +12,7 @@ import (
 )
 
 // fakeAdmin answers the admin API's policies, top and exemption calls as the console does
-// (the console's own handlers are tested in internal/admin): enough to see what the CLI sends.
+// (the console's own handlers are tested in internal/console): enough to see what the CLI sends.
 type fakeAdmin struct {
 	topCalls, writes atomic.Int32
 	token            string

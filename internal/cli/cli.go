@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -154,18 +155,30 @@ func createTable(ctx context.Context, path string, getenv func(string) string, s
 	return nil
 }
 
-// validate prints one line per policy for a good file, or every problem for a bad one.
+// validate prints one line per policy, the rls rules, protect and the console for a good file,
+// or every problem for a bad one.
 func validate(path string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, set, err := policy.Check(path, policy.LoadOptions{Getenv: getenv}, policy.CompileOptions{Getenv: getenv})
 	if err != nil {
 		return printInvalid(path, err, stderr)
 	}
-	fmt.Fprintf(stdout, "%s: ok, %d policies\n", path, len(set.Policies()))
+	fmt.Fprintf(stdout, "%s: ok, %s\n", path, policy.Plural(len(set.Policies()), "policy", "policies"))
 	for _, p := range set.Policies() {
 		fmt.Fprintln(stdout, "  "+p.Summary)
 	}
 	if r := set.RLS(); r != nil {
-		fmt.Fprintf(stdout, "  rls: %d rules in domains %s from %d files of %s\n", r.Len(), strings.Join(r.Domains(), ", "), len(r.Files()), cfg.RLS.ConfigDir)
+		fmt.Fprintf(stdout, "  rls: %s in domains %s from %s of %s\n", policy.Plural(r.Len(), "rule", "rules"),
+			strings.Join(r.Domains(), ", "), policy.Plural(len(r.Files()), "file", "files"), cfg.RLS.ConfigDir)
+	}
+	fmt.Fprintln(stdout, "  "+policy.ProtectSummary(cfg))
+	fmt.Fprintln(stdout, "  "+policy.AdminSummary(cfg))
+	if tc := cfg.Telemetry; tc.Enabled() {
+		proto := cmp.Or(tc.OTLP.Protocol, "grpc")
+		fmt.Fprintf(stdout, "  telemetry: traces to %s (%s), sample ratio %g", tc.OTLP.Endpoint, proto, tc.Traces.Ratio())
+		if tc.Metrics.OTLP {
+			fmt.Fprintf(stdout, "; metrics every %s", tc.Metrics.Every())
+		}
+		fmt.Fprintln(stdout)
 	}
 	for _, w := range policy.Warnings(cfg) {
 		fmt.Fprintln(stderr, "  warning: "+w)

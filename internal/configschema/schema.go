@@ -30,7 +30,7 @@ import (
 
 	"github.com/invopop/jsonschema"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -134,7 +134,7 @@ const (
 	sha256Pattern       = `^sha256:[0-9a-f]{64}$`
 	tablePattern        = `^[A-Za-z0-9_.-]{3,255}$`
 	regionPattern       = `^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
-	maxCount            = limitspec.MaxCount // the bound validation applies
+	maxCount            = limitterms.MaxCount // the bound validation applies
 )
 
 var (
@@ -223,13 +223,18 @@ func (g *gen) refine() {
 	g.set("identity.ipv6_prefix", "minimum", 1, "maximum", 128)
 	g.set("identity.jwt.hs256_secret_env", "pattern", `^[A-Za-z_][A-Za-z0-9_]*$`)
 	g.set("headers.reset", "enum", []any{"unix", "delta"})
-	g.set("store.backend", "enum", []any{"memory", "dynamodb"})
+	g.set("store.backend", "enum", []any{"memory", "dynamodb", "redis"})
 	g.set("store.on_error", "enum", []any{"allow", "deny", "local"})
 	g.set("store.max_keys", "minimum", 1)
 	g.set("store.replicas", "minimum", 1, "maximum", 10000)
 	g.set("store.dynamodb.table", "pattern", tablePattern)
 	g.set("store.dynamodb.region", "pattern", regionPattern)
 	g.set("store.dynamodb.mode", "enum", []any{"refund", "transaction"})
+	g.set("store.redis.mode", "enum", []any{"single", "sentinel", "cluster"})
+	g.set("store.redis.url", "pattern", `^(rediss?|valkeys?)://`)
+	g.set("store.redis.password_env", "pattern", `^[A-Za-z_][A-Za-z0-9_]*$`)
+	g.set("store.redis.key_prefix", "pattern", `^[^{} \t\r\n]{1,64}$`)
+	g.set("store.redis.wait_replicas", "minimum", 0, "maximum", 16)
 	g.set("server.max_header_bytes", "minimum", 1)
 	g.set("upstream_protocol", "enum", []any{"http1", "h2c", "auto"})
 	g.set("server.max_concurrent_streams", "minimum", 1, "maximum", 10000)
@@ -431,7 +436,7 @@ func (g *gen) walkDefaults(v reflect.Value, path string, skip []string) {
 		switch {
 		case f.Type == reflect.TypeFor[time.Duration]():
 			if d := time.Duration(fv.Int()); d != 0 {
-				g.set(p, "default", limitspec.ShortDuration(d))
+				g.set(p, "default", limitterms.ShortDuration(d))
 			}
 		case f.Type.Kind() == reflect.Struct:
 			g.walkDefaults(fv, p, nil)

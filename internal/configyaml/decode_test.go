@@ -123,3 +123,23 @@ func TestSuggest(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecode: no document makes Decode panic, and every problem it reports is placed.
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{"name: a\n", "list: [{d: 1s}, {dd: x}]\n", "block: &b {d: 1s}\nlist: [*b, *b]\n",
+		"labels: {a: b, a: c}\n", "<<: {name: x}\n", "inner: {n: 1e400}\n", "rate: .inf\n", "words: [[a]]\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var d doc
+		_, ps, err := Decode(data, &d, Options{FoldCase: true})
+		if err != nil {
+			return
+		}
+		for _, p := range ps {
+			if p.Line < 1 || p.Col < 1 || p.Path == "" || p.Msg == "" {
+				t.Fatalf("problem %+v is not placed", p)
+			}
+		}
+	})
+}

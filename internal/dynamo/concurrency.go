@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -329,7 +331,10 @@ func (s *Store) RenewLeases(ctx context.Context, now time.Time) error {
 	held := s.leases.snapshot()
 	exp := now.UnixNano() + int64(s.slotLease)
 	var errs []error
-	for pk, ids := range held {
+	// In key order: the simulator (internal/testkit/sim) repeats a seed only if the writes
+	// come in the same order every run, which a map's iteration does not give.
+	for _, pk := range slices.Sorted(maps.Keys(held)) {
+		ids := held[pk]
 		for start := 0; start < len(ids); start += maxRenew {
 			part := ids[start:min(start+maxRenew, len(ids))]
 			if err := s.renew(ctx, pk, part, exp); err != nil {

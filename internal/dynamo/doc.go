@@ -10,7 +10,7 @@
 // algorithm's conditional write; quota.go and slots.go the quota's and the sliding window's
 // items; coalesce.go the per-item writers; refund.go and transaction.go the two group modes;
 // giveback.go the give-backs; package lease the lease mode, with leasetable.go its table;
-// concurrency.go and release.go concurrency slots; admin.go the console's reads, resets and
+// concurrency.go and release.go concurrency slots; console.go the console's reads, resets and
 // exemptions; items.go, liveness.go, cache.go and table.go what they share, and package schema
 // what they share with package lease.
 package dynamo

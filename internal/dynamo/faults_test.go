@@ -160,7 +160,7 @@ func TestWritesSafeToResend(t *testing.T) {
 		t.Run(kind+"/charge_on release", func(t *testing.T) {
 			d := &faultDoer{kind: kind, op: "UpdateItem", match: "ADD #count :minus", times: 1}
 			s := faultStore(t, d, dynamo.Refund)
-			q := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}, Refundable: true}
+			q := bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 1, Period: bucket.Day}, MayGiveBack: true}
 			if ok, _ := mustTake(t, s, t0, q); !ok {
 				t.Fatalf("first quota request: rejected, want admitted")
 			}

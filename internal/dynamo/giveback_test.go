@@ -98,7 +98,7 @@ func TestGCRAGiveBackAfterAnotherWriteIsNotLooser(t *testing.T) {
 		{"charge_on release", func(t *testing.T, gcra bucket.Charge) *dynamo.Store {
 			api, table := localTable(t)
 			s := dynamo.New(api, dynamo.Options{Table: table})
-			gcra.Refundable = true
+			gcra.MayGiveBack = true
 			ok, r := mustTake(t, s, at(0), gcra)
 			if !ok {
 				t.Fatalf("A at 0s: got rejected, want admitted")

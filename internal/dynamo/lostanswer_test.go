@@ -118,7 +118,7 @@ func TestGCRAGiveBackLostAnswerThenAnotherWrite(t *testing.T) {
 	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}
 	for _, path := range []string{"refund", "charge_on release"} {
 		t.Run(path, func(t *testing.T) {
-			gcra := bucket.Charge{Key: newKey(t), Limit: limit, Refundable: path != "refund"}
+			gcra := bucket.Charge{Key: newKey(t), Limit: limit, MayGiveBack: path != "refund"}
 			b := plainReplica(t, dynamo.Options{})
 			d := &loseThenDoer{op: "UpdateItem", match: "#tat - :t", between: func() {
 				if ok, _ := mustTake(t, b, t0, gcra); !ok {
@@ -163,7 +163,7 @@ func TestCounterGiveBackOvertakenBySameProcess(t *testing.T) {
 		{Algorithm: bucket.Quota, Count: 3, Period: bucket.Month},
 	} {
 		t.Run(fmt.Sprint(limit.Algorithm), func(t *testing.T) {
-			c := bucket.Charge{Key: newKey(t), Limit: limit, Refundable: true}
+			c := bucket.Charge{Key: newKey(t), Limit: limit, MayGiveBack: true}
 			var a *dynamo.Store
 			d := &loseThenDoer{op: "UpdateItem", match: ":minus", between: func() {
 				// Give-back #2, of the same process, lands first.
@@ -257,7 +257,7 @@ func TestGiveBackMarkersBounded(t *testing.T) {
 	const processes, workers = 2000, 16
 	api, table := localTable(t)
 	limit := bucket.Limit{Algorithm: bucket.Quota, Count: processes, Period: bucket.Month}
-	c := bucket.Charge{Key: newKey(t), Limit: limit, Refundable: true}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, MayGiveBack: true}
 	all := c
 	all.Cost = processes
 	first := plainReplica(t, dynamo.Options{})
@@ -336,7 +336,7 @@ func TestGiveBackMarkersBounded(t *testing.T) {
 // counted as failed) instead of sending it again: the count stays exact, given back once.
 func TestCounterGiveBackLostAcrossEpochs(t *testing.T) {
 	limit := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 100, Window: time.Hour}
-	c := bucket.Charge{Key: newKey(t), Limit: limit, Refundable: true}
+	c := bucket.Charge{Key: newKey(t), Limit: limit, MayGiveBack: true}
 	b := plainReplica(t, dynamo.Options{})
 	const others = 70 // more than the 64 ids an epoch keeps
 	d := &loseThenDoer{op: "UpdateItem", match: ":minus", between: func() {

@@ -137,7 +137,7 @@ type Store struct {
 	// giveLogAt is when the last failed give-back was logged (Unix ns); giveLogged counts the
 	// failures not logged since.
 	giveLogAt, giveLogged atomic.Int64
-	adm                   adminState // the console's resets applied here (admin.go)
+	adm                   adminState // the console's resets applied here (console.go)
 }
 
 var _ bucket.Releaser = (*Store)(nil)
@@ -460,7 +460,7 @@ func (s *Store) remember(o *op, n int64) {
 	r := o.result
 	// A concurrency slot, or a refundable charge, may come back any moment: such refusals are
 	// not cached.
-	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 && o.c.Limit.Algorithm != bucket.Concurrency && !o.c.Refundable {
+	if !r.Allowed && s.deny != nil && r.RetryAfter > 0 && o.c.Limit.Algorithm != bucket.Concurrency && !o.c.MayGiveBack {
 		retryAt := n + int64(r.RetryAfter)
 		s.deny.put(o.c.Key, denial{limit: o.c.Limit, cost: o.c.N(), retryAt: retryAt, resetAt: n + int64(r.Reset), remaining: r.Remaining}, retryAt, n)
 	}

@@ -105,7 +105,7 @@ func (c *conflictAPI) TransactWriteItems(ctx context.Context, in *dynamodb.Trans
 func TestTransactionConflictRetried(t *testing.T) {
 	api, table := localTable(t)
 	window := func() bucket.Charge {
-		return bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 2, Window: time.Hour}, Refundable: true}
+		return bucket.Charge{Key: newKey(t), Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Count: 2, Window: time.Hour}, MayGiveBack: true}
 	}
 	t.Run("update", func(t *testing.T) {
 		f := &conflictAPI{API: api}

@@ -3,7 +3,7 @@ package envoyrules
 // This file checks a rate_limit block of envoyproxy/ratelimit's files (read by load.go): its
 // unit, requests and algorithm, turns them into a bucket.Limit, and checks what that limit
 // means (refill time, quota offset, lease) with the check proxy policies share
-// (limitspec.CheckLimit).
+// (limitterms.CheckLimit).
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // algorithms are the algorithms a rule may name. leaky_bucket shapes by holding a request,
@@ -30,16 +30,16 @@ var algorithms = map[string]bucket.Algorithm{
 func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Unit, ok bool) {
 	before := len(*p.es)
 	at := rl.at
-	if rl.unlimited {
+	if rl.Unlimited {
 		// As envoyproxy/ratelimit: an unlimited rule names no unit, and then nothing else
 		// of a limit either.
 		for _, f := range []struct {
 			name string
 			set  bool
 		}{
-			{"unit", rl.unit != ""}, {"requests_per_unit", rl.rpuSet}, {"unit_multiplier", rl.unitMultiplier != 0},
-			{"algorithm", rl.algorithm != ""}, {"burst", rl.burst != 0}, {"time_zone", rl.timeZone != ""},
-			{"offset", rl.offset != 0}, {"pool", rl.pool != ""}, {"lease", rl.lease != nil},
+			{"unit", rl.Unit != ""}, {"requests_per_unit", rl.RequestsPerUnit != nil}, {"unit_multiplier", rl.UnitMultiplier != 0},
+			{"algorithm", rl.Algorithm != ""}, {"burst", rl.Burst != 0}, {"time_zone", rl.TimeZone != ""},
+			{"offset", rl.Offset != 0}, {"pool", rl.Pool != ""}, {"lease", rl.Lease != nil},
 		} {
 			if f.set {
 				p.add(at+"."+f.name, "", "must not be set when unlimited is true")
@@ -47,25 +47,25 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		}
 		return bucket.Limit{}, 0, len(*p.es) == before
 	}
-	unit, known := units[strings.ToLower(rl.unit)]
-	if rl.unit == "" {
+	unit, known := units[strings.ToLower(rl.Unit)]
+	if rl.Unit == "" {
 		p.add(at+".unit", "", "required: second, minute, hour, day, week, month or year")
 	} else if !known {
-		p.add(at+".unit", rl.unit, "must be second, minute, hour, day, week, month or year")
+		p.add(at+".unit", rl.Unit, "must be second, minute, hour, day, week, month or year")
 	}
-	if !rl.rpuSet {
+	if rl.RequestsPerUnit == nil {
 		p.add(at+".requests_per_unit", "", "required")
-	} else if rl.requestsPerUnit < 0 || rl.requestsPerUnit > limitspec.MaxCount {
-		p.add(at+".requests_per_unit", strconv.FormatInt(rl.requestsPerUnit, 10), fmt.Sprintf("must be from 0 to %d", limitspec.MaxCount))
+	} else if rl.requestsPerUnit() < 0 || rl.requestsPerUnit() > limitterms.MaxCount {
+		p.add(at+".requests_per_unit", strconv.FormatInt(rl.requestsPerUnit(), 10), fmt.Sprintf("must be from 0 to %d", limitterms.MaxCount))
 	}
-	mult := rl.unitMultiplier
+	mult := rl.UnitMultiplier
 	if mult == 0 {
 		mult = 1
 	} else if mult < 1 || mult > math.MaxUint32 {
-		p.add(at+".unit_multiplier", strconv.FormatInt(rl.unitMultiplier, 10), "must be at least 1")
+		p.add(at+".unit_multiplier", strconv.FormatInt(rl.UnitMultiplier, 10), "must be at least 1")
 		mult = 1
 	}
-	algName := rl.algorithm
+	algName := rl.Algorithm
 	if algName == "" {
 		algName = "fixed_window"
 	}
@@ -75,21 +75,21 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		if algName == "leaky_bucket" || algName == "concurrency" {
 			why += ": an RLS answer can neither hold a request (leaky_bucket) nor learn when it ends (concurrency)"
 		}
-		p.add(at+".algorithm", rl.algorithm, why)
+		p.add(at+".algorithm", rl.Algorithm, why)
 	}
-	if rl.burst != 0 && alg != bucket.TokenBucket {
-		p.add(at+".burst", strconv.FormatInt(rl.burst, 10), "used by algorithm token_bucket only")
+	if rl.Burst != 0 && alg != bucket.TokenBucket {
+		p.add(at+".burst", strconv.FormatInt(rl.Burst, 10), "used by algorithm token_bucket only")
 	}
 	if alg != bucket.Quota {
-		if rl.timeZone != "" {
-			p.add(at+".time_zone", rl.timeZone, "used by algorithm quota only")
+		if rl.TimeZone != "" {
+			p.add(at+".time_zone", rl.TimeZone, "used by algorithm quota only")
 		}
-		if rl.offset != 0 {
-			p.add(at+".offset", strconv.Itoa(rl.offset), "used by algorithm quota only")
+		if rl.Offset != 0 {
+			p.add(at+".offset", strconv.Itoa(rl.Offset), "used by algorithm quota only")
 		}
 	}
-	if rl.pool != "" && (len(rl.pool) > limitspec.MaxNameLen || !limitspec.ValidName(rl.pool)) {
-		p.add(at+".pool", rl.pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
+	if rl.Pool != "" && (len(rl.Pool) > limitterms.MaxNameLen || !limitterms.ValidName(rl.Pool)) {
+		p.add(at+".pool", rl.Pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitterms.MaxNameLen))
 	}
 	if len(*p.es) != before || !algOK || !known {
 		return bucket.Limit{}, unit, false
@@ -99,20 +99,20 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		p.add(at+".unit_multiplier", strconv.FormatInt(mult, 10), "unit times unit_multiplier must be at most 366 days")
 		return bucket.Limit{}, unit, false
 	}
-	rpu := rl.requestsPerUnit
+	rpu := rl.requestsPerUnit()
 	switch alg {
 	case bucket.FixedWindow, bucket.SlidingWindow:
 		lim = bucket.Limit{Algorithm: alg, Count: rpu, Window: period}
 	case bucket.TokenBucket:
-		burst := rl.burst
+		burst := rl.Burst
 		if burst == 0 {
 			burst = rpu
 		}
 		if rpu < 1 {
 			p.add(at+".requests_per_unit", strconv.FormatInt(rpu, 10), "must be at least 1 for token_bucket: it is the refill rate")
 		}
-		if burst < 1 || burst > limitspec.MaxCount {
-			p.add(at+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("must be from 1 to %d", limitspec.MaxCount))
+		if burst < 1 || burst > limitterms.MaxCount {
+			p.add(at+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("must be from 1 to %d", limitterms.MaxCount))
 		}
 		if len(*p.es) != before {
 			return bucket.Limit{}, unit, false
@@ -128,26 +128,26 @@ func (p *parser) checkRateLimit(rl *rateLimitConfig) (lim bucket.Limit, unit Uni
 		case UnitMonth:
 			per = bucket.Month
 		default:
-			p.add(at+".unit", rl.unit, "must be day, week or month for algorithm quota: its calendar period")
+			p.add(at+".unit", rl.Unit, "must be day, week or month for algorithm quota: its calendar period")
 		}
 		if mult != 1 {
 			p.add(at+".unit_multiplier", strconv.FormatInt(mult, 10), "must be 1 for algorithm quota: a calendar period is one day, week or month")
 		}
-		zone, err := limitspec.LoadZone(rl.timeZone)
+		zone, err := limitterms.LoadZone(rl.TimeZone)
 		if err != nil {
-			p.add(at+".time_zone", rl.timeZone, err.Error())
+			p.add(at+".time_zone", rl.TimeZone, err.Error())
 		}
 		if len(*p.es) != before {
 			return bucket.Limit{}, unit, false
 		}
-		lim = bucket.Limit{Algorithm: alg, Count: rpu, Period: per, Offset: uint8(rl.offset), Zone: zone}
+		lim = bucket.Limit{Algorithm: alg, Count: rpu, Period: per, Offset: uint8(rl.Offset), Zone: zone}
 	}
 	// What the limit means, checked as a proxy policy's is: refill time, offset, lease.
-	var lease *limitspec.Lease
-	if l := rl.lease; l != nil {
-		lease = &limitspec.Lease{Enabled: l.enabled, Shards: l.shards, TTL: l.ttl}
+	var lease *limitterms.Lease
+	if l := rl.Lease; l != nil {
+		lease = &limitterms.Lease{Enabled: l.Enabled, Shards: l.Shards, TTL: l.TTL}
 	}
-	for _, pr := range limitspec.CheckLimit(lim, rl.offset, lease, 1) {
+	for _, pr := range limitterms.CheckLimit(lim, rl.Offset, lease, 1) {
 		p.add(at+"."+pr.Field, pr.Value, pr.Msg)
 	}
 	return lim, unit, len(*p.es) == before

@@ -9,7 +9,7 @@
 // It sits below internal/policy, which loads the rules while it validates a configuration
 // (Set.RLS returns them), and never imports it: what a rule shares with a proxy policy (the
 // bounds of counts, pool names and how a pool or a namespace marks a bucket key, algorithm
-// names, quota time zones) comes from internal/limitspec, and the rest of the configuration
+// names, quota time zones) comes from internal/limitterms, and the rest of the configuration
 // comes in as Options. The RLS front end (internal/rls) serves the compiled rules.
 package envoyrules
 
@@ -115,37 +115,6 @@ type ruleFile struct {
 	descriptors []descriptorConfig
 }
 
-// descriptorConfig is one entry of a descriptors list.
-type descriptorConfig struct {
-	key, value     string
-	rateLimit      *rateLimitConfig
-	descriptors    []descriptorConfig
-	shadowMode     bool
-	detailedMetric bool
-	valueToMetric  bool
-	shareThreshold bool
-	at             string // field path, for errors
-}
-
-// rateLimitConfig is a descriptor's rate_limit block.
-type rateLimitConfig struct {
-	unit            string
-	requestsPerUnit int64
-	rpuSet          bool
-	unlimited       bool
-	name            string
-	replaces        []string
-	// Extensions.
-	unitMultiplier int64
-	algorithm      string
-	burst          int64
-	timeZone       string
-	offset         int
-	pool           string
-	lease          *leaseConfig
-	at             string
-}
-
 // Load reads, checks and compiles every *.yaml and *.yml file of dir (not its subfolders, nor
 // hidden files: Kubernetes mounts a ConfigMap as such files plus hidden `..data` links). err
 // reports a folder that cannot be listed. Otherwise problems are every problem of the files, in
@@ -220,55 +189,62 @@ func readBounded(name string) ([]byte, error) {
 	return data, nil
 }
 
-// The files as written: decoded strictly by internal/configyaml, as the gateway's own
-// configuration is, then turned into the types above (field paths attached for compile).
-type fileYAML struct {
-	Domain      string           `yaml:"domain"`
-	Descriptors []descriptorYAML `yaml:"descriptors"`
-}
+// The files as written, decoded strictly by internal/configyaml as the gateway's own
+// configuration is. The unexported fields are filled in after decoding (prepare).
 
-type descriptorYAML struct {
-	Key            string           `yaml:"key"`
-	Value          string           `yaml:"value"`
-	RateLimit      *rateLimitYAML   `yaml:"rate_limit"`
-	Descriptors    []descriptorYAML `yaml:"descriptors"`
-	ShadowMode     bool             `yaml:"shadow_mode"`
-	DetailedMetric bool             `yaml:"detailed_metric"`
-	ValueToMetric  bool             `yaml:"value_to_metric"`
-	ShareThreshold bool             `yaml:"share_threshold"`
+// descriptorConfig is one entry of a descriptors list.
+type descriptorConfig struct {
+	Key            string             `yaml:"key"`
+	Value          string             `yaml:"value"`
+	RateLimit      *rateLimitConfig   `yaml:"rate_limit"`
+	Descriptors    []descriptorConfig `yaml:"descriptors"`
+	ShadowMode     bool               `yaml:"shadow_mode"`
+	DetailedMetric bool               `yaml:"detailed_metric"`
+	ValueToMetric  bool               `yaml:"value_to_metric"`
+	ShareThreshold bool               `yaml:"share_threshold"`
 	// QuotaMode false is envoyproxy/ratelimit's default and accepted; true is refused.
 	QuotaMode bool `yaml:"quota_mode"`
+
+	at string // field path, for errors
 }
 
-type rateLimitYAML struct {
-	Unit            string `yaml:"unit"`
-	RequestsPerUnit *int64 `yaml:"requests_per_unit"`
-	Unlimited       bool   `yaml:"unlimited"`
-	Name            string `yaml:"name"`
-	Replaces        []struct {
-		Name string `yaml:"name"`
-	} `yaml:"replaces"`
+// rateLimitConfig is a descriptor's rate_limit block.
+type rateLimitConfig struct {
+	Unit            string          `yaml:"unit"`
+	RequestsPerUnit *int64          `yaml:"requests_per_unit"`
+	Unlimited       bool            `yaml:"unlimited"`
+	Name            string          `yaml:"name"`
+	Replaces        []replaceConfig `yaml:"replaces"`
 	// Extensions.
-	UnitMultiplier int64      `yaml:"unit_multiplier"`
-	Algorithm      string     `yaml:"algorithm"`
-	Burst          int64      `yaml:"burst"`
-	TimeZone       string     `yaml:"time_zone"`
-	Offset         int        `yaml:"offset"`
-	Pool           string     `yaml:"pool"`
-	Lease          *leaseYAML `yaml:"lease"`
+	UnitMultiplier int64        `yaml:"unit_multiplier"`
+	Algorithm      string       `yaml:"algorithm"`
+	Burst          int64        `yaml:"burst"`
+	TimeZone       string       `yaml:"time_zone"`
+	Offset         int          `yaml:"offset"`
+	Pool           string       `yaml:"pool"`
+	Lease          *leaseConfig `yaml:"lease"`
+
+	replaces []string // the names of Replaces
+	at       string
 }
 
-type leaseYAML struct {
+type replaceConfig struct {
+	Name string `yaml:"name"`
+}
+
+// requestsPerUnit is requests_per_unit, 0 when unset.
+func (rl *rateLimitConfig) requestsPerUnit() int64 {
+	if rl.RequestsPerUnit == nil {
+		return 0
+	}
+	return *rl.RequestsPerUnit
+}
+
+// leaseConfig is a rate_limit's lease block (an extension), written as a policy's lease block is.
+type leaseConfig struct {
 	Enabled bool          `yaml:"enabled"`
 	Shards  int           `yaml:"shards"`
 	TTL     time.Duration `yaml:"ttl"`
-}
-
-// leaseConfig is a rate_limit's lease block (an extension), read as a policy's lease block is.
-type leaseConfig struct {
-	enabled bool
-	shards  int
-	ttl     time.Duration
 }
 
 // unsupported are the fields envoyproxy/ratelimit knows that ratelimit-proxy refuses, and why.
@@ -282,7 +258,10 @@ var unsupported = map[string]string{
 // parseFile decodes one file, reporting every unknown field and every value of the wrong
 // type with its path and line. It returns nil when the file is not YAML at all.
 func parseFile(es *problemList, name string, data []byte) *ruleFile {
-	var in fileYAML
+	var in struct {
+		Domain      string             `yaml:"domain"`
+		Descriptors []descriptorConfig `yaml:"descriptors"`
+	}
 	doc, problems, err := configyaml.Decode(data, &in, configyaml.Options{})
 	if err != nil {
 		es.add(name, "", "invalid YAML: "+err.Error())
@@ -297,7 +276,8 @@ func parseFile(es *problemList, name string, data []byte) *ruleFile {
 		}
 		*es = append(*es, Problem{File: name, Path: pr.Path, Value: pr.Value, Msg: msg, Line: pr.Line, Col: pr.Col})
 	}
-	f := &ruleFile{name: name, doc: doc, domain: in.Domain, descriptors: p.descriptors(in.Descriptors, "descriptors")}
+	p.prepare(in.Descriptors, "descriptors")
+	f := &ruleFile{name: name, doc: doc, domain: in.Domain, descriptors: in.Descriptors}
 	if f.domain == "" {
 		msg := "required: the domain Envoy's rate limit filter names"
 		if len(bytes.TrimSpace(data)) == 0 {
@@ -321,47 +301,25 @@ func (p *parser) add(at, value, msg string) {
 	*p.es = append(*p.es, Problem{File: p.file, Path: at, Value: value, Msg: msg, Line: pos.Line, Col: pos.Col})
 }
 
-func (p *parser) descriptors(in []descriptorYAML, at string) []descriptorConfig {
-	out := make([]descriptorConfig, 0, len(in))
-	for i := range in {
-		dy := &in[i]
-		dat := fmt.Sprintf("%s[%d]", at, i)
-		if dy.QuotaMode {
-			p.add(dat+".quota_mode", "", unsupported["quota_mode"])
+// prepare gives the descriptors under at their paths and the names they replace, and refuses
+// quota_mode: true.
+func (p *parser) prepare(ds []descriptorConfig, at string) {
+	for i := range ds {
+		d := &ds[i]
+		d.at = fmt.Sprintf("%s[%d]", at, i)
+		if d.QuotaMode {
+			p.add(d.at+".quota_mode", "", unsupported["quota_mode"])
 		}
-		d := descriptorConfig{
-			key: dy.Key, value: dy.Value,
-			descriptors: p.descriptors(dy.Descriptors, dat+".descriptors"),
-			shadowMode:  dy.ShadowMode, detailedMetric: dy.DetailedMetric,
-			valueToMetric: dy.ValueToMetric, shareThreshold: dy.ShareThreshold,
-			at: dat,
+		if rl := d.RateLimit; rl != nil {
+			rl.at = d.at + ".rate_limit"
+			for j, r := range rl.Replaces {
+				if r.Name == "" {
+					p.add(fmt.Sprintf("%s.replaces[%d].name", rl.at, j), "", "required: the name of the rate_limit it replaces")
+					continue
+				}
+				rl.replaces = append(rl.replaces, r.Name)
+			}
 		}
-		if rl := dy.RateLimit; rl != nil {
-			d.rateLimit = p.rateLimit(rl, dat+".rate_limit")
-		}
-		out = append(out, d)
+		p.prepare(d.Descriptors, d.at+".descriptors")
 	}
-	return out
-}
-
-func (p *parser) rateLimit(in *rateLimitYAML, at string) *rateLimitConfig {
-	rl := &rateLimitConfig{
-		unit: in.Unit, unlimited: in.Unlimited, name: in.Name,
-		unitMultiplier: in.UnitMultiplier, algorithm: in.Algorithm, burst: in.Burst,
-		timeZone: in.TimeZone, offset: in.Offset, pool: in.Pool, at: at,
-	}
-	if in.RequestsPerUnit != nil {
-		rl.requestsPerUnit, rl.rpuSet = *in.RequestsPerUnit, true
-	}
-	for i, r := range in.Replaces {
-		if r.Name == "" {
-			p.add(fmt.Sprintf("%s.replaces[%d].name", at, i), "", "required: the name of the rate_limit it replaces")
-			continue
-		}
-		rl.replaces = append(rl.replaces, r.Name)
-	}
-	if l := in.Lease; l != nil {
-		rl.lease = &leaseConfig{enabled: l.Enabled, shards: l.Shards, ttl: l.TTL}
-	}
-	return rl
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // Rules is the compiled content of rls.config_dir: envoyproxy/ratelimit's domains and their
@@ -270,7 +270,7 @@ func (m *Match) Label(domain string, entries []Entry) string {
 func OverrideLimit(requestsPerUnit uint32, unit Unit, multiplier uint32) (l bucket.Limit, ok bool) {
 	mult := max(int64(multiplier), 1)
 	u := unit.Duration()
-	if u == 0 || int64(requestsPerUnit) > limitspec.MaxCount || mult > int64(maxPeriod/u) {
+	if u == 0 || int64(requestsPerUnit) > limitterms.MaxCount || mult > int64(maxPeriod/u) {
 		return bucket.Limit{}, false
 	}
 	return bucket.Limit{Algorithm: bucket.FixedWindow, Count: int64(requestsPerUnit), Window: time.Duration(mult) * u}, true
@@ -308,11 +308,11 @@ func hashEntries(prefix []byte, entries []Entry, sub func(int) (string, bool)) b
 }
 
 // storeName is what a rule's bucket keys start with: its pool, or its domain within the
-// store's namespace (limitspec.StoreName, as a proxy policy's). The \x03 marks domains apart
+// store's namespace (limitterms.StoreName, as a proxy policy's). The \x03 marks domains apart
 // from proxy policies (a policy name never starts with a control byte); a pool is shared on
 // purpose, as a proxy policy's.
 func storeName(namespace, domain, pool string) string {
-	return limitspec.StoreName(namespace, "\x03rls\x00"+domain, pool)
+	return limitterms.StoreName(namespace, "\x03rls\x00"+domain, pool)
 }
 
 // keyPrefix appends to b the part of a key before the entries: store name, algorithm with
@@ -320,7 +320,7 @@ func storeName(namespace, domain, pool string) string {
 func keyPrefix(b []byte, store string, l bucket.Limit) []byte {
 	b = append(b, store...)
 	b = append(b, 0)
-	b = append(b, limitspec.AlgorithmName(l.Algorithm)...)
+	b = append(b, limitterms.AlgorithmName(l.Algorithm)...)
 	switch l.Algorithm {
 	case bucket.FixedWindow, bucket.SlidingWindow:
 		b = append(b, '/')
@@ -375,32 +375,32 @@ func (p *parser) load(parent *node, ds []descriptorConfig, opts Options, d *Doma
 	rules := 0
 	for i := range ds {
 		dc := &ds[i]
-		if dc.key == "" {
+		if dc.Key == "" {
 			p.add(dc.at+".key", "", "required")
 			continue
 		}
-		e := Entry{Key: dc.key, Value: dc.value}
+		e := Entry{Key: dc.Key, Value: dc.Value}
 		if parent.children[e] != nil {
-			what := "key " + strconv.Quote(dc.key)
-			if dc.value != "" {
-				what += " with value " + strconv.Quote(dc.value)
+			what := "key " + strconv.Quote(dc.Key)
+			if dc.Value != "" {
+				what += " with value " + strconv.Quote(dc.Value)
 			}
 			p.add(dc.at, "", "duplicate descriptor: "+what+" is already at this level")
 			continue
 		}
-		n := &node{hasValue: dc.value != "", share: dc.shareThreshold, toMetric: dc.valueToMetric, seg: dc.key}
-		if dc.value != "" {
-			n.seg += "_" + dc.value
+		n := &node{hasValue: dc.Value != "", share: dc.ShareThreshold, toMetric: dc.ValueToMetric, seg: dc.Key}
+		if dc.Value != "" {
+			n.seg += "_" + dc.Value
 		}
-		if strings.Contains(dc.value, "*") {
-			n.pattern = dc.value
-			parent.wild = append(parent.wild, wildcard{key: dc.key, parts: strings.Split(dc.value, "*"), node: n})
-		} else if dc.shareThreshold {
+		if strings.Contains(dc.Value, "*") {
+			n.pattern = dc.Value
+			parent.wild = append(parent.wild, wildcard{key: dc.Key, parts: strings.Split(dc.Value, "*"), node: n})
+		} else if dc.ShareThreshold {
 			p.add(dc.at+".share_threshold", "true", "applies to a wildcard value (one holding '*') only")
 		}
 		nodePath := path + "." + n.seg
-		under := toMetric || dc.valueToMetric
-		if rl := dc.rateLimit; rl != nil {
+		under := toMetric || dc.ValueToMetric
+		if rl := dc.RateLimit; rl != nil {
 			if rule := p.rule(rl, dc, opts, d, nodePath, under); rule != nil {
 				n.rule = rule
 				rules++
@@ -410,7 +410,7 @@ func (p *parser) load(parent *node, ds []descriptorConfig, opts Options, d *Doma
 			parent.children = make(map[Entry]*node)
 		}
 		parent.children[e] = n
-		rules += p.load(n, dc.descriptors, opts, d, nodePath, under)
+		rules += p.load(n, dc.Descriptors, opts, d, nodePath, under)
 	}
 	return rules
 }
@@ -419,40 +419,40 @@ func (p *parser) load(parent *node, ds []descriptorConfig, opts Options, d *Doma
 func (p *parser) rule(rl *rateLimitConfig, dc *descriptorConfig, opts Options, d *Domain, path string, toMetric bool) *Rule {
 	before := len(*p.es)
 	for i, name := range rl.replaces {
-		if name == rl.name {
+		if name == rl.Name {
 			p.add(rl.at+".replaces["+strconv.Itoa(i)+"].name", name, "a rate_limit cannot replace itself")
 		}
 	}
-	if rl.name != "" && strings.TrimSpace(rl.name) == "" {
-		p.add(rl.at+".name", rl.name, "must not be blank")
+	if rl.Name != "" && strings.TrimSpace(rl.Name) == "" {
+		p.add(rl.at+".name", rl.Name, "must not be blank")
 	}
 	lim, unit, ok := p.checkRateLimit(rl)
 	if !ok || len(*p.es) != before {
 		return nil
 	}
 	label := path
-	if rl.name != "" {
-		label = d.Name + "." + rl.name
+	if rl.Name != "" {
+		label = d.Name + "." + rl.Name
 	}
 	r := &Rule{
-		Name:      rl.name,
+		Name:      rl.Name,
 		Replaces:  rl.replaces,
-		Unlimited: rl.unlimited,
-		Shadow:    dc.shadowMode,
+		Unlimited: rl.Unlimited,
+		Shadow:    dc.ShadowMode,
 		Limit:     lim,
 		Unit:      unit,
 		Label:     label,
-		detailed:  dc.detailedMetric,
+		detailed:  dc.DetailedMetric,
 		toMetric:  toMetric,
 	}
-	if rl.unlimited {
+	if rl.Unlimited {
 		return r
 	}
-	r.RequestsPerUnit = uint32(rl.requestsPerUnit)
-	r.UnitMultiplier = uint32(max(rl.unitMultiplier, 1))
-	if l := rl.lease; l != nil && l.enabled {
-		r.Lease = bucket.Lease{Shards: max(l.shards, 1), TTL: l.ttl}
+	r.RequestsPerUnit = uint32(rl.requestsPerUnit())
+	r.UnitMultiplier = uint32(max(rl.UnitMultiplier, 1))
+	if l := rl.Lease; l != nil && l.Enabled {
+		r.Lease = bucket.Lease{Shards: max(l.Shards, 1), TTL: l.TTL}
 	}
-	r.keyPrefix = keyPrefix(nil, storeName(opts.Namespace, d.Name, rl.pool), lim)
+	r.keyPrefix = keyPrefix(nil, storeName(opts.Namespace, d.Name, rl.Pool), lim)
 	return r
 }

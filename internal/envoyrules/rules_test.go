@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // rlsDir writes files (name → content) into a fresh folder and returns it.
@@ -412,11 +412,11 @@ func BenchmarkRLSMatchAndKey(b *testing.B) {
 	}
 }
 
-// TestAlgorithmNames: a rule's algorithm is spelled as limitspec names it, the name its bucket
+// TestAlgorithmNames: a rule's algorithm is spelled as limitterms names it, the name its bucket
 // keys hash and its messages print.
 func TestAlgorithmNames(t *testing.T) {
 	for name, alg := range algorithms {
-		if got := limitspec.AlgorithmName(alg); got != name {
+		if got := limitterms.AlgorithmName(alg); got != name {
 			t.Errorf("algorithm %q reads as %d, whose name is %q", name, alg, got)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 // TestMemoryConcurrencyMatchesModel holds the memory store's concurrency path (takeSlot for a
-// single charge, the group path for two, releaseSlot) to the pure function Concurrent, over
+// single charge, the group path for two, giveBackSlot) to the pure function Concurrent, over
 // random takes and releases on 300 keys in one shard: every verdict equals the model's, field
 // by field, and so does the group's admission. Keys with nothing in flight are forgotten by the
 // shard's sweeps as new keys arrive (the test checks that some were), and come back from zero,

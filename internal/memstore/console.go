@@ -70,8 +70,8 @@ func peeked(c *bucket.Charge, r bucket.Result, tat, now int64) bucket.Result {
 // Reset forgets c's key (every kind of state the memory store keeps for it: bucket, window,
 // sliding window and concurrency slots), so that its next request finds it full. Requests in
 // flight under a concurrency limit at the reset give their slots back to nothing (the key starts
-// from zero): until they end, the key may have up to Count more in flight. A charge_on refund of
-// a charge taken before the reset is lost, which never makes the key roomier than full. A key
+// from zero): until they end, the key may have up to Count more in flight. A charge_on give-back
+// of a charge taken before the reset is lost, which never makes the key roomier than full. A key
 // judged in the sketch (see sketch.go) is not reset: its cells are shared with other
 // keys, and lowering them could let those past their limits. It never fails but for a canceled
 // ctx.

@@ -173,44 +173,8 @@ func (sh *shard) sweepPool(now int64, p uint16, limit int) { sh.sweepOf(now, 1, 
 // sweepOf is sweep (pool < 0) or sweepPool (pool, at its share limit).
 func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 	before := sh.len()
-	var (
-		hist [evictLevels]int // live keys by level (of pool, when >= 0)
-		free = int64(math.MaxInt64)
-	)
-	ours := func(meta uint64) bool { return pool < 0 || int(metaPool(meta)) == pool }
-	if pool < 0 && limit > 0 {
-		for _, n := range sh.pools {
-			if int(n) > limit {
-				ours = func(meta uint64) bool { return sh.poolKeys(metaPool(meta)) > limit }
-				break
-			}
-		}
-	}
-	// The first pass forgets the idle keys and sorts the others into hist. (deleteWhile may
-	// visit a key twice; a key counted twice only makes the second pass stop a little early.)
-	first := func(meta uint64, lvl int, until int64) bool {
-		switch {
-		case lvl == rankIdle:
-			sh.forget(meta)
-			return true
-		case !ours(meta):
-		case lvl == rankAtLimit:
-			free = min(free, until)
-		default:
-			hist[lvl]++
-		}
-		return false
-	}
-	never := func() bool { return false }
-	sh.gcra.deleteWhile(func(e *gcraEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
-	sh.fixed.deleteWhile(func(e *fixedEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
-	sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return first(e.meta(), l, u) }, never)
-	for k, e := range sh.wide {
-		if l, u := e.rank(now); first(e.meta, l, u) {
-			delete(sh.wide, k)
-		}
-	}
-	sh.conc.deleteWhile(func(e *concEntry) bool { l, u := e.rank(now); return first(e.meta, l, u) }, never)
+	ours := sh.candidates(pool, limit)
+	hist, free := sh.forgetIdle(now, ours)
 	sh.stats.idle += uint64(before - sh.len())
 	// Evicting to a low-water mark rather than to just below the cap keeps a shard full of live
 	// keys from sweeping on every insert.
@@ -222,57 +186,120 @@ func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 	// other keys stop being candidates: the sweep then makes a little less room, never takes
 	// from a pool within its share.)
 	if n > low {
-		// Every level below cut goes, and atCut keys of level cut.
-		cut, atCut := 0, n-low
-		for cut < evictLevels && hist[cut] < atCut {
-			atCut -= hist[cut]
-			cut++
+		sh.evictLeastUsed(now, &hist, n, low, ours)
+	}
+	sh.recordFull(need, pool, limit, free)
+	sh.rebuildIfSparse(before)
+	sh.sweepAt = min(max(2*sh.len(), minSweep), sh.maxKeys)
+}
+
+// candidates returns which live keys a sweep may evict, by their meta: pool's (pool >= 0), or
+// for a shard's sweep the keys of the pools above their share limit when some pool is, else
+// every key.
+func (sh *shard) candidates(pool, limit int) func(meta uint64) bool {
+	if pool >= 0 {
+		return func(meta uint64) bool { return int(metaPool(meta)) == pool }
+	}
+	if limit > 0 {
+		for _, n := range sh.pools {
+			if int(n) > limit {
+				return func(meta uint64) bool { return sh.poolKeys(metaPool(meta)) > limit }
+			}
 		}
-		evict := func(meta uint64, lvl int, _ int64) bool {
-			if lvl < 0 || lvl > cut || lvl == cut && atCut == 0 || !ours(meta) {
-				return false
-			}
-			if lvl == cut {
-				atCut--
-			}
-			n--
-			sh.stats.live++
+	}
+	return func(uint64) bool { return true }
+}
+
+// visit calls f with the meta, rank and at-limit instant (see rank) of every entry of the shard,
+// each kind of state in turn, deleting those for which it reports true, until stop does.
+// (deleteWhile may visit a key twice.)
+func (sh *shard) visit(now int64, f func(meta uint64, lvl int, until int64) bool, stop func() bool) {
+	sh.gcra.deleteWhile(func(e *gcraEntry) bool { l, u := e.rank(now); return f(e.meta, l, u) }, stop)
+	sh.fixed.deleteWhile(func(e *fixedEntry) bool { l, u := e.rank(now); return f(e.meta, l, u) }, stop)
+	sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return f(e.meta(), l, u) }, stop)
+	for k, e := range sh.wide {
+		if stop() {
+			break
+		}
+		if l, u := e.rank(now); f(e.meta, l, u) {
+			delete(sh.wide, k)
+		}
+	}
+	sh.conc.deleteWhile(func(e *concEntry) bool { l, u := e.rank(now); return f(e.meta, l, u) }, stop)
+}
+
+// forgetIdle forgets the shard's idle keys and sorts the live candidates into a histogram of
+// levels; it returns that and the first instant a candidate at its limit stops being so
+// (math.MaxInt64: none will by itself). A key visited twice only makes the eviction stop a
+// little early.
+func (sh *shard) forgetIdle(now int64, ours func(uint64) bool) (hist [evictLevels]int, free int64) {
+	free = math.MaxInt64
+	sh.visit(now, func(meta uint64, lvl int, until int64) bool {
+		switch {
+		case lvl == rankIdle:
 			sh.forget(meta)
 			return true
+		case !ours(meta):
+		case lvl == rankAtLimit:
+			free = min(free, until)
+		default:
+			hist[lvl]++
 		}
-		done := func() bool { return n <= low }
-		sh.gcra.deleteWhile(func(e *gcraEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
-		sh.fixed.deleteWhile(func(e *fixedEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
-		sh.sliding.deleteWhile(func(e *compactSliding) bool { l, u := e.rank(now); return evict(e.meta(), l, u) }, done)
-		for k, e := range sh.wide {
-			if done() {
-				break
-			}
-			if l, u := e.rank(now); evict(e.meta, l, u) {
-				delete(sh.wide, k)
-			}
-		}
-		sh.conc.deleteWhile(func(e *concEntry) bool { l, u := e.rank(now); return evict(e.meta, l, u) }, done)
+		return false
+	}, func() bool { return false })
+	return hist, free
+}
+
+// evictLeastUsed evicts n-low of the candidates, the lowest levels of hist first, none at its
+// limit.
+func (sh *shard) evictLeastUsed(now int64, hist *[evictLevels]int, n, low int, ours func(uint64) bool) {
+	// Every level below cut goes, and atCut keys of level cut.
+	cut, atCut := 0, n-low
+	for cut < evictLevels && hist[cut] < atCut {
+		atCut -= hist[cut]
+		cut++
 	}
-	if pool >= 0 {
-		if sh.poolKeys(uint16(pool)) >= limit {
-			if sh.poolFull == nil {
-				sh.poolFull = make(map[uint16]int64)
-			}
-			sh.poolFull[uint16(pool)] = free
-		} else {
-			delete(sh.poolFull, uint16(pool))
+	sh.visit(now, func(meta uint64, lvl int, _ int64) bool {
+		if lvl < 0 || lvl > cut || lvl == cut && atCut == 0 || !ours(meta) {
+			return false
 		}
-	} else {
+		if lvl == cut {
+			atCut--
+		}
+		n--
+		sh.stats.live++
+		sh.forget(meta)
+		return true
+	}, func() bool { return n <= low })
+}
+
+// recordFull records, after a sweep, until when the shard (pool < 0) or the pool stays full:
+// free, the first instant one of its keys may go, when the sweep left no room for need keys
+// (one, for a pool).
+func (sh *shard) recordFull(need, pool, limit int, free int64) {
+	if pool < 0 {
 		sh.fullUntil = 0
 		if sh.len()+need > sh.maxKeys {
 			sh.fullUntil = free
 		}
+		return
 	}
-	n = sh.len()
-	// Small shards are not rebuilt: with keys that go idle between visits (many clients, few
-	// requests each) they would be rebuilt and regrown on every sweep, allocating on the hot path,
-	// to return a few kilobytes.
+	if sh.poolKeys(uint16(pool)) < limit {
+		delete(sh.poolFull, uint16(pool))
+		return
+	}
+	if sh.poolFull == nil {
+		sh.poolFull = make(map[uint16]int64)
+	}
+	sh.poolFull[uint16(pool)] = free
+}
+
+// rebuildIfSparse rebuilds the tables and the map when a sweep has left under an eighth of a
+// large peak: they do not shrink when keys are deleted. Small shards are not rebuilt: with keys
+// that go idle between visits (many clients, few requests each) they would be rebuilt and
+// regrown on every sweep, allocating on the hot path, to return a few kilobytes.
+func (sh *shard) rebuildIfSparse(before int) {
+	n := sh.len()
 	sh.peak = max(sh.peak, before)
 	if sh.peak >= rebuildPeak && n < sh.peak/8 {
 		sh.gcra.shrink()
@@ -282,7 +309,6 @@ func (sh *shard) sweepOf(now int64, need, pool, limit int) {
 		sh.wide = rebuilt(sh.wide)
 		sh.peak = n
 	}
-	sh.sweepAt = min(max(2*n, minSweep), sh.maxKeys)
 }
 
 // rebuilt returns a copy of m sized for its current length.

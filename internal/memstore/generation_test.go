@@ -42,7 +42,7 @@ func TestMemoryGiveBackAfterEviction(t *testing.T) {
 			take := func(k bucket.Key, l bucket.Limit, cost int64) bucket.Result {
 				t.Helper()
 				var r [1]bucket.Result
-				if _, err := m.Take(ctx, now, []bucket.Charge{{Key: k, Limit: l, Cost: cost, Refundable: true}}, r[:]); err != nil {
+				if _, err := m.Take(ctx, now, []bucket.Charge{{Key: k, Limit: l, Cost: cost, MayGiveBack: true}}, r[:]); err != nil {
 					t.Fatal(err)
 				}
 				return r[0]
@@ -52,7 +52,7 @@ func TestMemoryGiveBackAfterEviction(t *testing.T) {
 			if !a.Allowed {
 				t.Fatalf("charge A: got %+v, want admitted", a)
 			}
-			taken := bucket.Taken{Charge: bucket.Charge{Key: victim, Limit: tc.limit, Cost: tc.costA, Refundable: true}, At: now, Token: a.Token}
+			taken := bucket.Taken{Charge: bucket.Charge{Key: victim, Limit: tc.limit, Cost: tc.costA, MayGiveBack: true}, At: now, Token: a.Token}
 			// Fillers, each using half of its limit, fill the shard; the next one evicts the
 			// least used key: the victim.
 			for i := range maxKeys {

@@ -19,7 +19,7 @@ import (
 func TestGiveBackIssueExample(t *testing.T) {
 	ctx := context.Background()
 	m := memstore.New(memstore.Options{})
-	c := bucket.Charge{Key: bucket.Key{1}, Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}, Refundable: true}
+	c := bucket.Charge{Key: bucket.Key{1}, Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}, MayGiveBack: true}
 	take := func(at time.Duration) (bool, bucket.Taken) {
 		t.Helper()
 		var r [1]bucket.Result
@@ -68,8 +68,8 @@ func TestMemoryGiveBackAdversary(t *testing.T) {
 	}
 }
 
-// TestMemoryReleasesWeightedQuota: the memory store refunds a weighted quota charge whole.
-func TestMemoryReleasesWeightedQuota(t *testing.T) {
+// TestMemoryGivesBackWeightedQuota: the memory store gives a weighted quota charge back whole.
+func TestMemoryGivesBackWeightedQuota(t *testing.T) {
 	m := memstore.New(memstore.Options{})
 	c := bucket.Charge{Key: keyN(7), Limit: bucket.Limit{Algorithm: bucket.Quota, Count: 10, Period: bucket.Month}, Cost: 4}
 	ok, r := takeAt(t, m, t0, c)

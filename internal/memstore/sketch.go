@@ -132,7 +132,7 @@ func leUint64(b []byte) uint64 {
 		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
-// A counted cell: the count in the low 32 bits (Counts are at most limitspec.MaxCount, below
+// A counted cell: the count in the low 32 bits (Counts are at most limitterms.MaxCount, below
 // 2^32), above it the second by which every counted request has left, as an offset from
 // sketchEpoch (so 1902 to 2106 fit; later saturates to never, which only keeps a count longer).
 const sketchEpoch = -1 << 31
@@ -290,10 +290,10 @@ func (s *sketch) commit(c *bucket.Charge, pool uint16, next sketchState, now int
 	}
 }
 
-// release gives back a concurrency slot taken in the sketch: one from each of the key's cells.
-// A refund of any other kind gives nothing back: a cell may have been raised by other keys since,
+// giveBack gives back a concurrency slot taken in the sketch: one from each of the key's cells.
+// A give-back of any other kind gives nothing: a cell may have been raised by other keys since,
 // and lowering it could let them past their limits. The caller holds s.mu.
-func (s *sketch) release(c *bucket.Charge, pool uint16) {
+func (s *sketch) giveBack(c *bucket.Charge, pool uint16) {
 	if c.Limit.Algorithm != bucket.Concurrency || s.cells[sketchSlots] == nil {
 		return
 	}
@@ -359,11 +359,11 @@ func (m *Store) takeSketch(c *bucket.Charge, now int64, r *bucket.Result) {
 	}
 }
 
-// releaseSketch gives back a charge judged in the sketch (see sketch.release).
-func (m *Store) releaseSketch(tk *bucket.Taken) {
+// giveBackSketch gives back a charge judged in the sketch (see sketch.giveBack).
+func (m *Store) giveBackSketch(tk *bucket.Taken) {
 	m.sk.mu.Lock()
 	defer m.sk.mu.Unlock()
-	m.sk.release(&tk.Charge, m.poolIndex(tk.Charge.Pool))
+	m.sk.giveBack(&tk.Charge, m.poolIndex(tk.Charge.Pool))
 }
 
 // Overflowed returns how many charges (shadow ones aside) were judged in the sketch, admitted or

@@ -235,7 +235,7 @@ func TestMemorySketchNeverAdmitsPastOwnLimit(t *testing.T) {
 						t.Fatal(err)
 					}
 					md.held = md.held[1:]
-					md.inflight = bucket.ConcurrentRelease(md.inflight)
+					md.inflight = bucket.ConcurrentGiveBack(md.inflight)
 					continue
 				}
 				var r [1]bucket.Result

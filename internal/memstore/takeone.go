@@ -66,7 +66,7 @@ func (m *Store) takeOne(c *bucket.Charge, now int64, r *bucket.Result) bool {
 
 // takeSlot is takeOne for a concurrency charge. A slot count needs no clock: now is converted
 // only when a new key is stored (a sweep that makes room for it needs the instant), not on
-// every request. With Release's releaseSlot this is the whole limiter cost of a request under
+// every request. With Release's giveBackSlot this is the whole limiter cost of a request under
 // a concurrency limit, so it is kept to one lookup and one write under the shard's lock.
 func (m *Store) takeSlot(c *bucket.Charge, now time.Time, r *bucket.Result) bool {
 	sh := &m.shards[m.shardOf(c.Key)]

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // ErrNoPolicy is returned (wrapped) by Set.KeyCharge for a policy name the set does not have.
@@ -92,16 +92,16 @@ func (p *Policy) ReplacementLimit(rate string, burst, limit int64, window time.D
 				l.Window = window
 			}
 		}
-		for _, pr := range limitspec.CheckLimit(l, int(l.Offset), nil, 1) {
+		for _, pr := range limitterms.CheckLimit(l, int(l.Offset), nil, 1) {
 			es.add("limit."+pr.Field, pr.Value, pr.Msg)
 		}
 	}
 	if len(es) > 0 {
-		return p.Limit, fmt.Errorf("%w (policy %s is a %s)", es, p.Name, limitspec.AlgorithmName(l.Algorithm))
+		return p.Limit, fmt.Errorf("%w (policy %s is a %s)", es, p.Name, limitterms.AlgorithmName(l.Algorithm))
 	}
 	return l, nil
 }
 
-// AlgorithmName is the configuration name of a (token_bucket, fixed_window, ...): limitspec's,
+// AlgorithmName is the configuration name of a (token_bucket, fixed_window, ...): limitterms's,
 // which Envoy's rule files share.
-func AlgorithmName(a bucket.Algorithm) string { return limitspec.AlgorithmName(a) }
+func AlgorithmName(a bucket.Algorithm) string { return limitterms.AlgorithmName(a) }

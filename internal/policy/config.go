@@ -177,7 +177,7 @@ type HeadersConfig struct {
 
 // StoreConfig selects where bucket state lives.
 type StoreConfig struct {
-	// Backend is memory or dynamodb. (Optional) default memory.
+	// Backend is memory, dynamodb or redis. (Optional) default memory.
 	Backend string `yaml:"backend"`
 	// OnError is allow (fail open), deny (fail closed, 503) or local (decide from this replica's
 	// memory with every limit divided by Replicas) while the store fails. (Optional) default allow.
@@ -196,6 +196,37 @@ type StoreConfig struct {
 	// backend memory, because a forgotten `backend: dynamodb` would silently enforce every limit
 	// per replica.)
 	DynamoDB *DynamoDBConfig `yaml:"dynamodb"`
+	// Redis configures backend redis (Redis 7+ or Valkey 8+). (Required with backend redis; an
+	// error with another backend, for the same reason as dynamodb.)
+	Redis *RedisConfig `yaml:"redis"`
+}
+
+// RedisConfig is the shared Redis (or Valkey) store: see docs/redis.md for what each mode
+// guarantees.
+type RedisConfig struct {
+	// URL is redis://[user@]host:port[/db] (rediss:// for TLS). With mode single the node;
+	// with cluster or sentinel it supplies the database, TLS and credentials, and is the seed
+	// when Addrs is empty (cluster). A password in it is refused: use PasswordEnv. (Required
+	// with mode single.)
+	URL string `yaml:"url"`
+	// Mode is single, sentinel or cluster. (Optional) default single.
+	Mode string `yaml:"mode"`
+	// Addrs are the cluster's seed nodes or the Sentinels, host:port each. (Required with
+	// mode sentinel.)
+	Addrs []string `yaml:"addrs"`
+	// SentinelMaster is the master name the Sentinels monitor. (Required with mode sentinel.)
+	SentinelMaster string `yaml:"sentinel_master"`
+	// Username is the ACL user. (Optional) default: the URL's, else the default user.
+	Username string `yaml:"username"`
+	// PasswordEnv names the environment variable that holds the password (never the value
+	// itself). (Optional) default "": no password.
+	PasswordEnv string `yaml:"password_env"`
+	// KeyPrefix starts every key this gateway writes. (Optional) default "rl:".
+	KeyPrefix string `yaml:"key_prefix"`
+	// WaitReplicas makes every decision's write wait (WAIT) until that many replicas have it,
+	// within store.timeout; a decision not confirmed in time follows store.on_error. It shrinks
+	// what a failover can lose (docs/redis.md). (Optional) default 0: no wait.
+	WaitReplicas int `yaml:"wait_replicas"`
 }
 
 // DynamoDBConfig is the shared DynamoDB store. Credentials come from the standard AWS chain

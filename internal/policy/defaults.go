@@ -41,6 +41,10 @@ func (c *Config) SetDefaults() {
 	c.Log.Level = "info"
 	c.Admin.TopK = 100
 	c.Admin.MaxExemptions = 1000
+	c.Telemetry.OTLP.Protocol = "grpc"
+	c.Telemetry.Metrics.Interval = DefaultMetricsInterval
+	// telemetry.traces.sample_ratio stays nil, read through TracesConfig.Ratio: an unset
+	// pointer is how a TelemetryConfig built in code (not parsed) asks for the default too.
 }
 
 // SetDefaults fills in identity.jwt's defaults.
@@ -55,6 +59,12 @@ func (d *DynamoDBConfig) SetDefaults() {
 	d.DenyCache = true
 	d.SlotLease = defaultSlotLease
 	d.Clock = ClockConfig{Correct: true, MaxCorrection: defaultMaxCorrection, WarnOffset: defaultWarnOffset}
+}
+
+// SetDefaults fills in store.redis's defaults.
+func (r *RedisConfig) SetDefaults() {
+	r.Mode = redisSingle
+	r.KeyPrefix = "rl:"
 }
 
 // SetDefaults fills in the protect block's defaults: `protect: {}` is protection with all of
@@ -89,6 +99,15 @@ const (
 	defaultProtectStatus   = http.StatusServiceUnavailable
 	defaultMaxBufferedBody = 64 << 10
 	defaultStreamShare     = 0.1
+)
+
+// Defaults of the telemetry block, exported for the TelemetryConfig accessors (Ratio, Every)
+// that apply them to a config built in code.
+const (
+	// DefaultSampleRatio is telemetry.traces.sample_ratio's default.
+	DefaultSampleRatio = 1.0
+	// DefaultMetricsInterval is telemetry.metrics.interval's default.
+	DefaultMetricsInterval = 60 * time.Second
 )
 
 // The values of store.dynamodb.mode.

@@ -25,9 +25,20 @@ type source struct {
 	doc  *configyaml.Doc
 }
 
-// Load reads the configuration file at path; see Parse. Its problems name the file.
+// Load reads the configuration file at path; see Parse. Its problems name the file (and
+// validation's problems of the Config, later).
 func Load(path string, opts LoadOptions) (*Config, error) {
-	cfg, es, err := load(path, opts)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	return ParseFile(path, data, opts)
+}
+
+// ParseFile is Parse of data read from the file at path: its problems, and validation's later,
+// name the file and their line (FILE:LINE:COL in FieldError.Text).
+func ParseFile(path string, data []byte, opts LoadOptions) (*Config, error) {
+	cfg, es, err := parseFile(path, data, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -37,11 +48,7 @@ func Load(path string, opts LoadOptions) (*Config, error) {
 	return cfg, nil
 }
 
-func load(path string, opts LoadOptions) (*Config, Errors, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("load config: %w", err)
-	}
+func parseFile(path string, data []byte, opts LoadOptions) (*Config, Errors, error) {
 	cfg, es, err := parse(data, opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
@@ -120,7 +127,16 @@ func (c *Config) locate(es Errors) {
 // in file order. A field that did not decode is reported once, for that. This is what
 // `ratelimit-proxy validate` runs.
 func Check(path string, lo LoadOptions, co CompileOptions) (*Config, *Set, error) {
-	cfg, decodeErrs, err := load(path, lo)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load config: %w", err)
+	}
+	return CheckData(path, data, lo, co)
+}
+
+// CheckData is Check of data read from the file at path.
+func CheckData(path string, data []byte, lo LoadOptions, co CompileOptions) (*Config, *Set, error) {
+	cfg, decodeErrs, err := parseFile(path, data, lo)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -74,6 +74,7 @@ func TestParseDefaults(t *testing.T) {
 		Policies:       []PolicyConfig{{Name: "p", Key: "ip", Algorithm: "token_bucket", Rate: "1/s", Burst: 1, Mode: "enforce"}},
 		MethodOverride: "judge",
 		Admin:          AdminConfig{TopK: 100, MaxExemptions: 1000},
+		Telemetry:      TelemetryConfig{OTLP: OTLPConfig{Protocol: "grpc"}, Metrics: TelemetryMetricsConfig{Interval: time.Minute}},
 	}
 	got := *cfg
 	got.src = source{} // where the file was read; not a default
@@ -271,6 +272,9 @@ func TestEnvOverrideNames(t *testing.T) {
 		"RATELIMIT_ADMIN_TOKEN_ENV", "RATELIMIT_ADMIN_READ_TOKEN_ENV", "RATELIMIT_ADMIN_TOP_K",
 		"RATELIMIT_ADMIN_MAX_EXEMPTIONS",
 		"RATELIMIT_ADMIN_HOSTS",
+		"RATELIMIT_STORE_REDIS_URL", "RATELIMIT_STORE_REDIS_MODE", "RATELIMIT_STORE_REDIS_ADDRS",
+		"RATELIMIT_STORE_REDIS_SENTINEL_MASTER", "RATELIMIT_STORE_REDIS_USERNAME", "RATELIMIT_STORE_REDIS_PASSWORD_ENV",
+		"RATELIMIT_STORE_REDIS_KEY_PREFIX", "RATELIMIT_STORE_REDIS_WAIT_REPLICAS",
 		"RATELIMIT_TELEMETRY_OTLP_ENDPOINT", "RATELIMIT_TELEMETRY_OTLP_PROTOCOL", "RATELIMIT_TELEMETRY_OTLP_INSECURE",
 		"RATELIMIT_TELEMETRY_TRACES_SAMPLE_RATIO", "RATELIMIT_TELEMETRY_METRICS_OTLP", "RATELIMIT_TELEMETRY_METRICS_INTERVAL",
 	} {
@@ -278,8 +282,8 @@ func TestEnvOverrideNames(t *testing.T) {
 			t.Errorf("no override %s", name)
 		}
 	}
-	if len(got) != 76 {
-		t.Errorf("got %d overrides, want 76: a new field needs a line above", len(got))
+	if len(got) != 84 {
+		t.Errorf("got %d overrides, want 84: a new field needs a line above", len(got))
 	}
 }
 

@@ -436,7 +436,7 @@ func charge[V string | []byte](ru *rule, v V, client netip.Addr) (bucket.Charge,
 		sum := digest(ru.keyPrefix, v)
 		copy(key[:], sum[:])
 	}
-	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost, Refundable: ru.pol.ChargeOn != nil, Lease: ru.pol.Lease,
+	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost, MayGiveBack: ru.pol.ChargeOn != nil, Lease: ru.pol.Lease,
 		Pool: ru.pol.Name}, true
 }
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // CompileOptions are the inputs of Compile besides the Config.
@@ -252,7 +252,7 @@ func limitOf(alg bucket.Algorithm, pc *PolicyConfig, f limitFields) bucket.Limit
 		r, _ := ParseRate(f.rate)
 		return bucket.Limit{Algorithm: alg, Rate: r, Burst: f.burst}
 	case alg == bucket.Quota:
-		zone, _ := limitspec.LoadZone(pc.TimeZone) // validated
+		zone, _ := limitterms.LoadZone(pc.TimeZone) // validated
 		return bucket.Limit{Algorithm: alg, Count: f.limit, Period: periods[pc.Period], Offset: uint8(pc.Offset), Zone: zone}
 	}
 	return bucket.Limit{Algorithm: alg, Count: f.limit, Window: f.window}
@@ -287,11 +287,11 @@ func namespace(cfg *Config) string {
 // calendar (period, zone, offset): periods of another calendar are other periods, and state
 // counted in one (its End is a period end) must not be read as the other's.
 func keyPrefix(cfg *Config, pc *PolicyConfig, alg bucket.Algorithm, kind keyKind, header string) []byte {
-	name := limitspec.StoreName(namespace(cfg), pc.Name, pc.Pool)
+	name := limitterms.StoreName(namespace(cfg), pc.Name, pc.Pool)
 	b := make([]byte, 0, len(name)+len(header)+32)
 	b = append(b, name...)
 	b = append(b, 0)
-	b = append(b, limitspec.AlgorithmName(alg)...)
+	b = append(b, limitterms.AlgorithmName(alg)...)
 	b = append(b, 0)
 	b = append(b, kindName(kind, header)...)
 	if alg == bucket.Quota {

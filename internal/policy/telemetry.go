@@ -43,12 +43,6 @@ type TelemetryMetricsConfig struct {
 	Interval time.Duration `yaml:"interval"`
 }
 
-// DefaultSampleRatio is telemetry.traces.sample_ratio's default.
-const DefaultSampleRatio = 1.0
-
-// DefaultMetricsInterval is telemetry.metrics.interval's default.
-const DefaultMetricsInterval = 60 * time.Second
-
 // Enabled reports whether telemetry is on: an endpoint is set.
 func (t *TelemetryConfig) Enabled() bool { return t.OTLP.Endpoint != "" }
 

@@ -10,12 +10,12 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // Bounds of the values a policy may hold. They keep every derived duration (burst/rate, the
 // window) far inside time.Duration's range, so the bucket arithmetic cannot overflow. The bounds
-// of counts and names are limitspec's, shared with Envoy's rule files.
+// of counts and names are limitterms's, shared with Envoy's rule files.
 const (
 	maxRate   = 1_000_000_000         // requests per second: one per nanosecond
 	minWindow = time.Millisecond      // finer windows are noise next to the store's latency
@@ -24,7 +24,7 @@ const (
 	hexSHA256 = len("sha256:") + 2*32 // "sha256:" and 64 hex digits
 )
 
-// algorithms maps the file's names to bucket algorithms (limitspec.AlgorithmName is its inverse).
+// algorithms maps the file's names to bucket algorithms (limitterms.AlgorithmName is its inverse).
 var algorithms = map[string]bucket.Algorithm{
 	"token_bucket":   bucket.TokenBucket,
 	"leaky_bucket":   bucket.LeakyBucket,
@@ -165,13 +165,13 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 		es.add("headers.reset", c.Headers.Reset, "must be unix or delta")
 	}
 	switch c.Store.Backend {
-	case "memory", "dynamodb":
+	case "memory", "dynamodb", "redis":
 	default:
-		es.add("store.backend", c.Store.Backend, "must be memory or dynamodb")
+		es.add("store.backend", c.Store.Backend, "must be memory, dynamodb or redis")
 	}
-	switch c.Store.OnError {
-	case "allow", "deny", "local":
-	default:
+	if _, err := bucket.ParseOnError(c.Store.OnError); err != nil {
+		// The values are bucket's, which applies the rule; its message names the field, ours
+		// puts it in the path.
 		es.add("store.on_error", c.Store.OnError, "must be allow, deny or local")
 	}
 	positiveDuration(&es, "store.timeout", c.Store.Timeout)
@@ -193,14 +193,14 @@ func (c *Config) check(getenv func(string) string) (Errors, jwtKeys, *TLSMateria
 	positiveDuration(&es, "server.read_timeout", c.Server.ReadTimeout)
 	positiveDuration(&es, "server.grpc_idle_timeout", c.Server.GRPCIdleTimeout)
 	if d := c.Server.WriteStallTimeout; d < 100*time.Millisecond || d > time.Hour {
-		es.add("server.write_stall_timeout", limitspec.ShortDuration(d), "must be from 100ms to 1h")
+		es.add("server.write_stall_timeout", limitterms.ShortDuration(d), "must be from 100ms to 1h")
 	}
 	checkUpgrades(&es, c.UpgradeProtocols)
 	checkGRPCRoutes(&es, c.GRPCRoutes)
 	positiveDuration(&es, "server.idle_timeout", c.Server.IdleTimeout)
 	positiveDuration(&es, "server.drain_timeout", c.Server.DrainTimeout)
 	if d := c.Server.ShutdownDelay; d < 0 || d > 10*time.Minute {
-		es.add("server.shutdown_delay", limitspec.ShortDuration(d), "must be between 0s and 10m")
+		es.add("server.shutdown_delay", limitterms.ShortDuration(d), "must be between 0s and 10m")
 	}
 	positiveInt(&es, "server.max_header_bytes", int64(c.Server.MaxHeaderBytes))
 	if n := c.Server.MaxConcurrentStreams; n < 1 || n > 10000 {
@@ -321,13 +321,13 @@ func checkRLS(es *Errors, c *Config, rlsOnly bool) *envoyrules.Rules {
 
 func positiveDuration(es *Errors, path string, d time.Duration) {
 	if d <= 0 {
-		es.add(path, limitspec.ShortDuration(d), "must be positive")
+		es.add(path, limitterms.ShortDuration(d), "must be positive")
 	}
 }
 
 func nonNegativeDuration(es *Errors, path string, d time.Duration) {
 	if d < 0 {
-		es.add(path, limitspec.ShortDuration(d), "must not be negative")
+		es.add(path, limitterms.ShortDuration(d), "must not be negative")
 	}
 }
 

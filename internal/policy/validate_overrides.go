@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK bool, alg bucket.Algorithm, algOK bool) {
@@ -56,7 +56,7 @@ func checkOverrides(es *Errors, at string, p *PolicyConfig, kind keyKind, kindOK
 			checkLimit(es, oat, alg, f, false)
 			eff := effective(p, o)
 			if len(*es) == before && isBucket(alg) {
-				for _, pr := range limitspec.CheckLimit(limitOf(alg, p, eff), 0, nil, 1) {
+				for _, pr := range limitterms.CheckLimit(limitOf(alg, p, eff), 0, nil, 1) {
 					es.add(oat+"."+pr.Field, pr.Value, pr.Msg) // the refill time
 				}
 			}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/configyaml"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // didYouMean is ` (did you mean "x"?)` for the known value that s most resembles, or "".
@@ -59,8 +59,8 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	switch {
 	case p.Name == "":
 		es.add(at+".name", "", "required")
-	case len(p.Name) > limitspec.MaxNameLen || !limitspec.ValidName(p.Name):
-		es.add(at+".name", p.Name, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
+	case len(p.Name) > limitterms.MaxNameLen || !limitterms.ValidName(p.Name):
+		es.add(at+".name", p.Name, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitterms.MaxNameLen))
 	}
 
 	kind, header, ok := parseKey(p.Key)
@@ -106,8 +106,8 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	}
 	if c := p.Cost; c < 0 || c == 0 && p.costSet {
 		es.add(at+".cost", strconv.FormatInt(c, 10), "must be at least 1")
-	} else if c > limitspec.MaxCount {
-		es.add(at+".cost", strconv.FormatInt(c, 10), fmt.Sprintf("must be at most %d", limitspec.MaxCount))
+	} else if c > limitterms.MaxCount {
+		es.add(at+".cost", strconv.FormatInt(c, 10), fmt.Sprintf("must be at most %d", limitterms.MaxCount))
 	}
 
 	switch p.Mode {
@@ -123,21 +123,21 @@ func checkPolicy(es *Errors, at string, p *PolicyConfig, hasUser bool) {
 	checkPathPrefix(es, at+".match.path_prefix", p.Match.PathPrefix)
 	checkChargeOn(es, at, p.ChargeOn, alg, algOK)
 	checkOverrides(es, at, p, kind, ok, alg, algOK)
-	if p.Pool != "" && (len(p.Pool) > limitspec.MaxNameLen || !limitspec.ValidName(p.Pool)) {
-		es.add(at+".pool", p.Pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
+	if p.Pool != "" && (len(p.Pool) > limitterms.MaxNameLen || !limitterms.ValidName(p.Pool)) {
+		es.add(at+".pool", p.Pool, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitterms.MaxNameLen))
 	}
 	if meaning {
 		checkMeaning(es, at, p, alg)
 	}
 }
 
-// checkMeaning runs the check that Envoy's rules share (limitspec.CheckLimit: a bucket's
+// checkMeaning runs the check that Envoy's rules share (limitterms.CheckLimit: a bucket's
 // refill time, a quota's offset, the lease) on the policy's limit, and the lease on every
 // override's limit too, once their fields passed their own checks.
 func checkMeaning(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
-	var lease *limitspec.Lease
+	var lease *limitterms.Lease
 	if l := p.Lease; l != nil {
-		lease = &limitspec.Lease{Enabled: l.Enabled, Shards: l.Shards, TTL: l.TTL}
+		lease = &limitterms.Lease{Enabled: l.Enabled, Shards: l.Shards, TTL: l.TTL}
 		if l.Enabled && len(p.ChargeOn) > 0 {
 			// A leased unit is spent when the request is admitted; giving it back after the
 			// answer would need the lease still live, which a slow upstream outlasts.
@@ -145,7 +145,7 @@ func checkMeaning(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) 
 			lease = nil
 		}
 	}
-	ps := limitspec.CheckLimit(limitOf(alg, p, p.fields()), p.Offset, lease, p.Cost)
+	ps := limitterms.CheckLimit(limitOf(alg, p, p.fields()), p.Offset, lease, p.Cost)
 	for _, pr := range ps {
 		es.add(at+"."+pr.Field, pr.Value, pr.Msg)
 	}
@@ -156,7 +156,7 @@ func checkMeaning(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) 
 		if p.Overrides[i].Unlimited {
 			continue
 		}
-		for _, pr := range limitspec.CheckLimit(limitOf(alg, p, effective(p, &p.Overrides[i])), p.Offset, lease, p.Cost) {
+		for _, pr := range limitterms.CheckLimit(limitOf(alg, p, effective(p, &p.Overrides[i])), p.Offset, lease, p.Cost) {
 			if strings.HasPrefix(pr.Field, "lease.") { // the override's own are checked with it
 				es.add(at+"."+pr.Field, pr.Value, pr.Msg)
 				return
@@ -186,7 +186,7 @@ func (o *OverrideConfig) fields() limitFields {
 
 // checkFullLimit checks the fields of a whole limit at `at`: a policy's, or an exemption's
 // replacement limit (Policy.ReplacementLimit), so that neither can hold what the other may not.
-// What the limit means (limitspec.CheckLimit) is checked once they pass.
+// What the limit means (limitterms.CheckLimit) is checked once they pass.
 func checkFullLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields) {
 	checkLimit(es, at, alg, f, true)
 }
@@ -195,13 +195,13 @@ func checkFullLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields) 
 // are required; an override may set any subset, the rest being inherited. Fields of the other
 // algorithm family are errors either way.
 func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full bool) {
-	name := limitspec.AlgorithmName(alg)
+	name := limitterms.AlgorithmName(alg)
 	if isBucket(alg) {
 		if f.limit != 0 {
 			es.add(at+".limit", strconv.FormatInt(f.limit, 10), "not used by "+name+": set rate and burst")
 		}
 		if f.window != 0 || f.windowSet {
-			es.add(at+".window", limitspec.ShortDuration(f.window), "not used by "+name+": set rate and burst")
+			es.add(at+".window", limitterms.ShortDuration(f.window), "not used by "+name+": set rate and burst")
 		}
 		if f.rate == "" && full {
 			es.add(at+".rate", "", "required for "+name+": N/s, N/m or N/h")
@@ -221,7 +221,7 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 			es.add(at+".burst", strconv.FormatInt(f.burst, 10), "not used by concurrency: set limit (requests in flight at once)")
 		}
 		if f.window != 0 || f.windowSet {
-			es.add(at+".window", limitspec.ShortDuration(f.window), "not used by concurrency: a slot is held while its request is in flight")
+			es.add(at+".window", limitterms.ShortDuration(f.window), "not used by concurrency: a slot is held while its request is in flight")
 		}
 		checkCount(es, at+".limit", f.limit, name, full)
 		return
@@ -239,21 +239,21 @@ func checkLimit(es *Errors, at string, alg bucket.Algorithm, f limitFields, full
 	checkCount(es, at+".limit", f.limit, name, full)
 	if alg == bucket.Quota {
 		if f.window != 0 || f.windowSet {
-			es.add(at+".window", limitspec.ShortDuration(f.window), "not used by quota: "+set+" (day, week or month)")
+			es.add(at+".window", limitterms.ShortDuration(f.window), "not used by quota: "+set+" (day, week or month)")
 		}
 		return
 	}
 	switch w := f.window; {
 	case w < 0 || w == 0 && f.windowSet:
 		// Quoted like every other bad value: "required" would hide what the user wrote.
-		es.add(at+".window", limitspec.ShortDuration(w), "must be positive")
+		es.add(at+".window", limitterms.ShortDuration(w), "must be positive")
 	case w == 0 && full:
 		es.add(at+".window", "", "required for "+name+": a duration such as 1m")
 	case w == 0:
 	case w < minWindow:
-		es.add(at+".window", limitspec.ShortDuration(w), "must be at least "+limitspec.ShortDuration(minWindow))
+		es.add(at+".window", limitterms.ShortDuration(w), "must be at least "+limitterms.ShortDuration(minWindow))
 	case w > maxWindow:
-		es.add(at+".window", limitspec.ShortDuration(w), "must be at most "+limitspec.ShortDuration(maxWindow))
+		es.add(at+".window", limitterms.ShortDuration(w), "must be at most "+limitterms.ShortDuration(maxWindow))
 	}
 }
 
@@ -291,8 +291,8 @@ func checkCosts(es *Errors, at string, costs []CostConfig) {
 			es.add(cat+".cost", "", "required: at least 1")
 		case c.Cost < 0:
 			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), "must be at least 1")
-		case c.Cost > limitspec.MaxCount:
-			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), fmt.Sprintf("must be at most %d", limitspec.MaxCount))
+		case c.Cost > limitterms.MaxCount:
+			es.add(cat+".cost", strconv.FormatInt(c.Cost, 10), fmt.Sprintf("must be at most %d", limitterms.MaxCount))
 		}
 	}
 }
@@ -332,7 +332,7 @@ func checkCost(es *Errors, path string, shown, cost int64, f limitFields, alg bu
 // algorithms.
 func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm) {
 	if alg != bucket.Quota {
-		why := "not used by " + limitspec.AlgorithmName(alg) + ": calendar periods are algorithm: quota"
+		why := "not used by " + limitterms.AlgorithmName(alg) + ": calendar periods are algorithm: quota"
 		if p.Period != "" {
 			es.add(at+".period", p.Period, why)
 		}
@@ -351,7 +351,7 @@ func checkCalendar(es *Errors, at string, p *PolicyConfig, alg bucket.Algorithm)
 	case !ok:
 		es.add(at+".period", p.Period, "must be day, week or month")
 	}
-	if _, err := limitspec.LoadZone(p.TimeZone); err != nil {
+	if _, err := limitterms.LoadZone(p.TimeZone); err != nil {
 		es.add(at+".time_zone", p.TimeZone, err.Error())
 	}
 }
@@ -363,8 +363,8 @@ func checkCount(es *Errors, path string, n int64, alg string, full bool) {
 	case n == 0:
 	case n < 1:
 		es.add(path, strconv.FormatInt(n, 10), "must be at least 1")
-	case n > limitspec.MaxCount:
-		es.add(path, strconv.FormatInt(n, 10), fmt.Sprintf("must be at most %d", limitspec.MaxCount))
+	case n > limitterms.MaxCount:
+		es.add(path, strconv.FormatInt(n, 10), fmt.Sprintf("must be at most %d", limitterms.MaxCount))
 	}
 }
 
@@ -383,7 +383,7 @@ func checkChargeOn(es *Errors, at string, list []string, alg bucket.Algorithm, a
 		if alg == bucket.Concurrency {
 			why = "a concurrency slot is given back when the request ends, whatever its answer"
 		}
-		es.add(at+".charge_on", "", "not supported by "+limitspec.AlgorithmName(alg)+": "+why+"; use token_bucket, fixed_window, sliding_window or quota")
+		es.add(at+".charge_on", "", "not supported by "+limitterms.AlgorithmName(alg)+": "+why+"; use token_bucket, fixed_window, sliding_window or quota")
 	}
 	for i, v := range list {
 		if _, err := ParseStatusSet([]string{v}); err != nil {

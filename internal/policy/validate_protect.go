@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -58,7 +58,7 @@ func checkProtect(es *Errors, cfg *Config) {
 		}
 	}
 	if d := c.QueueTimeout; d < 0 || d > maxQueueTimeout {
-		es.add("protect.concurrency.queue_timeout", limitspec.ShortDuration(d), "must be from 0s (no waiting) to "+limitspec.ShortDuration(maxQueueTimeout))
+		es.add("protect.concurrency.queue_timeout", limitterms.ShortDuration(d), "must be from 0s (no waiting) to "+limitterms.ShortDuration(maxQueueTimeout))
 	}
 	switch p.Status {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:

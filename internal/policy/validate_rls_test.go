@@ -159,7 +159,7 @@ func TestRLSLabelClashesWithPolicy(t *testing.T) {
 }
 
 // TestOneLimitCheckForBothFormats: the same limit written in both formats gets the same
-// problem from the one check they share (limitspec.CheckLimit): a token bucket of 1/h with a
+// problem from the one check they share (limitterms.CheckLimit): a token bucket of 1/h with a
 // burst of 10,000 (a refill of 416 days), a monthly quota starting on the 29th, and a leased
 // token bucket whose ttl outlasts its burst.
 func TestOneLimitCheckForBothFormats(t *testing.T) {

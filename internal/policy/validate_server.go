@@ -14,7 +14,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -23,17 +24,19 @@ const maxReplicas = 10_000
 
 // checkStore checks the fields of the shared store and of on_error local.
 func checkStore(es *Errors, st *StoreConfig) {
+	rule, _ := bucket.ParseOnError(st.OnError) // a bad value is reported on its own
 	switch r := st.Replicas; {
-	case r == 0 && st.OnError == "local":
+	case r == 0 && rule == bucket.Local:
 		es.add("store.replicas", "", "required with store.on_error local: how many replicas share the limits")
 	case r < 0 || r > maxReplicas:
 		es.add("store.replicas", strconv.Itoa(r), fmt.Sprintf("must be from 1 to %d", maxReplicas))
 	}
+	checkRedis(es, st)
 	d := st.DynamoDB
 	if st.Backend != "dynamodb" {
-		if d != nil && st.Backend == "memory" {
+		if d != nil && st.Backend != "dynamodb" {
 			// A forgotten `backend: dynamodb` would enforce every limit per replica, silently.
-			es.add("store.dynamodb", "", "set, but store.backend is memory: set store.backend: dynamodb, or remove the block")
+			es.add("store.dynamodb", "", "set, but store.backend is "+st.Backend+": set store.backend: dynamodb, or remove the block")
 		}
 		return
 	}
@@ -66,10 +69,10 @@ func checkStore(es *Errors, st *StoreConfig) {
 	if l := d.SlotLease; l < 3*time.Second || l > 10*time.Minute {
 		// Renewed every third of it: much shorter would cost writes and make a slow
 		// DynamoDB call lose a slot; much longer would keep a crashed replica's slots away.
-		es.add("store.dynamodb.slot_lease", limitspec.ShortDuration(l), "must be from 3s to 10m")
+		es.add("store.dynamodb.slot_lease", limitterms.ShortDuration(l), "must be from 3s to 10m")
 	}
-	if ns := d.Namespace; ns != "" && (len(ns) > limitspec.MaxNameLen || !limitspec.ValidName(ns)) {
-		es.add("store.dynamodb.namespace", ns, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitspec.MaxNameLen))
+	if ns := d.Namespace; ns != "" && (len(ns) > limitterms.MaxNameLen || !limitterms.ValidName(ns)) {
+		es.add("store.dynamodb.namespace", ns, fmt.Sprintf("must be 1 to %d of A-Z a-z 0-9 _ . -", limitterms.MaxNameLen))
 	}
 	checkClock(es, &d.Clock)
 }
@@ -79,19 +82,19 @@ func checkStore(es *Errors, st *StoreConfig) {
 func checkClock(es *Errors, c *ClockConfig) {
 	inRange := func(d time.Duration) bool { return d >= time.Millisecond && d <= time.Hour }
 	if !inRange(c.MaxCorrection) {
-		es.add("store.dynamodb.clock.max_correction", limitspec.ShortDuration(c.MaxCorrection), "must be from 1ms to 1h")
+		es.add("store.dynamodb.clock.max_correction", limitterms.ShortDuration(c.MaxCorrection), "must be from 1ms to 1h")
 	}
 	if !inRange(c.WarnOffset) {
-		es.add("store.dynamodb.clock.warn_offset", limitspec.ShortDuration(c.WarnOffset), "must be from 1ms to 1h")
+		es.add("store.dynamodb.clock.warn_offset", limitterms.ShortDuration(c.WarnOffset), "must be from 1ms to 1h")
 	}
 	if c.MaxOffset != 0 && !inRange(c.MaxOffset) {
-		es.add("store.dynamodb.clock.max_offset", limitspec.ShortDuration(c.MaxOffset), "must be 0s (off) or from 1ms to 1h")
+		es.add("store.dynamodb.clock.max_offset", limitterms.ShortDuration(c.MaxOffset), "must be 0s (off) or from 1ms to 1h")
 	}
 }
 
 // validTableName follows DynamoDB's naming rules for tables.
 func validTableName(s string) bool {
-	return len(s) >= 3 && len(s) <= 255 && limitspec.ValidName(s)
+	return len(s) >= 3 && len(s) <= 255 && limitterms.ValidName(s)
 }
 
 // validRegion accepts lower-case letters, digits and '-', as every AWS region name is; it

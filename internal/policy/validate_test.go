@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 )
 
 func TestFieldErrorFormat(t *testing.T) {
@@ -132,7 +134,7 @@ func TestValidate(t *testing.T) {
 		{"grpc upstream timeout zero", minimal + "grpc_upstream_timeout: 0s\n", nil, nil},
 		{"grpc upstream timeout set", minimal + "grpc_upstream_timeout: 10m\n", nil, nil},
 		{"headers reset", minimal + "headers: {reset: rfc3339}\n", nil, []string{`headers.reset: "rfc3339": must be unix or delta`}},
-		{"store backend", minimal + "store: {backend: redis}\n", nil, []string{`store.backend: "redis": must be memory or dynamodb`}},
+		{"store backend", minimal + "store: {backend: memcached}\n", nil, []string{`store.backend: "memcached": must be memory, dynamodb or redis`}},
 		{"store dynamodb needs a table", minimal + "store: {backend: dynamodb}\n", nil,
 			[]string{"store.dynamodb.table: required when store.backend is dynamodb"}},
 		{"store dynamodb minimal", minimal + "store: {backend: dynamodb, dynamodb: {table: rate-limits}}\n", nil, nil},
@@ -459,7 +461,7 @@ func TestValidateNilGetenvReadsProcessEnv(t *testing.T) {
 var badConfigs = map[string]string{
 	"admin_same_as_listen":         `admin_listen: "127.0.0.1:8080": must differ from listen`,
 	"algorithm_bad":                `policies[0].algorithm: "gcra": must be token_bucket`,
-	"backend_bad":                  `store.backend: "redis": must be memory or dynamodb`,
+	"backend_bad":                  `store.backend: "memcached": must be memory, dynamodb or redis`,
 	"charge_on_bad":                `policies[0].charge_on[1]: "600": must be a status code from 100 to 599 or a class such as 5xx`,
 	"concurrency_with_window":      `policies[0].window: "1m": not used by concurrency`,
 	"bucket_with_window":           `policies[0].window: "1m": not used by token_bucket`,
@@ -586,5 +588,17 @@ func TestValidateReadsKeyFile(t *testing.T) {
 	var es Errors
 	if !errors.As(err, &es) || len(es) != 1 || es[0].Path != "identity.jwt.rs256_public_key_file" {
 		t.Errorf("got %v, want one identity.jwt.rs256_public_key_file error", err)
+	}
+}
+
+// TestOnErrorValuesAreBuckets: store.on_error accepts exactly what bucket.ParseOnError does,
+// which applies the rule ("" is its default, allow).
+func TestOnErrorValuesAreBuckets(t *testing.T) {
+	for _, v := range []string{`""`, "allow", "deny", "local", "Deny", "fail"} {
+		cfg := mustParse(t, minimal+"store: {on_error: "+v+", replicas: 2}\n", noEnv)
+		_, perr := bucket.ParseOnError(cfg.Store.OnError)
+		if verr := cfg.Validate(noEnv); (verr == nil) != (perr == nil) {
+			t.Errorf("on_error %s: Validate %v, bucket.ParseOnError %v", v, verr, perr)
+		}
 	}
 }

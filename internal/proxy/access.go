@@ -53,7 +53,7 @@ func (h *Handler) logAccess(r *http.Request, st *reqState, start, end time.Time)
 		zap.String("time", at.UTC().Format(time.RFC3339Nano)),
 		zap.String("method", r.Method),
 		zap.String("path", path),
-		zap.Int("status", st.sw.status),
+		zap.Int("status", st.fw.status),
 		zap.Float64("duration_seconds", end.Sub(start).Seconds()),
 		zap.String("decision", decision),
 		zap.String("protocol", protocolNames[st.proto]),

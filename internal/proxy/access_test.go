@@ -195,14 +195,14 @@ func TestAccessLogOff(t *testing.T) {
 
 func TestStatusWriter(t *testing.T) {
 	rec := httptest.NewRecorder()
-	sw := &statusWriter{ResponseWriter: rec}
+	sw := &forwardWriter{ResponseWriter: rec}
 	sw.WriteHeader(http.StatusEarlyHints) // informational: not the final status
 	sw.WriteHeader(http.StatusTeapot)
 	sw.WriteHeader(http.StatusOK) // superfluous; net/http ignores it too
 	if sw.status != http.StatusTeapot {
 		t.Errorf("status = %d, want 418", sw.status)
 	}
-	sw2 := &statusWriter{ResponseWriter: httptest.NewRecorder()}
+	sw2 := &forwardWriter{ResponseWriter: httptest.NewRecorder()}
 	_, _ = sw2.Write([]byte("x"))
 	if sw2.status != http.StatusOK {
 		t.Errorf("status after a bare Write = %d, want 200", sw2.status)

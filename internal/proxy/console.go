@@ -9,8 +9,8 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
-// Console is what the handler tells the operators' console (package admin) about each request;
-// *admin.Console satisfies it. Both methods run on the request path, so they must be cheap and
+// Console is what the handler tells the operators' console (package console) about each request;
+// *console.Console satisfies it. Both methods run on the request path, so they must be cheap and
 // safe for concurrent use, and must not keep p or results.
 type Console interface {
 	// Adjust applies temporary exemptions to a planned request before its charges are taken:

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/console"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -73,7 +73,7 @@ func consoleHandler(b *testing.B, admitted, on, light bool) *Handler {
 		o.Now = func() time.Time { return consoleBenchNow.Add(time.Duration(ms.Add(1)) * time.Millisecond) }
 	}
 	if on {
-		c, err := admin.New(admin.Options{Policies: func() *policy.Set { return nil }, Pseudonyms: policy.NewPseudonyms(nil)})
+		c, err := console.New(console.Options{Policies: func() *policy.Set { return nil }, Pseudonyms: policy.NewPseudonyms(nil)})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -51,36 +51,51 @@ func (f forwardFate) refundable() bool {
 	return f == fateNone || f == fateAnswered || f == fateUndelivered
 }
 
-// forwardWriter is the writer the reverse proxy answers a forwarded request through. It records
-// whether a final answer was written, and whether the upstream's answer arrived (fateAnswered,
-// its status written) or the gateway answered itself, which the error handler marks before it
-// writes. Unwrap keeps http.ResponseController (flushes, hijacks) working through it.
+// forwardWriter is the one writer a request's answer goes through when something must be known
+// about it (st.writer installs it, once per request): the access log's and the give-backs'
+// status, a forward's fate and write stall bound, the protection's latency sample. It records
+// the status of the answer: the first final status written (a 101 for a protocol upgrade
+// counts: it is the answer of a WebSocket request), or 200 for a body written without one; and
+// for a forwarded request whether the upstream's answer arrived (fateAnswered) or the gateway
+// answered itself, which the error handler marks before it writes. Unwrap keeps
+// http.ResponseController (flushes, deadlines) working through it; Hijack is its own.
 type forwardWriter struct {
 	http.ResponseWriter
-	fate  forwardFate
-	wrote bool        // a final status (or a body) was written
-	h2    bool        // the request came over HTTP/2: see arm
-	body  *clientBody // the request's body, nil without one: for the error handler
-	// stall is server.write_stall_timeout (0: none, or the writer has no deadlines): every
-	// write and flush must go through within it (see stallWrite).
+	status int // 0 while nothing final was written
+	fate   forwardFate
+	h2     bool        // the request came over HTTP/2: see arm
+	body   *clientBody // the request's body, nil without one: for the error handler
+	// stall is server.write_stall_timeout while forwarding (0: none, or the writer has no
+	// deadlines): every write and flush must go through within it (see stallWrite).
 	stall time.Duration
+	// timed: first records when the answer began (its status, a body, or a protocol switch),
+	// the protection's latency sample, which a long stream's duration must not inflate.
+	timed bool
+	first time.Time
+}
+
+// answered records that an answer with this status began.
+func (w *forwardWriter) answered(status int) {
+	if w.status == 0 {
+		w.status = status
+		if w.timed {
+			w.first = time.Now()
+		}
+	}
+	if w.fate == fateForwarded {
+		w.fate = fateAnswered
+	}
 }
 
 func (w *forwardWriter) WriteHeader(code int) {
 	if code >= 200 || code == http.StatusSwitchingProtocols {
-		w.wrote = true
-		if w.fate == fateForwarded {
-			w.fate = fateAnswered
-		}
+		w.answered(code)
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *forwardWriter) Write(b []byte) (int, error) {
-	w.wrote = true
-	if w.fate == fateForwarded {
-		w.fate = fateAnswered
-	}
+	w.answered(http.StatusOK)
 	if w.stall > 0 {
 		return w.stallWrite(b)
 	}
@@ -154,12 +169,19 @@ func (w *forwardWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil {
-		w.wrote = true
-		if w.fate == fateForwarded {
-			w.fate = fateAnswered
-		}
+		w.answered(http.StatusSwitchingProtocols)
 	}
 	return c, brw, err
+}
+
+// writer returns the request's one forwardWriter around w: w itself when it is that writer
+// already, else st.fw made anew around w.
+func (st *reqState) writer(w http.ResponseWriter) *forwardWriter {
+	if fw, ok := w.(*forwardWriter); ok && fw == &st.fw {
+		return fw
+	}
+	st.fw = forwardWriter{ResponseWriter: w}
+	return &st.fw
 }
 
 // gatewayAnswers marks the answer about to be written as the gateway's own, with the fate f.
@@ -176,23 +198,20 @@ func gatewayAnswers(w http.ResponseWriter, f forwardFate) {
 // Read (a read timeout, a closed connection), a moment before that Read returns.
 const bodySettle = time.Second
 
-// send hands r to the reverse proxy rp through st.fw, which records the forward's fate, and r's
+// send hands r to the reverse proxy rp through st.fw (st.writer), which records the forward's fate, and r's
 // body (if any) through a clientBody, which records how reading it ended: a forward that fails
 // because the client's body failed is the client's fault (see clientError), not the upstream's.
 func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp *httputil.ReverseProxy) {
-	st.fw = forwardWriter{ResponseWriter: w, fate: fateForwarded, stall: h.stall, h2: r.ProtoMajor == 2}
-	// Cleared also when the reverse proxy aborts the response with a panic: the pool must not
-	// keep the response or the body alive. The fate stays for giveBack.
-	defer func() {
-		if st.fw.stall > 0 && !st.fw.h2 {
-			// What net/http writes once the handler returns (the rest of its buffer, the
-			// chunked end) is bounded too.
-			st.fw.arm()
-		}
-		st.fw.ResponseWriter, st.fw.body = nil, nil
-	}()
+	fw := st.writer(w)
+	fw.fate, fw.stall, fw.h2 = fateForwarded, h.stall, r.ProtoMajor == 2
+	if fw.stall > 0 && !fw.h2 {
+		// What net/http writes once the handler returns (the rest of its buffer, the chunked
+		// end) is bounded too. (ServeHTTP lets go of the writer and the body when the request
+		// ends, also when the reverse proxy aborts the response with a panic.)
+		defer fw.arm()
+	}
 	if r.Body == nil || r.Body == http.NoBody {
-		rp.ServeHTTP(&st.fw, r)
+		rp.ServeHTTP(fw, r)
 		return
 	}
 	body, ok := r.Body.(*clientBody) // sendGuarded's, stamping the body's end
@@ -200,9 +219,9 @@ func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp 
 		body = &clientBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	st.fw.body = body
-	rp.ServeHTTP(&st.fw, r)
-	if st.fw.wrote || r.Context().Err() == nil {
+	fw.body = body
+	rp.ServeHTTP(fw, r)
+	if fw.status != 0 || r.Context().Err() == nil {
 		return
 	}
 	// The context ended while the body was being read, and the error handler left the answer
@@ -218,17 +237,17 @@ func (h *Handler) send(w http.ResponseWriter, r *http.Request, st *reqState, rp 
 		err = body.settle(bodySettle)
 	}
 	if reason, ok := bodyFault(err); ok && reason == clientBodyTimeout {
-		h.clientError(w, r, reason, err)
+		h.clientError(fw, r, reason, err)
 		return
 	}
 	// The client left mid-upload (its connection closed, its stream reset) or the body was
 	// not being read when it did. Nobody to answer; but a client that only closed its half of
 	// the connection still reads, and an empty 200 would tell it the upload went through.
 	h.m.canceled[stageUpstream].Inc()
-	gatewayAnswers(&st.fw, fateUnanswered)
+	gatewayAnswers(fw, fateUnanswered)
 	if err != nil {
-		w.Header().Set("Connection", "close")
-		writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemBadBody, Status: http.StatusBadRequest,
+		fw.Header().Set("Connection", "close")
+		writeAnswer(fw, r, nil, answer.Problem{Type: answer.ProblemBadBody, Status: http.StatusBadRequest,
 			Detail: "The request body ended before its end."})
 	}
 }

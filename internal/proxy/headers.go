@@ -16,31 +16,48 @@ const hdrContentType = "Content-Type"
 
 var wwwAuthenticate = []string{`Bearer error="invalid_token"`}
 
-// rlValues holds the three X-RateLimit values and the digits they point into, so that the three
-// headers cost one allocation. It is never reused: the header map keeps referring to it.
-type rlValues struct {
-	vals   [3]string
-	digits [3 * 20]byte // an int64 has at most 20 characters
+// valueArena hands out the X-RateLimit header values (their digits and the one-string slices
+// the header map holds) from blocks that are only ever appended to, never written twice: a
+// full block is dropped, and the responses whose headers point into it keep it alive as long
+// as they need it (net/http writes the headers after the handler returned). One allocation of
+// each block serves dozens of responses, instead of one allocation per response.
+type valueArena struct {
+	digits []byte
+	vals   []string
+}
+
+const (
+	arenaDigits = 2048 // bytes per digit block: at least 34 responses of three int64s
+	arenaVals   = 96   // strings per value block: 32 responses
+)
+
+// three returns x, y and z formatted, each as its own one-element slice of capacity 1 (so
+// that Header.Add copies instead of writing into the block).
+func (a *valueArena) three(x, y, z int64) (vx, vy, vz []string) {
+	if cap(a.digits)-len(a.digits) < 3*20 { // an int64 has at most 20 characters
+		a.digits = make([]byte, 0, arenaDigits)
+	}
+	if cap(a.vals)-len(a.vals) < 3 {
+		a.vals = make([]string, 0, arenaVals)
+	}
+	start := len(a.digits)
+	d := strconv.AppendInt(a.digits, x, 10)
+	e1 := len(d)
+	d = strconv.AppendInt(d, y, 10)
+	e2 := len(d)
+	d = strconv.AppendInt(d, z, 10)
+	a.digits = d // within the block's capacity: nothing before len(d) is written again
+	n := len(a.vals)
+	a.vals = append(a.vals, unsafe.String(&d[start], e1-start), unsafe.String(&d[e1], e2-e1), unsafe.String(&d[e2], len(d)-e2))
+	return a.vals[n : n+1 : n+1], a.vals[n+1 : n+2 : n+2], a.vals[n+2 : n+3 : n+3]
 }
 
 // setRateLimitHeaders writes X-RateLimit-Limit/-Remaining/-Reset (and with IETF, RateLimit-Policy
-// and RateLimit) for charge pick with verdict res. The three numbers are formatted into one
-// rlValues, which costs one allocation; buf is returned for reuse.
+// and RateLimit) for charge pick with verdict res. The three numbers come from st's arena
+// (valueArena); buf is returned for reuse.
 func setRateLimitHeaders(h http.Header, buf []byte, hc policy.Headers, st *reqState, pick int, res bucket.Result) []byte {
-	v := new(rlValues)
-	d := strconv.AppendInt(v.digits[:0], res.Limit, 10)
-	e1 := len(d)
-	d = strconv.AppendInt(d, res.Remaining, 10)
-	e2 := len(d)
-	d = strconv.AppendInt(d, answer.ResetValue(hc.Reset == policy.ResetDelta, st.now, res.Reset), 10)
-	// d stays within v.digits (60 bytes for three int64s), and v.digits is never written again,
-	// so the strings are immutable as strings must be.
-	v.vals[0] = unsafe.String(&v.digits[0], e1)
-	v.vals[1] = unsafe.String(&v.digits[e1], e2-e1)
-	v.vals[2] = unsafe.String(&v.digits[e2], len(d)-e2)
-	h[answer.HeaderLimit] = v.vals[0:1:1]
-	h[answer.HeaderRemaining] = v.vals[1:2:2]
-	h[answer.HeaderReset] = v.vals[2:3:3]
+	h[answer.HeaderLimit], h[answer.HeaderRemaining], h[answer.HeaderReset] = st.values.three(
+		res.Limit, res.Remaining, answer.ResetValue(hc.Reset == policy.ResetDelta, st.now, res.Reset))
 	if !hc.IETF {
 		return buf
 	}

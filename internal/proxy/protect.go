@@ -9,13 +9,11 @@ package proxy
 // request's body to the answer's headers, which moves an adaptive limit.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
@@ -196,10 +194,10 @@ func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqSta
 		body = &clientBody{ReadCloser: r.Body, stamp: true}
 		r.Body = body
 	}
-	st.pw = timingWriter{ResponseWriter: w, start: start}
+	fw := st.writer(w)
+	fw.timed = true
 	defer func() {
-		first := st.pw.first
-		st.pw = timingWriter{} // do not keep the response alive in the pool
+		first := fw.first
 		sent := start
 		if body != nil {
 			sent = body.endedAt()
@@ -222,7 +220,7 @@ func (h *Handler) sendGuarded(w http.ResponseWriter, r *http.Request, st *reqSta
 		rtt, ok := protect.Latency(o, sent, first)
 		p.slots.Release(class, first, rtt, ok)
 	}()
-	h.send(&st.pw, r, st, rp)
+	h.send(fw, r, st, rp)
 }
 
 // bufferBody reads r's body whole before a slot is taken, when it is no larger than
@@ -351,40 +349,4 @@ func (h *Handler) giveBackShed(r *http.Request, st *reqState) {
 	st.givenBack = true
 	st.taken = verdict.AppendTaken(st.taken[:0], st.plan.Charges, st.results, st.now, nil)
 	h.release(r, st)
-}
-
-// timingWriter records when the upstream's answer began (its status, or a protocol switch):
-// the latency sample of an adaptive limit, which a long stream's duration must not inflate.
-// http.ResponseController finds flushes through Unwrap, hijacks through Hijack.
-type timingWriter struct {
-	http.ResponseWriter
-	start, first time.Time
-}
-
-func (w *timingWriter) mark() {
-	if w.first.IsZero() {
-		w.first = time.Now()
-	}
-}
-
-func (w *timingWriter) WriteHeader(code int) {
-	if code >= 200 || code == http.StatusSwitchingProtocols {
-		w.mark()
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *timingWriter) Write(b []byte) (int, error) {
-	w.mark()
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *timingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func (w *timingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
-	if err == nil {
-		w.mark()
-	}
-	return c, brw, err
 }

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -198,12 +199,14 @@ type Handler struct {
 	grpcAll  bool     // every path may carry gRPC calls (Options.GRPCRoutes nil)
 	grpcAt   []string // else the path prefixes that may
 	grpcIdle time.Duration
-	stall    time.Duration // Options.WriteStallTimeout
-	prot     *protection   // nil without Options.Protect
-	states   sync.Pool     // *reqState
-	byPolicy sync.Map      // policy name -> *policyState
-	console  Console       // nil without one
-	tracer   Tracer        // nil without one
+	stall    time.Duration                // Options.WriteStallTimeout
+	prot     *protection                  // nil without Options.Protect
+	states   sync.Pool                    // *reqState
+	byPolicy sync.Map                     // policy name -> *policyState
+	slots    atomic.Pointer[[]policySlot] // policy index -> its state (policyOf)
+	slotMu   sync.Mutex                   // serialises installing slots
+	console  Console                      // nil without one
+	tracer   Tracer                       // nil without one
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
@@ -332,20 +335,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	}
 	st := h.states.Get().(*reqState)
-	defer h.states.Put(st)
+	defer h.done(st)
 	st.reset(grpc, protocolOf(r, grpc), h.access != nil)
 	if h.access == nil {
 		h.serve(w, r, st)
 	} else {
 		start := time.Now()
-		st.sw = statusWriter{ResponseWriter: w}
-		h.serve(&st.sw, r, st)
+		h.serve(st.writer(w), r, st)
 		h.logAccess(r, st, start, time.Now())
-		st.sw = statusWriter{} // do not keep the response alive in the pool
 	}
 	if h.tracer != nil {
 		h.traceDecision(r.Context(), st)
 	}
+}
+
+// done returns a request's state to the pool, once the request is over (also when the reverse
+// proxy aborted it with a panic): without its writer and body, which the pool must not keep
+// alive.
+func (h *Handler) done(st *reqState) {
+	st.fw.ResponseWriter, st.fw.body = nil, nil
+	h.states.Put(st)
+}
+
+// decide counts the request's decision (by its protocol) and remembers it for the access log.
+func (h *Handler) decide(st *reqState, d int) {
+	h.m.decided(st.proto, d)
+	st.decision = d
 }
 
 // traceDecision tells the tracer the request's decision.
@@ -358,12 +373,6 @@ func (h *Handler) traceDecision(ctx context.Context, st *reqState) {
 		results = st.results[:len(st.plan.Charges)]
 	}
 	h.tracer.Decided(ctx, decisionNames[st.decision], &st.plan, results)
-}
-
-// decide counts the request's decision (by its protocol) and remembers it for the access log.
-func (h *Handler) decide(st *reqState, d int) {
-	h.m.decided(st.proto, d)
-	st.decision = d
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
@@ -415,9 +424,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, st *reqState) {
 		// Slots and reservations are given back once the answer is complete, the client left
 		// or the upstream failed, so in a defer: the reverse proxy aborts a response whose
 		// upstream body fails with a panic (http.ErrAbortHandler).
-		sw := &statusWriter{ResponseWriter: w}
-		defer func() { h.giveBack(r, st, sw.status) }()
-		h.admit(sw, r, st, pols)
+		fw := st.writer(w)
+		defer func() { h.giveBack(r, st, fw.status) }()
+		h.admit(fw, r, st, pols)
 		return
 	}
 	h.admit(w, r, st, pols)

@@ -272,7 +272,7 @@ func chargeOnHarness(t *testing.T, up *countingUpstream, edit func(*Options)) *h
 		t.Fatal(err)
 	}
 	pol := &fakePolicies{policies: []*policy.Policy{{Name: "p", Limit: one, ChargeOn: set}},
-		charges: []bucket.Charge{{Key: testKey(1), Limit: one, Refundable: true}}}
+		charges: []bucket.Charge{{Key: testKey(1), Limit: one, MayGiveBack: true}}}
 	return newHarness(t, pol, newFakeLimiter(true), up, func(o *Options) {
 		o.Limiter = memstore.New(memstore.Options{})
 		o.Now = nil

@@ -14,47 +14,47 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/verdict"
 )
 
-// reqState is the per-request scratch space, pooled so the admitted path allocates little.
+// reqState is the per-request scratch space, pooled so the admitted path allocates little: the
+// buffers that later requests reuse, and the facts of one request (reqFacts), which reset
+// forgets at once.
 type reqState struct {
 	plan    policy.Plan
 	results []bucket.Result
 	buf     []byte
-	now     time.Time // the instant handed to the limiter; headers are relative to it
 	ctx     *storeCtx // reused while no store materialised it
 	taken   []bucket.Taken
-	grpc    bool  // the request is a gRPC call: the gateway's own answers are gRPC statuses
-	proto   uint8 // protoHTTP1, protoHTTP2 or protoGRPC: the metrics' and logs' protocol label
+	values  valueArena // the X-RateLimit values of admitted answers (headers.go)
+	reqFacts
+}
+
+// reqFacts is what reqState knows of one request; every request starts from its zero value.
+type reqFacts struct {
+	now   time.Time // the instant handed to the limiter; headers are relative to it
+	grpc  bool      // the request is a gRPC call: the gateway's own answers are gRPC statuses
+	proto uint8     // protoHTTP1, protoHTTP2 or protoGRPC: the metrics' and logs' protocol label
 	// callExpired: the last Take ran out of time at the request's own deadline (a gRPC call's
 	// grpc-timeout), not at StoreTimeout.
 	callExpired bool
 
-	fw forwardWriter // the writer of the forward, once there is one: its fate decides refunds
-	pw timingWriter  // the writer of a forward behind a protection slot (protect.go)
+	// fw is the answer's writer, once one is needed (st.writer): its status goes to the access
+	// log and decides charge_on refunds, its fate whether a refund may be made.
+	fw forwardWriter
 	// givenBack: every charge was given back already (a request the protection shed).
 	givenBack bool
 
 	// For the access log.
 	decision int    // index into decisionLabels, or decNone while undecided
 	rejector string // the policy named in a 429
-	sw       statusWriter
 }
 
-// reset readies a pooled state for a request: everything of the last request forgotten, in
-// one assignment (a field added later starts zero without being listed here), but the
-// capacity of the slices and buffers kept.
+// reset readies a pooled state for a request: the last request's facts forgotten in one
+// assignment (a fact added later starts zero without being listed here), the buffers emptied
+// with their capacity kept.
 func (st *reqState) reset(grpc bool, proto uint8, wantIdentity bool) {
 	st.plan.Reset()
 	st.plan.WantIdentity = wantIdentity
-	*st = reqState{
-		plan:     st.plan,
-		results:  st.results,
-		buf:      st.buf[:0],
-		ctx:      st.ctx,
-		taken:    st.taken[:0],
-		grpc:     grpc,
-		proto:    proto,
-		decision: decNone,
-	}
+	st.buf, st.taken = st.buf[:0], st.taken[:0]
+	st.reqFacts = reqFacts{grpc: grpc, proto: proto, decision: decNone}
 }
 
 // mustGiveBack reports whether an admitted group holds a charge to give back after the answer:
@@ -86,7 +86,7 @@ func (h *Handler) giveBack(r *http.Request, st *reqState, status int) {
 		case st.plan.Charges[i].Limit.Algorithm == bucket.Concurrency:
 			return true
 		case pol.ChargeOn != nil && refundable && !pol.ChargeOn.Has(status):
-			h.policy(pol.Name).counters.refunded.Inc()
+			h.policyOf(pol).counters.refunded.Inc()
 			return true
 		}
 		return false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,8 +23,13 @@ type storeCtx struct {
 	// parentBound: the deadline is the parent's (a gRPC call's grpc-timeout), not StoreTimeout.
 	parentBound bool
 
-	mu     sync.Mutex
-	real   context.Context // nil until Done is first called
+	mu   sync.Mutex                  // serialises materialising
+	real atomic.Pointer[materialCtx] // nil until Done is first called: read without the lock
+}
+
+// materialCtx is the real context of a storeCtx whose Done was called, and its cancel.
+type materialCtx struct {
+	ctx    context.Context
 	cancel context.CancelFunc
 }
 
@@ -64,20 +70,27 @@ func (c *storeCtx) timedOut(end time.Time) bool {
 
 // materialised returns the real context, or nil before Done was called.
 func (c *storeCtx) materialised() context.Context {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.real
+	if m := c.real.Load(); m != nil {
+		return m.ctx
+	}
+	return nil
 }
 
 func (c *storeCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
 func (c *storeCtx) Done() <-chan struct{} {
+	if m := c.real.Load(); m != nil {
+		return m.ctx.Done()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.real == nil {
-		c.real, c.cancel = context.WithDeadline(c.parent, c.deadline)
+	m := c.real.Load()
+	if m == nil {
+		m = new(materialCtx)
+		m.ctx, m.cancel = context.WithDeadline(c.parent, c.deadline)
+		c.real.Store(m)
 	}
-	return c.real.Done()
+	return m.ctx.Done()
 }
 
 // Err reports the parent's error, else DeadlineExceeded once the deadline has passed. Once Done
@@ -106,10 +119,7 @@ func (c *storeCtx) Value(key any) any {
 
 // release ends the context after Take returned, stopping the real context's timer if there is one.
 func (c *storeCtx) release() {
-	c.mu.Lock()
-	cancel := c.cancel
-	c.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	if m := c.real.Load(); m != nil {
+		m.cancel()
 	}
 }

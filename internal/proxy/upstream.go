@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -262,41 +261,6 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	writeAnswer(w, r, nil, answer.Problem{Type: answer.ProblemBadGateway, Status: http.StatusBadGateway,
 		Detail: "The upstream could not be reached."})
-}
-
-// statusWriter records the status of the answer: the first final status written (a 101 for a
-// protocol upgrade counts: it is the answer of a WebSocket request), or 200 for a body written
-// without one; 0 while nothing was. Unwrap keeps http.ResponseController working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// Hijack hands the connection over for a protocol switch (WebSocket): the reverse proxy then
-// writes the upstream's 101 to the connection itself, past WriteHeader, so the switch is
-// recorded here. http.ResponseController finds this method before Unwrap.
-func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
-	if err == nil && w.status == 0 {
-		w.status = http.StatusSwitchingProtocols
-	}
-	return c, brw, err
 }
 
 // classifyUpstream maps a transport error onto the fixed reason set of the metric.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,44 @@ func newRejection(typ, name string, retry, limit, reset, cost, remaining int64) 
 	return r
 }
 
+// policyOf returns p's state: from the slot of p's index in the set (one load and a pointer
+// comparison per charge, no lookup by name), else, the first time a set's policy is seen, by
+// name (policy), installing it in the slot. A reload's new policies take over their slots; a
+// slot whose index holds another set's policy is simply replaced.
+func (h *Handler) policyOf(p *policy.Policy) *policyState {
+	if s := h.slots.Load(); s != nil && p.Index >= 0 && p.Index < len(*s) {
+		if sl := (*s)[p.Index]; sl.pol == p {
+			return sl.st
+		}
+	}
+	st := h.policy(p.Name)
+	if p.Index < 0 || p.Index >= maxSlots {
+		return st
+	}
+	h.slotMu.Lock()
+	defer h.slotMu.Unlock()
+	var next []policySlot
+	if old := h.slots.Load(); old != nil {
+		next = slices.Clone(*old)
+	}
+	if p.Index >= len(next) {
+		next = append(next, make([]policySlot, p.Index+1-len(next))...)
+	}
+	next[p.Index] = policySlot{pol: p, st: st}
+	h.slots.Store(&next)
+	return st
+}
+
+// policySlot is the state of the policy at one index of the set in force.
+type policySlot struct {
+	pol *policy.Policy
+	st  *policyState
+}
+
+// maxSlots bounds the slots: policies beyond it (more than any configuration has) are found by
+// name.
+const maxSlots = 1024
+
 // policy returns name's state, creating it on first use. Like the counters, the states of
 // policies that a reload removed stay (one small value per name ever configured).
 func (h *Handler) policy(name string) *policyState {
@@ -68,7 +107,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
 	for i := range charges {
 		if !charges[i].Shadow && !results[i].Allowed {
-			h.countLimited(h.policy(ps[i].Name), &st.plan, i, st.now)
+			h.countLimited(h.policyOf(ps[i]), &st.plan, i, st.now)
 		}
 	}
 	pick := verdict.Of(charges, results)
@@ -90,7 +129,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, st *reqState, p
 	if charges[pick].Limit.Algorithm == bucket.Concurrency {
 		typ = answer.ProblemConcurrency
 	}
-	pickState := h.policy(name)
+	pickState := h.policyOf(ps[pick])
 	hc := pols.Headers()
 	if st.grpc {
 		h.rejectGRPC(w, r, st, hc, pick, pickState, typ, res, retry)
@@ -124,7 +163,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, st *reqState, po
 	charges, results, ps := st.plan.Charges, st.results[:len(st.plan.Charges)], st.plan.Policies
 	var wait time.Duration
 	for i := range charges {
-		c := h.policy(ps[i].Name).counters
+		c := h.policyOf(ps[i]).counters
 		if !results[i].Allowed {
 			// Only a shadow charge can fail in an admitted group.
 			c.ShadowLimited.Inc()

@@ -7,8 +7,8 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 )
 
-// Console is what the service tells the operators' console (package admin) about each call;
-// *admin.Console satisfies it. Both methods run on the call path, once per descriptor that a
+// Console is what the service tells the operators' console (package console) about each call;
+// *console.Console satisfies it. Both methods run on the call path, once per descriptor that a
 // rule charges, so they must be cheap and safe for concurrent use, and must not keep what they
 // are given.
 type Console interface {

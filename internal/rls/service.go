@@ -9,7 +9,7 @@
 // and nothing is consumed from the call's other descriptors (envoyproxy/ratelimit goes on
 // counting them). docs/envoy.md describes the protocol as served.
 //
-// With Options.Console the operators' console (package admin, through the Console interface
+// With Options.Console the operators' console (package console, through the Console interface
 // declared here) applies its exemptions to each rule's charge and is told every descriptor a
 // rule charged; without one the call path calls nothing more.
 package rls
@@ -201,19 +201,21 @@ func (s *Service) plan(now time.Time, dom *envoyrules.Domain, req *pb.RateLimitR
 	c.match(dom, req)
 	pool := Pool(dom.Name)
 	for i, d := range req.Descriptors {
-		ch, view, ok := s.charge(now, dom, d, c, i, &statuses[i])
-		if !ok {
+		// The charge and its view are made in place, in the call's scratch space.
+		n := len(c.charges)
+		c.charges, c.views = append(c.charges, bucket.Charge{}), append(c.views, limitView{})
+		ch := &c.charges[n]
+		if !s.charge(now, dom, d, c, i, &statuses[i], ch, &c.views[n]) {
+			c.charges, c.views = c.charges[:n], c.views[:n]
 			continue
 		}
 		ch.Pool = pool
-		probe, err := cost(&ch, req.GetHitsAddend(), d.GetHitsAddend())
+		probe, err := cost(ch, req.GetHitsAddend(), d.GetHitsAddend())
 		if err != nil {
 			return err
 		}
-		c.charges = append(c.charges, ch)
 		c.of = append(c.of, i)
 		c.probe = append(c.probe, probe)
-		c.views = append(c.views, view)
 	}
 	if cap(c.results) < len(c.charges) {
 		c.results = make([]bucket.Result, len(c.charges))
@@ -255,48 +257,48 @@ func (c *call) match(dom *envoyrules.Domain, req *pb.RateLimitRequest) {
 	}
 }
 
-// charge is descriptor i's charge (without its pool and cost) and what the headers say about
-// it; ok is false when nothing is charged for it (no rule, or unlimited: then st says so).
-func (s *Service) charge(now time.Time, dom *envoyrules.Domain, d *rlext.RateLimitDescriptor, c *call, i int, st *pb.RateLimitResponse_DescriptorStatus) (ch bucket.Charge, view limitView, ok bool) {
+// charge fills in descriptor i's charge (without its pool and cost) and what the headers say
+// about it (view); false when nothing is charged for it (no rule, or unlimited: then st says so).
+func (s *Service) charge(now time.Time, dom *envoyrules.Domain, d *rlext.RateLimitDescriptor, c *call, i int, st *pb.RateLimitResponse_DescriptorStatus, ch *bucket.Charge, view *limitView) bool {
 	es := c.entriesOf(i)
 	switch c.kinds[i] {
 	case kindUnlimited:
 		st.LimitRemaining = math.MaxUint32
-		return ch, view, false
+		return false
 	case kindOverride:
 		o := d.GetLimit()
 		l, _ := envoyrules.OverrideLimit(o.GetRequestsPerUnit(), envoyrules.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue()) // validated
-		ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l}
+		*ch = bucket.Charge{Key: dom.OverrideKey(es, l), Limit: l}
 		// The caller chooses an override's entries: its label is the domain's alone.
-		view = limitView{name: overrideLabel(dom.Name), limit: l}
+		*view = limitView{name: overrideLabel(dom.Name), limit: l}
 		view.metric = view.name
 		st.CurrentLimit = &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: pb.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()}
-		return ch, view, true
+		return true
 	case kindRule:
 		m := &c.matches[i]
 		r := m.Rule
-		ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease}
+		*ch = bucket.Charge{Key: m.Key(es), Limit: r.Limit, Shadow: r.Shadow, Lease: r.Lease}
 		if s.o.Console != nil {
 			if l, unlimited, exempt := s.o.Console.ExemptRLS(now, r, ch.Key); exempt && unlimited {
 				// An unlimited exemption: answered as an unlimited rule is, charging nothing.
 				c.kinds[i] = kindUnlimited
 				st.LimitRemaining = math.MaxUint32
-				return ch, view, false
+				return false
 			} else if exempt {
 				ch.Limit = l // the key's bucket, under the exemption's limit
 			}
 		}
 		// Headers name the rule by its static label; metrics by m.Label, which holds
 		// values where the rule asks for them (detailed_metric, value_to_metric).
-		view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: ch.Limit, shadow: r.Shadow}
+		*view = limitView{name: r.Label, metric: m.Label(dom.Name, es), limit: ch.Limit, shadow: r.Shadow}
 		cl := &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(r.Unit)}
 		if r.UnitMultiplier > 1 {
 			cl.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
 		}
 		st.CurrentLimit = cl
-		return ch, view, true
+		return true
 	}
-	return ch, view, false // kindNone
+	return false // kindNone
 }
 
 // cost sets ch's cost from the hits of the call (callHits) and of its descriptor (descHits,
@@ -318,7 +320,7 @@ func cost(ch *bucket.Charge, callHits uint32, descHits *wrapperspb.UInt64Value) 
 	}
 	// A check that consumes nothing: take one, refundable (never cached as a denial), straight
 	// from the item (no lease), and give it back once the call is decided.
-	ch.Cost, ch.Refundable, ch.Lease = 1, true, bucket.Lease{}
+	ch.Cost, ch.MayGiveBack, ch.Lease = 1, true, bucket.Lease{}
 	return true, nil
 }
 

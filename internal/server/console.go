@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/console"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
@@ -13,20 +13,20 @@ import (
 // The DynamoDB store is the console's shared store: found by a type assertion below, so a
 // signature that drifts must fail the build, not turn the sharing off.
 var (
-	_ admin.Keys   = (*dynamo.Store)(nil)
-	_ admin.Shared = (*dynamo.Store)(nil)
+	_ console.Keys   = (*dynamo.Store)(nil)
+	_ console.Shared = (*dynamo.Store)(nil)
 )
 
-// newConsole builds the operators' console (package admin) on the store's primary: the admin
+// newConsole builds the operators' console (package console) on the store's primary: the admin
 // block's tokens, the log's pseudonyms, and on DynamoDB exemptions shared through the table. One
 // console serves both front ends (proxy and rate limit service), in every mode.
-func (g *gateway) newConsole() (*admin.Console, error) {
+func (g *gateway) newConsole() (*console.Console, error) {
 	cfg, rl, st, ps, log, reg, now := g.cfg, g.rl, g.st, g.pseudonyms, g.log, g.reg, g.now
 	write, read, err := policy.AdminTokens(cfg, g.o.Getenv)
 	if err != nil {
 		return nil, err // validated already; only an environment changed since then gets here
 	}
-	o := admin.Options{
+	o := console.Options{
 		Policies:       rl.Set,
 		Pseudonyms:     ps,
 		WriteToken:     write,
@@ -40,17 +40,17 @@ func (g *gateway) newConsole() (*admin.Console, error) {
 		Registerer:     reg,
 		Now:            now,
 	}
-	if k, ok := st.Primary().(admin.Keys); ok {
+	if k, ok := st.Primary().(console.Keys); ok {
 		o.Keys = k
 	}
-	if sh, ok := st.Primary().(admin.Shared); ok {
+	if sh, ok := st.Primary().(console.Shared); ok {
 		o.Shared = sh
 	}
-	return admin.New(o)
+	return console.New(o)
 }
 
 // adminHandler serves the console's API (/v1/) and page (/) beside /metrics and the probes.
-func adminHandler(c *admin.Console, base http.Handler) http.Handler {
+func adminHandler(c *console.Console, base http.Handler) http.Handler {
 	if c == nil {
 		return base
 	}
@@ -62,15 +62,15 @@ func adminHandler(c *admin.Console, base http.Handler) http.Handler {
 	return mux
 }
 
-// adminGuard answers on the admin listener only requests naming it (admin.HostGuard: against
+// adminGuard answers on the admin listener only requests naming it (console.HostGuard: against
 // DNS rebinding, on every path, /metrics and the probes included) and refuses browsers'
 // cross-origin writes.
 func adminGuard(cfg *policy.Config, h http.Handler) http.Handler {
-	return admin.NewHostGuard(cfg.AdminListen, cfg.Admin.Hosts).Handler(admin.CrossOrigin(h))
+	return console.NewHostGuard(cfg.AdminListen, cfg.Admin.Hosts).Handler(console.CrossOrigin(h))
 }
 
 // runConsole reads shared exemptions until ctx ends (nothing to do without a console).
-func runConsole(ctx context.Context, c *admin.Console) {
+func runConsole(ctx context.Context, c *console.Console) {
 	if c != nil {
 		c.Run(ctx)
 	}

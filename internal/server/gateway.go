@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/console"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/fallback"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/proxy"
@@ -41,7 +41,7 @@ type gateway struct {
 	clock      *storeClock      // nil unless the backend is DynamoDB
 
 	pseudonyms *policy.Pseudonyms
-	console    *admin.Console
+	console    *console.Console
 	tel        *telemetry.Telemetry // nil without telemetry.otlp.endpoint (telemetry.go)
 	upstream   *url.URL
 	handler    http.Handler // nil without upstream: the rate limit service alone

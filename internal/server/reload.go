@@ -115,9 +115,15 @@ func (r *Reloader) read() (*policy.Config, []input, error) {
 		// A rename-over briefly removes the file; the Create that follows triggers another reload.
 		return nil, nil, fmt.Errorf("read config: %w", err)
 	}
-	cfg, err := policy.Parse(data, r.opts)
+	cfg, err := policy.ParseFile(r.path, data, r.opts)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", r.path, err)
+		if fe := (policy.Errors{}); errors.As(err, &fe) {
+			// Every problem of the file, validation's too, as `validate` reports them.
+			if _, _, all := policy.CheckData(r.path, data, r.opts, r.comp); all != nil {
+				err = all
+			}
+		}
+		return nil, nil, namePath(r.path, err)
 	}
 	// The referenced files are hashed before Compile reads them: if one changes in between, the
 	// set holds the newer content under the older digest, and the event of that change (which
@@ -132,9 +138,17 @@ func (r *Reloader) read() (*policy.Config, []input, error) {
 func (r *Reloader) compile(cfg *policy.Config) (*policy.Set, error) {
 	set, err := policy.Compile(cfg, r.comp)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.path, err)
+		return nil, namePath(r.path, err)
 	}
 	return set, nil
+}
+
+// namePath names the config file in err, unless its problems already do (each at its line).
+func namePath(path string, err error) error {
+	if fe := (policy.Errors{}); errors.As(err, &fe) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", path, err)
 }
 
 // referencedFiles reads every file that cfg names and that Compile reads. Paths stay as written:

@@ -54,7 +54,8 @@ type Options struct {
 type Hooks struct {
 	// DynamoDB wraps the DynamoDB client the shared store writes through.
 	DynamoDB func(dynamo.API) dynamo.API
-	// Store wraps the shared store (DynamoDB) before the fallback and the front ends see it.
+	// Store wraps the shared store, whatever its backend, before the fallback and the front ends
+	// see it. The memory store is not wrapped.
 	Store func(bucket.Store) bucket.Store
 }
 

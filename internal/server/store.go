@@ -17,6 +17,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/telemetry"
 )
 
 // StartupTimeout bounds what serve does with DynamoDB before it listens: loading the AWS
@@ -57,6 +58,8 @@ func (g *gateway) newBackend(ctx context.Context) (backend, error) {
 		b, err = g.memoryBackend()
 	case "dynamodb":
 		b, err = g.dynamoBackend(ctx)
+	case "redis":
+		b, err = g.redisBackend(ctx)
 	default:
 		err = fmt.Errorf("store.backend %q: not available in this build", g.cfg.Store.Backend)
 	}
@@ -149,7 +152,11 @@ func (g *gateway) dynamoBackend(ctx context.Context) (backend, error) {
 	if d.Mode == "transaction" {
 		mode = dynamo.Transaction
 	}
-	ds := dynamo.New(g.o.Hooks.dynamoDB(client), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
+	var api dynamo.API = client
+	if cfg.Telemetry.Enabled() {
+		api = telemetry.TraceDynamoDB(client) // a span per DynamoDB call of a recorded request
+	}
+	ds := dynamo.New(g.o.Hooks.dynamoDB(api), dynamo.Options{Table: d.Table, Mode: mode, DenyCache: d.DenyCache, Registerer: reg, Logger: log,
 		SlotLease: d.SlotLease, Now: clock.decide,
 		// A coalesced charge may wait one store.timeout in its item's queue and then ride a
 		// batch whose deadline is another waiter's: a write can land up to about twice the

@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
@@ -59,7 +59,7 @@ func (d *Decisions) Decided(ctx context.Context, decision string, p *policy.Plan
 			pol, res := p.Policies[pick], results[pick]
 			attrs = append(attrs,
 				AttrPolicy.String(pol.Name),
-				AttrAlgorithm.String(limitspec.AlgorithmName(p.Charges[pick].Limit.Algorithm)),
+				AttrAlgorithm.String(limitterms.AlgorithmName(p.Charges[pick].Limit.Algorithm)),
 				AttrKey.String(d.key(p, pick)),
 				AttrLimit.Int64(res.Limit),
 				AttrRemaining.Int64(max(res.Remaining, 0)),

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitspec"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/limitterms"
 )
 
 // RLSInterceptor is a gRPC interceptor for Envoy's rate limit service: one server span per
@@ -106,7 +106,7 @@ func (t *Telemetry) rlsDecision(rq *pb.RateLimitRequest, rs *pb.RateLimitRespons
 		if dom := rset.Domain(rq.GetDomain()); dom != nil {
 			if r := dom.Match(entries, &m); r != nil {
 				attrs = append(attrs, AttrPolicy.String(r.Label),
-					AttrAlgorithm.String(limitspec.AlgorithmName(r.Limit.Algorithm)))
+					AttrAlgorithm.String(limitterms.AlgorithmName(r.Limit.Algorithm)))
 				entries = m.KeyEntries(entries)
 			}
 		}

@@ -695,6 +695,7 @@ e2e() {
         line("forwarding: (c) / (b) plain httputil.ReverseProxy", "c", "b", 0.6)
         line("before: 429 path (d-before) / (d0)", "dB", "d0", 0.9)
         line("before: forwarding (c-before) / (b)", "cB", "b", 0.6)
+        if (ratio("d", "dB") != "") printf "\nThis build against the earlier one (BENCH_BEFORE), CPU per request: 429 path (d) / (d-before) %s; forwarding (c) / (c-before) %s.\n", ratio("d", "dB"), ratio("c", "cB")
       }' "$out/e2e.tsv"
     echo
     # How close the 429 path is to net/http's own floor, at equal GC settings.

@@ -503,7 +503,7 @@ func TestRLSValidateCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errs := runCLI(t, "validate", "--config", cfg)
-	if code != 0 || !strings.Contains(out, "rls: 9 rules in domains e2e from 1 files") {
+	if code != 0 || !strings.Contains(out, "rls: 9 rules in domains e2e from 1 file of") {
 		t.Fatalf("validate: exit %d\n%s%s", code, out, errs)
 	}
 	bad := filepath.Join(rules, "quota.yaml")
@@ -511,7 +511,7 @@ func TestRLSValidateCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errs = runCLI(t, "validate", "--config", cfg)
-	if want := bad + ": descriptors[0].quota_mode: not supported"; code == 0 || !strings.Contains(errs, want) {
+	if want := bad + ":4:17: descriptors[0].quota_mode: not supported"; code == 0 || !strings.Contains(errs, want) {
 		t.Errorf("validate with quota_mode: exit %d, want an error naming %q\n%s%s", code, want, out, errs)
 	}
 }

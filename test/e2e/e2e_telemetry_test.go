@@ -291,3 +291,100 @@ telemetry:
 		t.Errorf("network.protocol.version %q, want 2", v)
 	}
 }
+
+// TestTelemetryDynamoDB: on the DynamoDB store, each store span of a recorded request has the
+// DynamoDB calls it made as children, named by operation with the table, and no key is
+// exported (an item's key holds an unkeyed digest of it; the raw value must not appear).
+func TestTelemetryDynamoDB(t *testing.T) {
+	endpoint := dynamoEndpoint(t)
+	table := "e2e-otel-" + randomSuffix()
+	sink := otlpsink.Start(t)
+	up := newUpstream(t, nil)
+	g := startGateway(t, up.URL, dynamoStore(table, endpoint, true, "5s", "")+fmt.Sprintf(`telemetry:
+  otlp: {endpoint: "%s", insecure: true}
+policies:
+  - {name: per-key, key: api_key, algorithm: token_bucket, rate: 1/h, burst: 1}
+`, sink.GRPCAddr), append(awsEnv(), "OTEL_BSP_SCHEDULE_DELAY=50")...)
+	apiKey := adminKeyPrefix + "dynamo-otel-" + randomSuffix()
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		resp, _ := get(t, g.proxy+"/", "X-Api-Key", apiKey)
+		if resp.StatusCode != want {
+			t.Fatalf("request %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	isDynamo := func(s otlpsink.Span) bool { return strings.HasPrefix(s.GetName(), "DynamoDB.") }
+	if !sink.Wait(20*time.Second, func(spans []otlpsink.Span) bool {
+		takes, calls := 0, 0
+		for _, s := range spans {
+			if s.GetName() == "ratelimit.store.take" {
+				takes++
+			}
+			if isDynamo(s) {
+				calls++
+			}
+		}
+		return takes >= 2 && calls >= 2
+	}) {
+		t.Fatalf("got %d spans, want 2 store calls with DynamoDB calls under them", len(sink.Spans()))
+	}
+	spans := sink.Spans()
+	takes := map[string]otlpsink.Span{}
+	for _, s := range spans {
+		if s.GetName() == "ratelimit.store.take" {
+			takes[string(s.GetSpanId())] = s
+			if got := otlpsink.Attr(s.Span, "ratelimit.store"); got != "dynamodb" {
+				t.Errorf("store span: ratelimit.store %q, want dynamodb", got)
+			}
+		}
+	}
+	under := map[string]int{}
+	for _, s := range spans {
+		if !isDynamo(s) {
+			continue
+		}
+		parent, ok := takes[string(s.GetParentSpanId())]
+		if !ok || string(parent.GetTraceId()) != string(s.GetTraceId()) {
+			t.Errorf("%s is not under a store span", s.GetName())
+			continue
+		}
+		under[string(s.GetParentSpanId())]++
+		if got := otlpsink.Attr(s.Span, "aws.dynamodb.table_names"); got != table {
+			t.Errorf("%s: table %q, want %q", s.GetName(), got, table)
+		}
+		if got := otlpsink.Attr(s.Span, "error.type"); got != "" {
+			t.Errorf("%s failed: %s (a refusal is a failed condition, not an error)", s.GetName(), got)
+		}
+	}
+	if len(under) != 2 {
+		t.Errorf("DynamoDB calls under %d of the 2 store spans", len(under))
+	}
+	if sink.Contains([]byte(apiKey)) {
+		t.Error("the raw API key was exported")
+	}
+}
+
+// TestTelemetryValidate: `validate` says where telemetry goes, and names a bad value with its
+// field.
+func TestTelemetryValidate(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, telemetry string) string {
+		p := filepath.Join(dir, name)
+		cfg := "upstream: http://127.0.0.1:3000\n" + lenientPolicy + "telemetry:\n" + telemetry
+		if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", "  otlp: {endpoint: 'collector:4317', insecure: true}\n  traces: {sample_ratio: 0.1}\n  metrics: {otlp: true, interval: 30s}\n")
+	code, out, errs := runCLI(t, "validate", "--config", good)
+	if want := "telemetry: traces to collector:4317 (grpc), sample ratio 0.1; metrics every 30s"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("validate: exit %d, %q%q; want %q", code, out, errs, want)
+	}
+	bad := write("bad.yaml", "  otlp: {endpoint: 'collector:4317', protocol: http}\n  traces: {sample_ratio: 2}\n")
+	code, out, errs = runCLI(t, "validate", "--config", bad)
+	for _, want := range []string{`telemetry.otlp.protocol: "http": must be grpc or http/protobuf`, `telemetry.traces.sample_ratio: "2": must be from 0 to 1`} {
+		if code != 1 || !strings.Contains(errs, want) {
+			t.Errorf("validate: exit %d, %q%q; want exit 1 and %q", code, out, errs, want)
+		}
+	}
+}

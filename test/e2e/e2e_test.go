@@ -63,6 +63,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	ddb.Stop()
+	redisSingle.Stop()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -64,7 +64,7 @@ func RunGiveBack(t *testing.T, newStore func(t *testing.T) bucket.Releaser, o Gi
 // tolerance at 1 s); giving A's whole second back after B hands back the half second of refill
 // that B's write had already lost to the cap.
 func testGiveBackExample(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}, Refundable: true}
+	c := bucket.Charge{Key: NewKey(t), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1, Burst: 2}, MayGiveBack: true}
 	okA, _, a := takeToken(t, s, base, c)
 	if !okA {
 		t.Fatalf("A at 0 s: rejected, want admitted")
@@ -190,7 +190,7 @@ func playGiveBack(s bucket.Releaser, k bucket.Key, rng *rand.Rand, steps int) (s
 			i := outstanding[j]
 			outstanding = append(outstanding[:j], outstanding[j+1:]...)
 			e := h.events[i]
-			c := bucket.Charge{Key: k, Limit: h.l, Cost: e.cost, Refundable: true}
+			c := bucket.Charge{Key: k, Limit: h.l, Cost: e.cost, MayGiveBack: true}
 			tk := bucket.Taken{Charge: c, At: h.start.Add(time.Duration(e.at)), Token: tokens[i]}
 			if err := s.Release(ctx, at, []bucket.Taken{tk}); err != nil {
 				return stricter, takes, fmt.Errorf("release: %w", err)
@@ -200,7 +200,7 @@ func playGiveBack(s bucket.Releaser, k bucket.Key, rng *rand.Rand, steps int) (s
 			continue
 		}
 		cost := 1 + rng.Int64N(maxCost)
-		c := bucket.Charge{Key: k, Limit: h.l, Cost: cost, Refundable: true}
+		c := bucket.Charge{Key: k, Limit: h.l, Cost: cost, MayGiveBack: true}
 		ideal := h.conforms(now, cost)
 		admitted, err := s.Take(ctx, at, []bucket.Charge{c}, r[:])
 		if err != nil {

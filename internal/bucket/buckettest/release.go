@@ -12,18 +12,18 @@ import (
 
 // RunRelease is the conformance suite of bucket.Releaser: concurrency limits (slots taken and
 // given back, all or nothing in a group, never more than Count in flight under concurrency) and
-// the charge_on refunds of every algorithm, including the refunds a store must refuse because
+// the charge_on give-backs of every algorithm, including the give-backs a store must refuse because
 // they could admit more than the limit. newStore is called once per subtest, as for Run.
 func RunRelease(t *testing.T, newStore func(t *testing.T) bucket.Releaser) {
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newStore(t)) })
 	t.Run("ConcurrencyRejectedGroup", func(t *testing.T) { testConcurrencyRejectedGroup(t, newStore(t)) })
 	t.Run("ConcurrencyInFlight", func(t *testing.T) { testConcurrencyInFlight(t, newStore(t)) })
-	t.Run("RefundFixedWindow", func(t *testing.T) { testRefundFixed(t, newStore(t)) })
-	t.Run("RefundSlidingWindow", func(t *testing.T) { testRefundSliding(t, newStore(t)) })
-	t.Run("RefundTokenBucket", func(t *testing.T) { testRefundToken(t, newStore(t)) })
-	t.Run("NoRefundLeakyBucket", func(t *testing.T) { testNoRefundLeaky(t, newStore(t)) })
-	t.Run("RefundUnderConcurrency", func(t *testing.T) { testRefundConcurrent(t, newStore(t)) })
-	t.Run("RefundCostAndQuota", func(t *testing.T) { testRefundCostAndQuota(t, newStore(t)) })
+	t.Run("GiveBackFixedWindow", func(t *testing.T) { testGiveBackFixed(t, newStore(t)) })
+	t.Run("GiveBackSlidingWindow", func(t *testing.T) { testGiveBackSliding(t, newStore(t)) })
+	t.Run("GiveBackTokenBucket", func(t *testing.T) { testGiveBackToken(t, newStore(t)) })
+	t.Run("NoGiveBackLeakyBucket", func(t *testing.T) { testNoGiveBackLeaky(t, newStore(t)) })
+	t.Run("GiveBackUnderConcurrency", func(t *testing.T) { testGiveBackConcurrent(t, newStore(t)) })
+	t.Run("GiveBackCostAndQuota", func(t *testing.T) { testGiveBackCostAndQuota(t, newStore(t)) })
 }
 
 // concLimit admits two requests in flight per key.
@@ -165,36 +165,36 @@ func ConcurrencyInFlight(t *testing.T, stores []bucket.Releaser, now func() time
 	}
 }
 
-func testRefundFixed(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: fixedLimit, Refundable: true} // 3 per minute
+func testGiveBackFixed(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: fixedLimit, MayGiveBack: true} // 3 per minute
 	var taken [3]bucket.Taken
 	for i := range taken {
 		_, _, taken[i] = takeToken(t, s, base.Add(10*time.Second), c)
 	}
 	release(t, s, base.Add(11*time.Second), taken[0])
 	if admitted, r := take(t, s, base.Add(12*time.Second), c); !admitted || r.Remaining != 0 {
-		t.Errorf("after a refund in the same window: got admitted=%v Remaining %d, want admitted, 0", admitted, r.Remaining)
+		t.Errorf("after a give-back in the same window: got admitted=%v Remaining %d, want admitted, 0", admitted, r.Remaining)
 	}
 	// A charge of a window that has ended gives nothing back to the next one.
 	old := bucket.Taken{Charge: c, At: base.Add(-10 * time.Second)}
 	release(t, s, base.Add(13*time.Second), old)
 	if admitted, _ := take(t, s, base.Add(13*time.Second), c); admitted {
-		t.Errorf("after a refund of the previous window's charge: got admitted, want rejected")
+		t.Errorf("after a give-back of the previous window's charge: got admitted, want rejected")
 	}
-	// Nor does a charge refunded after its window ended.
+	// Nor does a charge given back after its window ended.
 	release(t, s, base.Add(61*time.Second), taken[1])
 	for i := range 3 {
 		if admitted, _ := take(t, s, base.Add(61*time.Second), c); !admitted {
-			t.Errorf("take %d in the next window after a late refund: got rejected, want admitted", i+1)
+			t.Errorf("take %d in the next window after a late give-back: got rejected, want admitted", i+1)
 		}
 	}
 	if admitted, _ := take(t, s, base.Add(61*time.Second), c); admitted {
-		t.Errorf("fourth take in the next window: got admitted, want rejected (the late refund gave nothing)")
+		t.Errorf("fourth take in the next window: got admitted, want rejected (the late give-back gave nothing)")
 	}
 }
 
-func testRefundSliding(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: slidingLimit, Refundable: true} // 3 per 10 s, 1 s slots
+func testGiveBackSliding(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: slidingLimit, MayGiveBack: true} // 3 per 10 s, 1 s slots
 	var taken [3]bucket.Taken
 	for i := range taken {
 		_, _, taken[i] = takeToken(t, s, base.Add(time.Second+time.Duration(i)*time.Second), c)
@@ -204,18 +204,18 @@ func testRefundSliding(t *testing.T, s bucket.Releaser) {
 	}
 	release(t, s, base.Add(4*time.Second), taken[1])
 	if admitted, r := take(t, s, base.Add(5*time.Second), c); !admitted || r.Remaining != 0 {
-		t.Errorf("after a refund: got admitted=%v Remaining %d, want admitted, 0", admitted, r.Remaining)
+		t.Errorf("after a give-back: got admitted=%v Remaining %d, want admitted, 0", admitted, r.Remaining)
 	}
 	// A charge whose slot has left the counted slots gives nothing back.
 	old := bucket.Taken{Charge: c, At: base.Add(-20 * time.Second)}
 	release(t, s, base.Add(6*time.Second), old)
 	if admitted, _ := take(t, s, base.Add(6*time.Second), c); admitted {
-		t.Errorf("after a refund of a charge 26 s old: got admitted, want rejected")
+		t.Errorf("after a give-back of a charge 26 s old: got admitted, want rejected")
 	}
 }
 
-func testRefundToken(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: tokenLimit, Refundable: true} // T = 100ms, burst 3
+func testGiveBackToken(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: tokenLimit, MayGiveBack: true} // T = 100ms, burst 3
 	var taken [3]bucket.Taken
 	for i := range taken {
 		_, _, taken[i] = takeToken(t, s, base, c)
@@ -231,8 +231,8 @@ func testRefundToken(t *testing.T, s bucket.Releaser) {
 	}
 }
 
-func testNoRefundLeaky(t *testing.T, s bucket.Releaser) {
-	c := bucket.Charge{Key: NewKey(t), Limit: leakyLimit, Refundable: true} // Burst+1 = 3 at once
+func testNoGiveBackLeaky(t *testing.T, s bucket.Releaser) {
+	c := bucket.Charge{Key: NewKey(t), Limit: leakyLimit, MayGiveBack: true} // Burst+1 = 3 at once
 	var first bucket.Taken
 	for i := range 3 {
 		_, _, tk := takeToken(t, s, base, c)
@@ -242,18 +242,18 @@ func testNoRefundLeaky(t *testing.T, s bucket.Releaser) {
 	}
 	release(t, s, base, first)
 	if admitted, _ := take(t, s, base, c); admitted {
-		t.Errorf("after a leaky-bucket refund: got admitted, want rejected (leaky charges are never refunded)")
+		t.Errorf("after a leaky-bucket give-back: got admitted, want rejected (leaky charges are never given back)")
 	}
 }
 
-// testRefundConcurrent reserves and refunds from many goroutines at once, as charge_on does
+// testGiveBackConcurrent reserves and gives back from many goroutines at once, as charge_on does
 // when every answer is free: each goroutine takes a window charge and gives it back. However
 // they interleave, a take is admitted only while fewer than Count reservations are out, so at
 // the end exactly Count fresh takes pass.
-func testRefundConcurrent(t *testing.T, s bucket.Releaser) {
+func testGiveBackConcurrent(t *testing.T, s bucket.Releaser) {
 	const goroutines, each = 8, 6
 	l := bucket.Limit{Algorithm: bucket.FixedWindow, Count: 4, Window: time.Minute}
-	c := bucket.Charge{Key: NewKey(t), Limit: l, Refundable: true}
+	c := bucket.Charge{Key: NewKey(t), Limit: l, MayGiveBack: true}
 	var (
 		wg       sync.WaitGroup
 		out, max atomic.Int64
@@ -291,7 +291,7 @@ func testRefundConcurrent(t *testing.T, s bucket.Releaser) {
 	}
 	for i := range l.Count {
 		if admitted, _ := take(t, s, base, c); !admitted {
-			t.Fatalf("fresh take %d after every reservation was refunded: got rejected, want admitted", i+1)
+			t.Fatalf("fresh take %d after every reservation was given back: got rejected, want admitted", i+1)
 		}
 	}
 	if admitted, _ := take(t, s, base, c); admitted {
@@ -299,14 +299,14 @@ func testRefundConcurrent(t *testing.T, s bucket.Releaser) {
 	}
 }
 
-// testRefundCostAndQuota: a charge of cost N is given back whole, on every refundable algorithm,
+// testGiveBackCostAndQuota: a charge of cost N is given back whole, on every algorithm that gives back,
 // and a quota's charge goes back to its period.
-func testRefundCostAndQuota(t *testing.T, s bucket.Releaser) {
+func testGiveBackCostAndQuota(t *testing.T, s bucket.Releaser) {
 	for _, tc := range []struct {
 		name string
 		l    bucket.Limit
 		cost int64
-		// Two charges fit, the third does not; a refund at base+back makes room for one again.
+		// Two charges fit, the third does not; a give-back at base+back makes room for one again.
 		back time.Duration
 	}{
 		{"FixedWindow", bucket.Limit{Algorithm: bucket.FixedWindow, Count: 5, Window: time.Minute}, 2, time.Second},
@@ -315,7 +315,7 @@ func testRefundCostAndQuota(t *testing.T, s bucket.Releaser) {
 		{"Quota", bucket.Limit{Algorithm: bucket.Quota, Count: 2, Period: bucket.Day}, 1, time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := bucket.Charge{Key: NewKey(t), Limit: tc.l, Cost: tc.cost, Refundable: true}
+			c := bucket.Charge{Key: NewKey(t), Limit: tc.l, Cost: tc.cost, MayGiveBack: true}
 			take(t, s, base, c)
 			// The last write is given back: for a token bucket, exact only while nothing wrote
 			// since.
@@ -328,10 +328,10 @@ func testRefundCostAndQuota(t *testing.T, s bucket.Releaser) {
 			}
 			release(t, s, base.Add(tc.back), last)
 			if admitted, _ := take(t, s, base.Add(tc.back), c); !admitted {
-				t.Errorf("after a refund of cost %d at base+%v: rejected, want admitted", tc.cost, tc.back)
+				t.Errorf("after a give-back of cost %d at base+%v: rejected, want admitted", tc.cost, tc.back)
 			}
 			if admitted, _ := take(t, s, base.Add(tc.back), c); admitted {
-				t.Errorf("again after one refund: admitted, want rejected (the refund gave back %d, not more)", tc.cost)
+				t.Errorf("again after one give-back: admitted, want rejected (it gave back %d, not more)", tc.cost)
 			}
 		})
 	}

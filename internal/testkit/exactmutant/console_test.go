@@ -15,7 +15,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 )
 
-// console is what the console needs of the store (internal/admin's Keys and Shared), but
+// console is what the console needs of the store (internal/console's Keys and Shared), but
 // PutExemption, whose form changed with the bound on exemptions (put).
 type console interface {
 	bucket.Releaser

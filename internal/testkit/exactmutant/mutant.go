@@ -99,8 +99,8 @@ func (r resend) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 	return r.API.UpdateItem(ctx, unmarked(in), optFns...)
 }
 
-// markerEdits strip each give-back form's marker (internal/dynamo giveback.go and
-// lease_giveback.go), leaving the change and the rest of its condition:
+// markerEdits strip each give-back form's marker (internal/dynamo/giveback.go and
+// internal/dynamo/lease/giveback.go), leaving the change and the rest of its condition:
 //   - a counter's: its id in the epoch's set g (added, or starting the next epoch with it);
 //   - a token bucket's: the charge's own marker in the chain, which the give-back replaces
 //     with its id;

@@ -121,7 +121,7 @@ func (l *lossy) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 
 func TestResendWithoutMarkerStripsTheMarker(t *testing.T) {
 	n := func(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
-	// The give-back forms of internal/dynamo (giveback.go, lease_giveback.go), each with the
+	// The give-back forms of internal/dynamo (giveback.go, lease/giveback.go), each with the
 	// change and condition its re-sent copy must keep.
 	for _, f := range []struct {
 		name, upd, cond string

@@ -246,7 +246,7 @@ func (j *judge) memoryRestarted(at time.Time) {
 func (j *judge) resetStarted(r *replica, c bucket.Charge, at time.Time) int {
 	var p *simPolicy
 	for i := range policies {
-		if cc, _, _, _ := j.w.set.KeyCharge(policies[i].name, "x"); cc.Limit == c.Limit && cc.Lease == c.Lease && cc.Refundable == c.Refundable {
+		if cc, _, _, _ := j.w.set.KeyCharge(policies[i].name, "x"); cc.Limit == c.Limit && cc.Lease == c.Lease && cc.MayGiveBack == c.MayGiveBack {
 			p = &policies[i]
 		}
 	}
@@ -268,7 +268,7 @@ func (j *judge) exemptionCreated(id, key string, at, expires time.Time) {
 
 // onWrite checks an item the table just changed.
 func (w *world) onWrite(_, key string, it simddb.Item) {
-	w.record("write %s %s", mask(key), mask(simddb.Format(it)))
+	w.record("write %s %s", mask(key), maskItem(it))
 	if it == nil {
 		return
 	}
@@ -420,4 +420,3 @@ func (j *judge) leases() {
 		}
 	}
 }
-

@@ -12,7 +12,7 @@ import (
 )
 
 // The mutants: broken stores every one of which the default seeds must catch. The first seven
-// are make check-exact's self-test's (package exactmutant); the last two are the simulator's own.
+// are make check-exact's self-test's (package exactmutant); the last three are the simulator's own.
 const (
 	clockAhead = exactmutant.ClockAheadUncorrected
 	// giveBackUnmarked sends every give-back without its marker: a copy that lands twice (a
@@ -21,6 +21,9 @@ const (
 	// leaseTwice grants each lease's units without taking them from the table: the next lease
 	// write, on any replica, is granted the same units again.
 	leaseTwice = "lease-granted-twice"
+	// resetKeepsCount answers a reset's write of a counter (a window's, a quota's, a slot's)
+	// without sending it: the key is not full after its reset.
+	resetKeepsCount = "reset-keeps-its-count"
 )
 
 // clockAheadBy is how far clockAhead's replica's clock runs ahead, uncorrected.
@@ -37,14 +40,27 @@ var Mutants = []string{
 	exactmutant.ExemptionOutlivesExpiry,
 	giveBackUnmarked,
 	leaseTwice,
+	resetKeepsCount,
 }
 
 // mutantClient wraps a replica's client for the simulator's own client-side mutants.
 func mutantClient(a dynamo.API, name string) dynamo.API {
-	if name == giveBackUnmarked {
+	switch name {
+	case giveBackUnmarked:
 		return unmarkedGiveBacks{a}
+	case resetKeepsCount:
+		return keptCounts{a}
 	}
 	return a
+}
+
+type keptCounts struct{ dynamo.API }
+
+func (k keptCounts) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if in.UpdateExpression != nil && *in.UpdateExpression == "SET #count = :zero" {
+		return &dynamodb.UpdateItemOutput{}, nil
+	}
+	return k.API.UpdateItem(ctx, in, optFns...)
 }
 
 type unmarkedGiveBacks struct{ dynamo.API }

@@ -35,6 +35,36 @@ type call struct {
 	// lost); delivering it still applies it.
 	orphan bool
 	sent   time.Time
+	pk     string // the keys of the items it reads or writes: the first sort key
+	quiet  int    // the quiet reset it belongs to, if any
+}
+
+// callKeys lists the item keys of a call.
+func callKeys(in any) string {
+	var keys []string
+	add := func(k map[string]types.AttributeValue) {
+		if s, ok := k["pk"].(*types.AttributeValueMemberS); ok {
+			keys = append(keys, s.Value)
+		}
+	}
+	switch in := in.(type) {
+	case *dynamodb.UpdateItemInput:
+		add(in.Key)
+	case *dynamodb.BatchGetItemInput:
+		for _, ka := range in.RequestItems {
+			for _, k := range ka.Keys {
+				add(k)
+			}
+		}
+	case *dynamodb.TransactWriteItemsInput:
+		for _, ti := range in.TransactItems {
+			if ti.Update != nil {
+				add(ti.Update.Key)
+			}
+		}
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, " ")
 }
 
 type answer struct {
@@ -88,8 +118,10 @@ func (a *api) send(ctx context.Context, op string, in any, optFns []func(*dynamo
 		if err == nil || !errors.Is(err, errTransport) || attempt >= o.RetryMaxAttempts || ctx.Err() != nil {
 			return out, err
 		}
-		// The standard retryer's backoff (at most 20 ms, jittered).
-		if !sleep(ctx, time.Duration(a.rep.rnd.Int64N(int64(20*time.Millisecond))+1)) {
+		// The standard retryer's backoff (at most 20 ms, jittered): drawn from the call itself
+		// and the seed, not from a source that concurrent goroutines draw from in the order
+		// the scheduler runs them.
+		if !sleep(ctx, jitter(a.w.cfg.Seed, a.w.describe(&call{in: in}), attempt, 20*time.Millisecond)) {
 			return nil, &smithy.OperationError{ServiceID: "DynamoDB", OperationName: op, Err: ctx.Err()}
 		}
 	}
@@ -112,6 +144,10 @@ func (a *api) attempt(ctx context.Context, op string, in any) (any, error) {
 	}
 	c := &call{rep: a.rep, inc: a.inc, op: op, in: in, reply: make(chan answer, 1), sent: time.Now()}
 	c.desc = a.w.describe(c)
+	c.pk = callKeys(in)
+	if q, ok := ctx.Value(quietKey{}).(int); ok {
+		c.quiet = q
+	}
 	if !a.w.enqueue(c) {
 		return nil, transportErr(op) // this incarnation is dead
 	}
@@ -151,6 +187,9 @@ func (w *world) sortedPending() []*call {
 				return 1
 			}
 			return -1
+		}
+		if c := strings.Compare(a.pk, b.pk); c != 0 {
+			return c
 		}
 		return strings.Compare(a.desc, b.desc)
 	})
@@ -279,8 +318,8 @@ func outcome(a answer) string {
 func (w *world) describe(c *call) string {
 	switch in := c.in.(type) {
 	case *dynamodb.UpdateItemInput:
-		return mask(fmt.Sprintf("update %s %s if %s %s %s rv=%s", simddb.Format(in.Key), deref(in.UpdateExpression), deref(in.ConditionExpression),
-			names(in.ExpressionAttributeNames), simddb.Format(in.ExpressionAttributeValues), in.ReturnValues))
+		return mask(fmt.Sprintf("update %s %s if %s %s ", simddb.Format(in.Key), deref(in.UpdateExpression), deref(in.ConditionExpression),
+			names(in.ExpressionAttributeNames))) + maskItem(in.ExpressionAttributeValues) + " rv=" + string(in.ReturnValues)
 	case *dynamodb.BatchGetItemInput:
 		var keys []string
 		for _, ka := range in.RequestItems {
@@ -296,7 +335,7 @@ func (w *world) describe(c *call) string {
 		for _, ti := range in.TransactItems {
 			if u := ti.Update; u != nil {
 				fmt.Fprintf(&b, " [%s %s if %s %s %s]", simddb.Format(u.Key), deref(u.UpdateExpression), deref(u.ConditionExpression),
-					names(u.ExpressionAttributeNames), simddb.Format(u.ExpressionAttributeValues))
+					names(u.ExpressionAttributeNames), maskItem(u.ExpressionAttributeValues))
 			}
 		}
 		return mask(b.String())
@@ -314,7 +353,7 @@ func deref(s *string) string {
 func names(m map[string]string) string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
-		keys = append(keys, k+"="+m[k])
+		keys = append(keys, mask(k+"="+m[k]))
 	}
 	slices.Sort(keys)
 	return strings.Join(keys, ",")

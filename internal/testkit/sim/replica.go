@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +14,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
@@ -33,19 +35,14 @@ type console interface {
 	Reset(ctx context.Context, now time.Time, c bucket.Charge) error
 }
 
-type exemptions interface {
-	PutExemption(ctx context.Context, id string, data []byte, expires time.Time, most int) (bool, error)
-	DeleteExemption(ctx context.Context, id string) (bool, error)
-	Exemptions(ctx context.Context) ([][]byte, error)
-}
-
 // replica is one gateway process: its store, its clock's offset, the exemptions its console read.
 type replica struct {
 	id      int
 	backend backend
 	inc     int // incarnation: a restart makes a new one
 	alive   bool
-	offset  time.Duration
+	offset  time.Duration // the driver's; clock reads its copy, off
+	off     atomic.Int64
 	rnd     schema.Rand
 	store   bucket.Releaser
 	dyn     *dynamo.Store
@@ -87,7 +84,8 @@ func (r *replica) start(w *world) {
 	r.rnd = lockedRand(w.rng.Uint64())
 	reg := prometheus.NewRegistry()
 	r.regs = append(r.regs, reg)
-	clock := func() time.Time { return time.Now().Add(r.offset) }
+	r.off.Store(int64(r.offset))
+	clock := func() time.Time { return time.Now().Add(time.Duration(r.off.Load())) }
 	switch r.backend {
 	case backendDynamo:
 		a := dynamo.API(&api{w: w, rep: r, inc: r.inc})
@@ -100,7 +98,7 @@ func (r *replica) start(w *world) {
 		r.store = r.dyn
 	case backendMemory:
 		r.dyn = nil
-		r.store = bucket.NewMemory(bucket.MemoryOptions{Shards: 1, MaxKeys: 10_000})
+		r.store = memstore.New(memstore.Options{Shards: 1, MaxKeys: 10_000})
 	}
 	r.base = r.store
 	if s, ok := exactmutant.Store(r.store, w.cfg.Mutant).(bucket.Releaser); ok {
@@ -215,7 +213,12 @@ func (w *world) console() {
 	if !r.alive {
 		return
 	}
-	p := &policies[w.rng.IntN(len(policies))]
+	// A third of the console's actions are on the concurrency keys: their resets read before
+	// they write, the console's hardest race.
+	p := policyByName("conc")
+	if w.rng.IntN(3) != 0 {
+		p = &policies[w.rng.IntN(len(policies))]
+	}
 	if p.lease && r.backend != backendDynamo {
 		return
 	}
@@ -232,6 +235,10 @@ func (w *world) console() {
 			cs, ok = unwrapConsole(r)
 		}
 		if !ok {
+			return
+		}
+		if pk, ok := cs.(peeker); ok && w.rng.IntN(4) == 0 {
+			w.quietReset(r, cs, pk, p, c, value)
 			return
 		}
 		id := w.judge.resetStarted(r, c, time.Now())
@@ -273,6 +280,75 @@ func (w *world) console() {
 		})
 	}
 }
+
+// peeker reads a key's state without charging it (the console's Peek).
+type peeker interface {
+	Peek(ctx context.Context, now time.Time, c bucket.Charge) (bucket.Result, error)
+}
+
+// quietKey tags the calls of a quiet reset (its context's value) so that the driver delivers
+// them alone.
+type quietKey struct{}
+
+// quietReset resets c's key while nothing else lands, then peeks it and a key never used: a
+// reset makes a key exactly full, so the two must read alike.
+func (w *world) quietReset(r *replica, cs console, pk peeker, p *simPolicy, c bucket.Charge, value string) {
+	id := w.judge.resetStarted(r, c, time.Now())
+	w.quiet++
+	tag := w.quiet
+	fresh, _, _, err := w.set.KeyCharge(p.name, "never-used-"+strconv.Itoa(tag))
+	if err != nil {
+		panic(err)
+	}
+	w.record("quiet reset %d r%d %s %s", id, r.id, p.name, value)
+	now := time.Now().Add(r.offset)
+	var done bool
+	var rerr, perr error
+	var got, want bucket.Result
+	w.goTrack(func() {
+		ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), quietKey{}, tag), storeTimeout)
+		defer cancel()
+		rerr = cs.Reset(ctx, now, c)
+		if rerr == nil {
+			got, perr = pk.Peek(ctx, now, c)
+		}
+		if perr == nil && rerr == nil {
+			want, perr = pk.Peek(ctx, now, fresh)
+		}
+		w.mu.Lock()
+		done = true
+		w.mu.Unlock()
+	})
+	for {
+		w.settle()
+		w.mu.Lock()
+		d := done
+		w.mu.Unlock()
+		if d {
+			break
+		}
+		var mine *call
+		for _, pc := range w.sortedPending() {
+			if pc.quiet == tag {
+				mine = pc
+				break
+			}
+		}
+		if mine == nil {
+			time.Sleep(time.Millisecond) // a timer of its own (a backoff): others wait undelivered
+			continue
+		}
+		w.deliver(mine, deliverOK)
+	}
+	w.judge.resetEnded(id, rerr, true)
+	w.record("quiet reset %d: err %v peek %v fresh %v", id, rerr != nil || perr != nil, results1(got), results1(want))
+	if rerr == nil && perr == nil && (got.Remaining != want.Remaining || got.Allowed != want.Allowed) {
+		w.judge.violate("reset %d of %s on r%d left the key at %d remaining (allowed %v), a key never used has %d (allowed %v)",
+			id, p.name, r.id, got.Remaining, got.Allowed, want.Remaining, want.Allowed)
+	}
+}
+
+func results1(r bucket.Result) string { return fmt.Sprintf("[%v %d]", r.Allowed, r.Remaining) }
 
 // unwrapConsole finds the console of a replica whose store a mutant wraps.
 func unwrapConsole(r *replica) (console, bool) {

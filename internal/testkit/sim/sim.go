@@ -23,8 +23,8 @@ import (
 	"container/heap"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"math/rand/v2"
@@ -50,6 +50,9 @@ type Config struct {
 	Mutant string
 	// Trace keeps the history's lines in the Result (a failing run's report).
 	Trace bool
+	// HealAt is the decision from which no fault is injected (default 4/5 of Decisions): a
+	// shrunk run keeps its full run's.
+	HealAt int
 }
 
 // Result is what a run did and found.
@@ -123,17 +126,18 @@ type world struct {
 	lines []string
 	steps int
 
-	agenda   agenda
-	seq      int
-	started  int // decisions started
+	agenda  agenda
+	seq     int
+	started int // decisions started
 	// closers counts the goroutines the drain waits for besides decisions (releases, console
 	// calls, stores closing); exemptionID numbers the exemptions.
 	closers     int
 	closing     bool
 	exemptionID int
-	inflight int
-	judge    *judge
-	res      Result
+	quiet       int // quiet resets so far
+	inflight    int
+	judge       *judge
+	res         Result
 }
 
 func newWorld(cfg Config) (*world, error) {
@@ -150,6 +154,9 @@ func newWorld(cfg Config) (*world, error) {
 	w.deny = rng.IntN(2) == 0
 	w.faultRate = []float64{0, 0.02, 0.08, 0.2}[rng.IntN(4)]
 	w.healAt = cfg.Decisions * 4 / 5
+	if cfg.HealAt > 0 {
+		w.healAt = cfg.HealAt
+	}
 	w.pace = []time.Duration{2 * time.Millisecond, 8 * time.Millisecond, 25 * time.Millisecond}[rng.IntN(3)]
 	w.judge = newJudge(w)
 	w.db.OnWrite = w.onWrite
@@ -247,7 +254,7 @@ func (w *world) advance() {
 		d = time.Duration(w.rng.Int64N(int64(1500 * time.Millisecond)))
 	}
 	if next, ok := w.agenda.next(); ok && time.Now().Add(d).After(next) {
-		d = max(next.Sub(time.Now()), 0)
+		d = max(time.Until(next), 0)
 	}
 	if d > 0 {
 		time.Sleep(d)
@@ -297,6 +304,7 @@ func (w *world) chaos() {
 		// (beyond it, the concurrency slots' leases are not promised to hold).
 		step := time.Duration(w.rng.Int64N(int64(3*time.Second))) - 1500*time.Millisecond
 		r.offset = min(max(r.offset+step, -maxOffset), maxOffset)
+		r.off.Store(int64(r.offset))
 		w.judge.offset(r)
 		w.record("clock r%d steps %s to %s", r.id, step, r.offset)
 	case 2:
@@ -482,8 +490,11 @@ func (w *world) decide() {
 	d.results = make([]bucket.Result, len(d.charges))
 	w.record("decide %d r%d %s %v costs %v exempt %v", d.id, r.id, value, g, costs(d.charges), d.exempt)
 	store := r.store
+	// Deadlines a fraction of a millisecond apart: decisions started at one instant do not
+	// all wake at once.
+	timeout := storeTimeout + time.Duration(w.rng.Int64N(int64(time.Millisecond)))
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		res := make([]bucket.Result, len(charged))
 		admitted, err := true, error(nil)

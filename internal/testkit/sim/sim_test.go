@@ -1,10 +1,29 @@
 package sim
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
+	"path/filepath"
+	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
+)
+
+// The knobs (make sim sets them; make test runs the defaults):
+//   - SEED=N runs seed N alone (a replay), with its history in the log when it fails;
+//   - SIM_SEEDS=N runs seeds 1..N (default 6);
+//   - SIM_DECISIONS=N decisions per seed (default 2,000);
+//   - SIM_HEAL_AT=N: faults stop at decision N (default 4/5 of the decisions; a shrunk replay
+//     keeps its full run's);
+//   - SIM_MUTANT_SEEDS=N: each mutant runs seeds 1..N until one catches it (default 30);
+//   - SIM_REPORT=path writes the report there (make sim: .cache/sim/report.json), with the
+//     differential test's counts from SIMDDB_DIFF_OUT's file when it is there.
+const (
+	defaultSeeds       = 6
+	defaultMutantSeeds = 30
 )
 
 func envInt(t *testing.T, name string, def int) int {
@@ -14,23 +33,228 @@ func envInt(t *testing.T, name string, def int) int {
 		return def
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		t.Fatalf("%s=%q: want a non-negative number", name, v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
 	}
 	return n
 }
 
-func TestSimOne(t *testing.T) {
-	seed := uint64(envInt(t, "SEED", 1))
-	start := time.Now()
-	res := Run(t, Config{Seed: seed, Decisions: envInt(t, "SIM_DECISIONS", 2000), Mutant: os.Getenv("SIM_MUTANT"), Trace: os.Getenv("SIM_TRACE") != ""})
-	t.Logf("seed %d: %d decisions (%d admitted, %d rejected, %d errors), %d steps, %.1f simulated s, %s wall, %s", res.Seed, res.Decisions, res.Admitted, res.Rejected, res.Errors, res.Steps, res.SimSeconds, time.Since(start), res.HistorySHA256)
-	for _, v := range res.Violations {
-		t.Errorf("violation: %s", v)
+// report is .cache/sim/report.json.
+type report struct {
+	Seeds            int                     `json:"seeds"`
+	Steps            int                     `json:"steps"`
+	SimulatedSeconds float64                 `json:"simulated_seconds"`
+	WallSeconds      float64                 `json:"wall_seconds"`
+	Violations       []string                `json:"violations"`
+	Mutants          map[string]mutantResult `json:"mutants"`
+	Differential     differential            `json:"differential"`
+}
+
+type mutantResult struct {
+	Caught    bool   `json:"caught"`
+	FirstSeed uint64 `json:"first_seed"`
+}
+
+type differential struct {
+	Operations int `json:"operations"`
+	Mismatches int `json:"mismatches"`
+}
+
+// runSeeds runs seeds in parallel (one per CPU) and returns their results in seed order.
+func runSeeds(t *testing.T, seeds []uint64, cfg func(seed uint64) Config) []Result {
+	out := make([]Result, len(seeds))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i, s := range seeds {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { out[i] = Run(t, cfg(s)) })
+		})
 	}
-	if os.Getenv("SIM_TRACE") != "" {
-		for _, l := range res.History {
-			t.Log(l)
+	wg.Wait()
+	return out
+}
+
+// TestSimulator runs the seeds and fails on any violation, naming the seed, the command that
+// replays it, and the fewest decisions that still fail.
+func TestSimulator(t *testing.T) {
+	decisions := envInt(t, "SIM_DECISIONS", 2000)
+	var seeds []uint64
+	if v := os.Getenv("SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("SEED=%q: want a seed number", v)
+		}
+		seeds = []uint64{s}
+	} else {
+		for s := range envInt(t, "SIM_SEEDS", defaultSeeds) {
+			seeds = append(seeds, uint64(s+1))
+		}
+	}
+	start := time.Now()
+	heal := 0
+	if os.Getenv("SIM_HEAL_AT") != "" {
+		heal = envInt(t, "SIM_HEAL_AT", 0)
+	}
+	results := runSeeds(t, seeds, func(s uint64) Config {
+		return Config{Seed: s, Decisions: decisions, HealAt: heal, Trace: len(seeds) == 1}
+	})
+	rep := report{Seeds: len(seeds), Mutants: map[string]mutantResult{}, Violations: []string{}}
+	for _, res := range results {
+		rep.Steps += res.Steps
+		rep.SimulatedSeconds += res.SimSeconds
+		for _, v := range res.Violations {
+			rep.Violations = append(rep.Violations, fmt.Sprintf("seed %d: %s", res.Seed, v))
+		}
+		if len(res.Violations) > 0 {
+			shortest := shrink(t, res.Seed, decisions, heal)
+			t.Errorf("seed %d: %d violations, the first: %s\nreplay: make sim SEED=%d SIM_DECISIONS=%d SIM_HEAL_AT=%d (the fewest decisions that still fail; %d in the full run)",
+				res.Seed, len(res.Violations), res.Violations[0], res.Seed, shortest, healAt(decisions, heal), decisions)
+			if len(seeds) == 1 {
+				for _, l := range res.History {
+					t.Log(l)
+				}
+			}
+		}
+	}
+	rep.WallSeconds = time.Since(start).Seconds()
+	t.Logf("%d seeds, %d decisions each: %d steps, %.0f simulated s, %.1f s wall, %d violations", rep.Seeds, decisions, rep.Steps, rep.SimulatedSeconds, rep.WallSeconds, len(rep.Violations))
+	if path := os.Getenv("SIM_REPORT"); path != "" {
+		if len(seeds) > 1 || os.Getenv("SEED") == "" {
+			rep.Mutants = runMutants(t, envInt(t, "SIM_MUTANT_SEEDS", defaultMutantSeeds), decisions)
+		}
+		if data, err := os.ReadFile(os.Getenv("SIMDDB_DIFF_OUT")); err == nil {
+			_ = json.Unmarshal(data, &rep.Differential)
+		}
+		writeReport(t, path, rep)
+	}
+}
+
+// healAt is the decision where a run's faults stop: heal, or 4/5 of decisions.
+func healAt(decisions, heal int) int {
+	if heal > 0 {
+		return heal
+	}
+	return decisions * 4 / 5
+}
+
+// shrink finds the fewest decisions of seed's workload that still fail (the same workload cut
+// short: the heal phase begins where the full run's did).
+func shrink(t *testing.T, seed uint64, decisions, heal int) int {
+	heal = healAt(decisions, heal)
+	fails := func(n int) bool {
+		var bad bool
+		t.Run(fmt.Sprintf("shrink-seed=%d-decisions=%d", seed, n), func(t *testing.T) {
+			bad = len(Run(t, Config{Seed: seed, Decisions: n, HealAt: heal}).Violations) > 0
+		})
+		return bad
+	}
+	lo, hi := 0, decisions // fails(hi); !fails(lo) assumed
+	for hi-lo > 1 && hi-lo > decisions/64 {
+		mid := (lo + hi) / 2
+		if fails(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
+
+func writeReport(t *testing.T, path string, rep report) {
+	t.Helper()
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report: %s", path)
+}
+
+// runMutants runs every mutant on seeds 1..n until one catches it.
+func runMutants(t *testing.T, n, decisions int) map[string]mutantResult {
+	out := map[string]mutantResult{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for _, m := range Mutants {
+		wg.Go(func() {
+			res := mutantResult{}
+			for s := uint64(1); s <= uint64(n) && !res.Caught; s++ {
+				sem <- struct{}{}
+				t.Run(fmt.Sprintf("mutant=%s/seed=%d", m, s), func(t *testing.T) {
+					if v := Run(t, Config{Seed: s, Decisions: decisions, Mutant: m}).Violations; len(v) > 0 {
+						res = mutantResult{Caught: true, FirstSeed: s}
+						t.Logf("caught: %s", v[0])
+					}
+				})
+				<-sem
+			}
+			mu.Lock()
+			out[m] = res
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// TestMutantsCaught: every mutant is caught within the default seeds; a simulator that
+// catches nothing proves nothing.
+func TestMutantsCaught(t *testing.T) {
+	if os.Getenv("SEED") != "" {
+		t.Skip("SEED replays one seed of the real store")
+	}
+	decisions := envInt(t, "SIM_DECISIONS", 2000)
+	for m, r := range runMutants(t, envInt(t, "SIM_MUTANT_SEEDS", defaultMutantSeeds), decisions) {
+		if !r.Caught {
+			t.Errorf("mutant %s: not caught in seeds 1..%d", m, envInt(t, "SIM_MUTANT_SEEDS", defaultMutantSeeds))
+		} else {
+			t.Logf("mutant %s: caught by seed %d", m, r.FirstSeed)
 		}
 	}
 }
+
+// TestSameSeedSameHistory: a seed repeats its history byte for byte, and another seed's differs.
+// It does not hold yet (docs/simulator.md, "Determinism"): goroutines of one replica that the
+// same event wakes draw from the replica's seeded source, and race for its lease pools, in the
+// order the Go scheduler runs them, and the runs part within a few hundred steps. SIM_REPEAT=1
+// runs it.
+func TestSameSeedSameHistory(t *testing.T) {
+	if os.Getenv("SIM_REPEAT") == "" {
+		t.Skip("a seed's history does not repeat yet past the first race of one replica's goroutines (docs/simulator.md, Determinism); SIM_REPEAT=1 runs the check")
+	}
+	for _, s := range []uint64{1, 2, 3} {
+		a := Run(t, Config{Seed: s, Decisions: sameSeedDecisions, Trace: true})
+		b := Run(t, Config{Seed: s, Decisions: sameSeedDecisions, Trace: true})
+		if a.HistorySHA256 != b.HistorySHA256 {
+			t.Errorf("seed %d: history %s, then %s; first difference:\n%s", s, a.HistorySHA256, b.HistorySHA256, firstDifference(a.History, b.History))
+		}
+		c := Run(t, Config{Seed: s + 100, Decisions: sameSeedDecisions})
+		if c.HistorySHA256 == a.HistorySHA256 {
+			t.Errorf("seeds %d and %d: the same history %s", s, s+100, a.HistorySHA256)
+		}
+	}
+}
+
+func firstDifference(a, b []string) string {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			out := ""
+			for k := max(0, i-5); k < i; k++ {
+				out += "    " + a[k] + "\n"
+			}
+			return out + "  1st: " + a[i] + "\n  2nd: " + b[i]
+		}
+	}
+	return fmt.Sprintf("one history is a prefix of the other (%d and %d lines)", len(a), len(b))
+}
+
+// sameSeedDecisions is how long a run TestSameSeedSameHistory repeats.
+var sameSeedDecisions = 300

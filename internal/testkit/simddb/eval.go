@@ -2,9 +2,11 @@ package simddb
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"math/big"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -81,6 +83,24 @@ func num(s string) (*big.Rat, bool) {
 	return r, ok
 }
 
+// canonInt reports whether s is an integer in canonical form (no sign but a minus, no leading
+// zero, not "-0"): the store's numbers, which need no big.Rat.
+func canonInt(s string) bool {
+	d := s
+	if len(d) > 0 && d[0] == '-' {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 19 || (d[0] == '0' && (len(d) > 1 || len(s) > 1)) {
+		return false
+	}
+	for i := 0; i < len(d); i++ {
+		if d[i] < '0' || d[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // canonNum is the form DynamoDB returns a number in.
 func canonNum(r *big.Rat) string {
 	if r.IsInt() {
@@ -97,6 +117,13 @@ func compare(a, b types.AttributeValue) (int, bool) {
 		y, ok := b.(*types.AttributeValueMemberN)
 		if !ok {
 			return 0, false
+		}
+		if canonInt(x.Value) && canonInt(y.Value) {
+			a, err1 := strconv.ParseInt(x.Value, 10, 64)
+			b, err2 := strconv.ParseInt(y.Value, 10, 64)
+			if err1 == nil && err2 == nil {
+				return cmp.Compare(a, b), true
+			}
 		}
 		ra, ok1 := num(x.Value)
 		rb, ok2 := num(y.Value)
@@ -169,6 +196,9 @@ func EqualItems(a, b Item) bool {
 }
 
 func normNum(s string) string {
+	if canonInt(s) {
+		return s
+	}
 	if r, ok := num(s); ok {
 		return canonNum(r)
 	}

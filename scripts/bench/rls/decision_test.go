@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/admin"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/console"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
@@ -153,10 +153,10 @@ func BenchmarkDecision(b *testing.B) {
 		})
 	})
 	b.Run("rls-in-process", func(b *testing.B) { benchRLSInProcess(b, nil) })
-	// The same with the operators' console (package admin) fed by every descriptor: its
+	// The same with the operators' console (package console) fed by every descriptor: its
 	// exemption check and its series and sketch of each rule, over the 10,000 values.
 	b.Run("rls-in-process-console", func(b *testing.B) {
-		c, err := admin.New(admin.Options{Policies: func() *policy.Set { return nil }, Pseudonyms: policy.NewPseudonyms(nil)})
+		c, err := console.New(console.Options{Policies: func() *policy.Set { return nil }, Pseudonyms: policy.NewPseudonyms(nil)})
 		if err != nil {
 			b.Fatal(err)
 		}

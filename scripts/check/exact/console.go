@@ -82,7 +82,7 @@ type consoleLog struct {
 	landings []ddbrelay.Write
 }
 
-// The bodies of the writes that empty an item for a reset (internal/dynamo admin.go): a bucket's
+// The bodies of the writes that empty an item for a reset (internal/dynamo/console.go): a bucket's
 // tat, a counter's count, a concurrency item's count and slots (removed all at once, or, since
 // issue 32 item 1, in writes that each take their own slots off the count while they are all
 // there: attribute_exists, where a release names its one slot #l and a reap conditions on the
