@@ -40,7 +40,7 @@ var allowedImports = map[string][]string{
 	"internal/server": {"internal/bucket", "internal/clockref", "internal/console", "internal/dynamo",
 		"internal/envoyrules", "internal/fallback", "internal/memstore", "internal/policy", "internal/protect", "internal/proxy", "internal/redisstore", "internal/rls",
 		"internal/telemetry"},
-	"internal/cli": {"internal/console", "internal/policy", "internal/server"},
+	"internal/cli": {"internal/console", "internal/policy", "internal/rls", "internal/server"},
 
 	// Test and benchmark tooling: never linked into the shipped binary (TestShippedBinaryHoldsNoTooling).
 	"internal/testkit/ddbrelay":    {},

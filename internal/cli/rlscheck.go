@@ -9,14 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/rls"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -55,7 +58,7 @@ func newRLSCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return rlsCheck(cmd.Context(), o, req, stdout)
+			return rlsCheck(cmd.Context(), o, req, stdout, cmd.ErrOrStderr())
 		},
 	}
 	f := check.Flags()
@@ -95,7 +98,7 @@ func rlsRequest(o rlsCheckOptions, args []string) (*pb.RateLimitRequest, error) 
 }
 
 // rlsCheck makes the call and prints the answer.
-func rlsCheck(ctx context.Context, o rlsCheckOptions, req *pb.RateLimitRequest, w io.Writer) error {
+func rlsCheck(ctx context.Context, o rlsCheckOptions, req *pb.RateLimitRequest, w, errOut io.Writer) error {
 	conn, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("--addr %q: %w", o.addr, err)
@@ -103,9 +106,13 @@ func rlsCheck(ctx context.Context, o rlsCheckOptions, req *pb.RateLimitRequest, 
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	resp, err := pb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req)
+	var md metadata.MD
+	resp, err := pb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req, grpc.Header(&md))
 	if err != nil {
 		return fmt.Errorf("ShouldRateLimit on %s: %w", o.addr, err)
+	}
+	if slices.Contains(md.Get(rls.DomainHeader), "unknown") {
+		fmt.Fprintf(errOut, "warning: domain %q is unknown to this rate limit service: no rule applies, every descriptor is OK (as Envoy's unknown domains are)\n", req.GetDomain())
 	}
 	fmt.Fprintln(w, resp.GetOverallCode())
 	for i, st := range resp.GetStatuses() {

@@ -9,6 +9,7 @@ import (
 
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/envoyrules"
@@ -85,6 +86,31 @@ func TestConsoleObservesCharges(t *testing.T) {
 	ask(t, s2, d("fw", "a"))
 	if obs := fc.take(); len(obs) != 0 {
 		t.Fatalf("a call the store could not decide was observed: %+v", obs)
+	}
+}
+
+// TestConsoleIgnoresChecks: a check (hits_addend 0, what `rls check --peek` sends) consumes
+// nothing, so the console does not see it either: a key an operator only looked at must not rise
+// in `admin top`. The same call with hits charges the key and is observed.
+func TestConsoleIgnoresChecks(t *testing.T) {
+	fc := &fakeConsole{}
+	s, _, _ := newTestService(t, memstore.New(memstore.Options{}), func(o *Options) { o.Console = fc })
+	peek := d("fw", "a")
+	peek.HitsAddend = wrapperspb.UInt64(0)
+	for range 5 {
+		ask(t, s, peek)
+	}
+	if obs := fc.take(); len(obs) != 0 {
+		t.Fatalf("checks (hits_addend 0) were observed: %+v, want none", obs)
+	}
+	resp := ask(t, s, peek)
+	if got := resp.Statuses[0].GetLimitRemaining(); got != 3 {
+		t.Errorf("after five checks: remaining %d, want 3 (a check consumes nothing)", got)
+	}
+	fc.take()
+	ask(t, s, d("fw", "a"))
+	if obs := fc.take(); len(obs) != 1 {
+		t.Fatalf("a charged call: %d observations, want 1", len(obs))
 	}
 }
 

@@ -26,7 +26,9 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -132,6 +134,12 @@ func (c *call) reset(n int) {
 
 func (c *call) entriesOf(i int) []envoyrules.Entry { return c.entries[c.bounds[i]:c.bounds[i+1]] }
 
+// DomainHeader is the header metadata key of a ShouldRateLimit answer for a domain the rules do
+// not name: its value is "unknown". Envoy does not read it.
+const DomainHeader = "x-ratelimit-domain"
+
+var unknownDomainMD = metadata.Pairs(DomainHeader, "unknown")
+
 // ShouldRateLimit implements pb.RateLimitServiceServer. A call is planned (its descriptors
 // matched and turned into charges), decided (one Take of the group) and answered (statuses,
 // counters, headers), as the proxy plans, decides and answers a request.
@@ -150,8 +158,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	}
 	resp, statuses := newResponse(len(req.Descriptors))
 	if dom == nil {
-		// As envoyproxy/ratelimit: a domain without rules limits nothing.
+		// As envoyproxy/ratelimit: a domain without rules limits nothing. The call's header
+		// metadata says so (Envoy ignores it; `rls check` warns), so that a misspelt domain
+		// does not pass for a generous limit.
 		calls[callUnmatched].Inc()
+		_ = grpc.SetHeader(ctx, unknownDomainMD) // fails only outside a gRPC call (tests)
 		return resp, nil
 	}
 	c := s.scratch.Get().(*call)
@@ -394,10 +405,11 @@ func (s *Service) respond(ctx context.Context, now time.Time, c *call, admitted 
 }
 
 // observe tells the console every descriptor of the decided call c that a rule charged (not
-// the limit overrides: they belong to no rule).
+// the limit overrides: they belong to no rule; not the checks, hits_addend 0, which consume
+// nothing and must not make a key an operator only looked at rise in `admin top`).
 func (s *Service) observe(now time.Time, domain string, c *call) {
 	for j := range c.charges {
-		if i := c.of[j]; c.kinds[i] == kindRule {
+		if i := c.of[j]; c.kinds[i] == kindRule && !c.probe[j] {
 			s.o.Console.ObserveRLS(now, domain, &c.matches[i], c.entriesOf(i), &c.charges[j], !c.results[j].Allowed)
 		}
 	}

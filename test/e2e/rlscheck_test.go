@@ -39,6 +39,15 @@ func TestRLSCheckCommand(t *testing.T) {
 		}
 		break
 	}
+	// A known domain: no warning. An unknown one: answered OK as Envoy's are, and a warning
+	// that names it on stderr (stdout stays the answer).
+	if _, _, errOut := check("vip=x"); strings.Contains(errOut, "unknown") {
+		t.Errorf("a known domain warned: %q", errOut)
+	}
+	if code, out, errOut := runCLI(t, "rls", "check", "--addr", g.addr, "--domain", "e2e-misspelt", "per_minute=a"); code != 0 ||
+		!strings.HasPrefix(out, "OK\n") || !strings.Contains(errOut, `warning: domain "e2e-misspelt" is unknown`) {
+		t.Errorf("an unknown domain: exit %d, printed\n%s%s\nwant OK and a warning naming the domain", code, out, errOut)
+	}
 	var code int
 	var out string
 	code, out, _ = check("vip=x")
