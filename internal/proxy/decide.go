@@ -69,9 +69,7 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, st *reqSt
 				return
 			}
 			reason := h.countStoreError(err, timedOut)
-			if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
-				ce.Write(zap.String("reason", reason), zap.String("answer", "unauthorized"), zap.Error(err))
-			}
+			h.logStoreError(zap.String("reason", reason), zap.String("answer", "unauthorized"), zap.Error(err))
 		case !admitted:
 			h.reject(w, r, st, pols)
 			return
@@ -110,10 +108,8 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, st *reqStat
 	proto := protocolOf(r, isGRPC(r))
 	reason := h.countStoreError(err, timedOut)
 	failClosed := bucket.RuleOf(err).FailsClosed()
-	if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
-		ce.Write(zap.String("reason", reason), zap.Bool("fail_open", !failClosed),
-			zap.String("protocol", protocolNames[proto]), zap.Error(err))
-	}
+	h.logStoreError(zap.String("reason", reason), zap.Bool("fail_open", !failClosed),
+		zap.String("protocol", protocolNames[proto]), zap.Error(err))
 	if !failClosed {
 		h.m.decided(proto, decStoreErrorAllowed)
 		st.decision = decStoreErrorAllowed

@@ -32,9 +32,7 @@ func (h *Handler) badRequest(w http.ResponseWriter, r *http.Request, st *reqStat
 				return
 			}
 			reason := h.countStoreError(terr, timedOut)
-			if ce := h.log.Check(zap.WarnLevel, "rate-limit store error"); ce != nil {
-				ce.Write(zap.String("reason", reason), zap.String("answer", "bad_request"), zap.Error(terr))
-			}
+			h.logStoreError(zap.String("reason", reason), zap.String("answer", "bad_request"), zap.Error(terr))
 		case !admitted:
 			h.reject(w, r, st, pols)
 			return

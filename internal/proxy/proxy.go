@@ -207,6 +207,7 @@ type Handler struct {
 	slotMu   sync.Mutex                   // serialises installing slots
 	console  Console                      // nil without one
 	tracer   Tracer                       // nil without one
+	storeLog storeErrLog                  // how often store errors are logged
 }
 
 // New builds a Handler. It returns an error when a required option is missing or the upstream URL
