@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -347,13 +349,13 @@ func (s *Store) removeMapEntries(ctx context.Context, pk, attr string, read map[
 	}
 	u := update{names: map[string]string{"#m": attr}, values: map[string]types.AttributeValue{}}
 	var remove, cond []string
-	i := 0
-	for name, v := range read {
+	// In name order, not Go's map order: the same prune sends the same request (a replayed
+	// simulator seed sends the same bytes); a prune is a few entries, on the console's path.
+	for i, name := range slices.Sorted(maps.Keys(read)) {
 		nk, vk := "#k"+strconv.Itoa(i), ":v"+strconv.Itoa(i)
-		u.names[nk], u.values[vk] = name, v
+		u.names[nk], u.values[vk] = name, read[name]
 		remove = append(remove, "#m."+nk)
 		cond = append(cond, "#m."+nk+" = "+vk)
-		i++
 	}
 	u.expr, u.cond = "REMOVE "+strings.Join(remove, ", "), strings.Join(cond, " AND ")
 	_, err := s.updateItem(ctx, opAdmin, pk, u, types.ReturnValueNone)
