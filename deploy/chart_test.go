@@ -52,8 +52,11 @@ func chartCases(t *testing.T) []chartCase {
 	cases := []chartCase{{name: "defaults", release: "ratelimit-proxy", namespace: "default"}}
 	for _, f := range glob(t, chartDir+"/examples/*.yaml") {
 		c := chartCase{name: filepath.Base(f), values: f, release: "ratelimit-proxy", namespace: "ratelimit"}
-		if c.name == "sidecar.yaml" {
+		switch c.name {
+		case "sidecar.yaml":
 			c.release, c.namespace = "orders", "default"
+		case "istio-redis.yaml": // beside Istio's sample, whose Service it takes over
+			c.release, c.namespace = "ratelimit", "default"
 		}
 		cases = append(cases, c)
 	}
@@ -137,6 +140,14 @@ func TestChartShape(t *testing.T) {
 				if name, _ := name.(string); name != "" {
 					o.secrets[nsName(c.namespace, name)] = true
 				}
+			}
+			// So is a ConfigMap of rule files the values name, kept in deploy/envoy.
+			if name := str(dig(vals, "rls", "rulesConfigMap")); name != "" {
+				cm := userConfigMap(t, name)
+				if cm.Namespace != c.namespace {
+					t.Errorf("ConfigMap %s in namespace %q, the release in %q", name, cm.Namespace, c.namespace)
+				}
+				o.configMaps[nsName(cm.Namespace, cm.Name)] = cm
 			}
 			for _, d := range docs {
 				if ns := str(dig(d.obj, "metadata", "namespace")); ns != c.namespace && !(d.kind() == "ConfigMap" && strings.HasSuffix(str(dig(d.obj, "metadata", "name")), "-dashboard")) {
@@ -283,14 +294,37 @@ func checkRestricted(t *testing.T, pod corev1.PodSpec, c corev1.Container, sidec
 	}
 }
 
+// userConfigMap is the ConfigMap of deploy/envoy named name (strictly decoded): the rule files
+// an example mounts with rls.rulesConfigMap, kept by the user beside the chart.
+func userConfigMap(t *testing.T, name string) *corev1.ConfigMap {
+	t.Helper()
+	for _, d := range readDocs(t, glob(t, "deploy/envoy/*.yaml")...) {
+		if d.apiVersion() != "v1" || d.kind() != "ConfigMap" {
+			continue
+		}
+		var cm corev1.ConfigMap
+		dec := json.NewDecoder(bytes.NewReader(d.json))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cm); err != nil {
+			t.Fatalf("%s: %v", d, err)
+		}
+		if cm.Name == name {
+			return &cm
+		}
+	}
+	t.Fatalf("rls.rulesConfigMap %s: no such ConfigMap in deploy/envoy", name)
+	return nil
+}
+
 // checkConfig: the ConfigMap's configuration parses and validates with the gateway's own
 // loader (with the files the pod's volumes hold), its ports are the container's, and no secret
 // value is in it.
 func checkConfig(t *testing.T, o objects, gw corev1.Container, vals map[string]any) (skip string) {
 	t.Helper()
 	var cfgMap *corev1.ConfigMap
+	rulesMap := str(dig(vals, "rls", "rulesConfigMap"))
 	for _, m := range o.configMaps {
-		if _, ok := m.Data["config.yaml"]; ok {
+		if _, ok := m.Data["config.yaml"]; ok && m.Name != rulesMap {
 			cfgMap = m
 		}
 	}
@@ -302,7 +336,7 @@ func checkConfig(t *testing.T, o objects, gw corev1.Container, vals map[string]a
 	// The files the config names, where the test puts them.
 	replacer := []string{}
 	for _, m := range o.configMaps {
-		if !strings.HasSuffix(m.Name, "-rules") {
+		if !strings.HasSuffix(m.Name, "-rules") && m.Name != rulesMap {
 			continue
 		}
 		rules := filepath.Join(dir, "rules")
@@ -543,6 +577,7 @@ func TestChartRefusesIncompleteValues(t *testing.T) {
 		{"rls without callers", "rls: {enabled: true}", "networkPolicy.rlsFrom"},
 		{"sidecar without its workload", "mode: sidecar", "sidecar.podSelector"},
 		{"nothing served", "proxy: {enabled: false}", "proxy.enabled or rls.enabled"},
+		{"two sources of rule files", "rls: {enabled: true, rulesConfigMap: ratelimit-config, rules: {a.yaml: 'domain: a'}}\nnetworkPolicy: {rlsFrom: [{podSelector: {}}]}", "rls.rules or rls.rulesConfigMap"},
 		{"password secret without its variable", "store: {backend: redis, redis: {url: 'redis://r:6379', passwordSecret: {name: redis}}}", "store.redis.password_env"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -709,5 +744,46 @@ func TestDeployDocShowsNotes(t *testing.T) {
 		if got := strings.TrimSpace(out["ratelimit-proxy/templates/NOTES.txt"]); got != strings.TrimSpace(n[4]) {
 			t.Errorf("%s: the notes of %s differ; the chart prints:\n%s", page, n[1], got)
 		}
+	}
+}
+
+// TestIstioRedisTakesTheSamplesPlace: examples/istio-redis.yaml renders the Service the
+// EnvoyFilter of Istio's rate limit sample calls (ratelimit in default, gRPC on 8081, the
+// cluster outbound|8081||ratelimit.default.svc.cluster.local) in front of the gateway's pods,
+// and mounts the sample's ConfigMap ratelimit-config, so that filter and those rules stay as they are.
+func TestIstioRedisTakesTheSamplesPlace(t *testing.T) {
+	c := chartCase{name: "istio-redis.yaml", values: chartDir + "/examples/istio-redis.yaml", release: "ratelimit", namespace: "default"}
+	o := decodeDocs(t, renderChart(t, c, c.vals(t)))
+	if len(o.deployments) != 1 {
+		t.Fatalf("%d Deployments, want 1", len(o.deployments))
+	}
+	pods := o.deployments[0].Spec.Template.Labels
+	found := false
+	for _, svc := range o.services {
+		if svc.Name != "ratelimit" || svc.Namespace != "default" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+			continue
+		}
+		for k, v := range svc.Spec.Selector {
+			if pods[k] != v {
+				t.Errorf("Service ratelimit selects %s=%s, the pods carry %q", k, v, pods[k])
+			}
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.Port == 8081 && strings.HasPrefix(p.Name, "grpc") {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Error("no Service ratelimit.default with a gRPC port 8081: the sample's EnvoyFilter would call nothing")
+	}
+	mounted := false
+	for _, v := range o.deployments[0].Spec.Template.Spec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == "ratelimit-config" {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Error("the sample's ConfigMap ratelimit-config is not mounted")
 	}
 }

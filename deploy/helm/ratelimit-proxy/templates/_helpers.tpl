@@ -95,7 +95,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- if .Values.rls.enabled -}}
 {{- $r := dict "listen" (printf ":%d" (int .Values.ports.rls)) -}}
-{{- if .Values.rls.rules -}}
+{{- if and .Values.rls.rules .Values.rls.rulesConfigMap -}}
+{{- fail "rls.rules or rls.rulesConfigMap: both name the rule files" -}}
+{{- end -}}
+{{- if or .Values.rls.rules .Values.rls.rulesConfigMap -}}
 {{- $_ := set $r "config_dir" "/etc/ratelimit-proxy/rules" -}}
 {{- end -}}
 {{- if .Values.rls.responseHeaders -}}
@@ -159,7 +162,7 @@ securityContext:
   {{- toYaml .Values.securityContext | nindent 2 }}
 volumeMounts:
   - {name: ratelimit-proxy-config, mountPath: /etc/ratelimit-proxy/config, readOnly: true}
-{{- if and .Values.rls.enabled .Values.rls.rules }}
+{{- if and .Values.rls.enabled (or .Values.rls.rules .Values.rls.rulesConfigMap) }}
   - {name: ratelimit-proxy-rules, mountPath: /etc/ratelimit-proxy/rules, readOnly: true}
 {{- end }}
 {{- if .Values.tls.secretName }}
@@ -171,9 +174,9 @@ volumeMounts:
 {{- define "rlp.volumes" -}}
 - name: ratelimit-proxy-config
   configMap: {name: {{ include "rlp.fullname" . }}}
-{{- if and .Values.rls.enabled .Values.rls.rules }}
+{{- if and .Values.rls.enabled (or .Values.rls.rules .Values.rls.rulesConfigMap) }}
 - name: ratelimit-proxy-rules
-  configMap: {name: {{ include "rlp.fullname" . }}-rules}
+  configMap: {name: {{ .Values.rls.rulesConfigMap | default (printf "%s-rules" (include "rlp.fullname" .)) }}}
 {{- end }}
 {{- if .Values.tls.secretName }}
 - name: ratelimit-proxy-tls
