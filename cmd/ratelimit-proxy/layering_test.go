@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -152,5 +153,42 @@ func TestGatewayLinksNoPlotting(t *testing.T) {
 		if got := len(found) > 0; got != c.want {
 			t.Errorf("%s links plotting packages = %t (%d: %.3v), want %t", c.pkg, got, len(found), found, c.want)
 		}
+	}
+}
+
+// TestPackageTableMatchesTree: docs/development.md's package table names every package of
+// internal/ and cmd/, and nothing that is gone, so that the map a new maintainer reads first
+// cannot drift from the tree.
+func TestPackageTableMatchesTree(t *testing.T) {
+	const module = "github.com/ratelimit-proxy/ratelimit-proxy/"
+	out, err := exec.Command("go", "list", "../../internal/...", "../../cmd/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	doc, err := os.ReadFile("../../docs/development.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]bool{}
+	for _, line := range strings.Split(string(doc), "\n") {
+		if rest, ok := strings.CutPrefix(line, "| `"); ok {
+			if name, _, ok := strings.Cut(rest, "` |"); ok && (strings.HasPrefix(name, "internal/") || strings.HasPrefix(name, "cmd/")) {
+				rows[name] = true
+			}
+		}
+	}
+	pkgs := strings.Fields(string(out))
+	if len(pkgs) < 10 {
+		t.Fatalf("go list listed %d packages: the check checks nothing", len(pkgs))
+	}
+	for _, p := range pkgs {
+		p = strings.TrimPrefix(p, module)
+		if !rows[p] {
+			t.Errorf("docs/development.md's package table has no row for %s", p)
+		}
+		delete(rows, p)
+	}
+	for p := range rows {
+		t.Errorf("docs/development.md's package table names %s, which is not in the tree", p)
 	}
 }
