@@ -138,15 +138,18 @@ func (s *Store) applyCoalesced(ctx context.Context, ops []op, n int64) {
 	}
 	s.co.mu.Unlock()
 	for _, pk := range start {
-		go s.writeLoop(pk)
+		s.turns.Go(func() { s.writeLoop(pk) })
 	}
 	for i, q := range qs {
+		k := s.turns.Park()
 		select {
 		case <-q.w.done:
+			s.turns.Resume(k)
 			q.o.take(q.w)
 			continue
 		case <-ctx.Done():
 		}
+		s.turns.Resume(k)
 		// Out of time: keep the outcomes already there, leave every other queue.
 		for _, q := range qs[i:] {
 			select {

@@ -162,7 +162,7 @@ func (s *Store) takeSlots(ctx context.Context, ops []op, n int64) (admitted, dec
 	if !any {
 		return false, false, nil
 	}
-	each(ops, func(o *op) bool { return isSlot(o) && undecided(o) }, func(o *op) { s.applySlot(ctx, o, n) })
+	s.each(ops, func(o *op) bool { return isSlot(o) && undecided(o) }, func(o *op) { s.applySlot(ctx, o, n) })
 	refused := false
 	for i := range ops {
 		o := &ops[i]
@@ -299,7 +299,7 @@ func (s *Store) holdSlots(ops []op) {
 	for i := range ops {
 		if o := &ops[i]; isSlot(o) && o.applied {
 			if s.leases.hold(o.pk, o.slot) {
-				go s.renewLoop()
+				s.turns.Go(s.renewLoop)
 			}
 		}
 	}
@@ -310,11 +310,14 @@ func (s *Store) renewLoop() {
 	t := time.NewTicker(s.slotLease / 3)
 	defer t.Stop()
 	for {
+		k := s.turns.Park()
 		select {
 		case <-s.leases.stop:
+			s.turns.Resume(k)
 			return
 		case <-t.C:
 		}
+		s.turns.Resume(k)
 		if s.leases.idle() {
 			return
 		}
@@ -331,10 +334,11 @@ func (s *Store) RenewLeases(ctx context.Context, now time.Time) error {
 	held := s.leases.snapshot()
 	exp := now.UnixNano() + int64(s.slotLease)
 	var errs []error
-	// In key order: the simulator (internal/testkit/sim) repeats a seed only if the writes
-	// come in the same order every run, which a map's iteration does not give.
+	// In key and slot order: the simulator (internal/testkit/sim) repeats a seed only if the
+	// writes come in the same order every run, which a map's iteration does not give.
 	for _, pk := range slices.Sorted(maps.Keys(held)) {
 		ids := held[pk]
+		slices.Sort(ids)
 		for start := 0; start < len(ids); start += maxRenew {
 			part := ids[start:min(start+maxRenew, len(ids))]
 			if err := s.renew(ctx, pk, part, exp); err != nil {

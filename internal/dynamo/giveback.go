@@ -271,7 +271,7 @@ func (s *Store) retryGiveBack(ctx context.Context, op, pk string, attempt func()
 			return true
 		}
 		s.m.errors.WithLabelValues(op).Inc()
-		if i == giveBackAttempts || errors.Is(err, errGiveBackUnknown) || !sleepCtx(ctx, time.Duration(s.rnd.Int64N(int64(giveBackBackoff)<<i))) {
+		if i == giveBackAttempts || errors.Is(err, errGiveBackUnknown) || !s.sleep(ctx, time.Duration(s.rnd.Int64N(int64(giveBackBackoff)<<i))) {
 			break
 		}
 	}

@@ -11,8 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
-
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 )
 
 // The DynamoDB calls and attribute values every algorithm's writes share.
@@ -90,7 +88,7 @@ func (s *Store) updateItem(ctx context.Context, op, pk string, u update, rv type
 		s.m.requests.WithLabelValues(op).Inc()
 		start := time.Now()
 		out, err := s.api.UpdateItem(ctx, in, optFns...)
-		if err == nil || !s.retryThrottled(ctx, op, attempt, err, time.Since(start)) && !retryConflict(ctx, s.rnd, attempt, err, time.Since(start)) {
+		if err == nil || !s.retryThrottled(ctx, op, attempt, err, time.Since(start)) && !s.retryConflict(ctx, attempt, err, time.Since(start)) {
 			if attempt > 0 && err != nil && ctx.Err() != nil {
 				// The retries of a throttled write ran into the deadline: throttling, not an
 				// outage, is why the decision failed.
@@ -156,24 +154,24 @@ const (
 // the item. The call was not applied, so sending it again is safe for any write; false when err
 // is not such a refusal, or when the wait and another call would not end well before ctx's
 // deadline (as for throttling).
-func retryConflict(ctx context.Context, rnd schema.Rand, attempt int, err error, took time.Duration) bool {
+func (s *Store) retryConflict(ctx context.Context, attempt int, err error, took time.Duration) bool {
 	var tce *types.TransactionConflictException
 	if !errors.As(err, &tce) || attempt >= maxThrottleRetries {
 		return false
 	}
-	return backoff(ctx, rnd, attempt, took)
+	return s.backoff(ctx, attempt, took)
 }
 
 // backoff waits a full-jitter delay before retry attempt+1 of a call that took took and was not
 // applied; false, without waiting, when the wait and another call as long would not end well
 // before ctx's deadline, or when ctx ends first.
-func backoff(ctx context.Context, rnd schema.Rand, attempt int, took time.Duration) bool {
+func (s *Store) backoff(ctx context.Context, attempt int, took time.Duration) bool {
 	ceiling := min(throttleCap, throttleBase<<min(attempt, 8))
-	d := time.Duration(rnd.Int64N(int64(ceiling)) + 1)
+	d := time.Duration(s.rnd.Int64N(int64(ceiling)) + 1)
 	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d+max(throttleMargin, 2*took) {
 		return false
 	}
-	return sleepCtx(ctx, d)
+	return s.sleep(ctx, d)
 }
 
 // retryThrottled counts a throttled call (that took took) and waits before its retry; false when
@@ -193,13 +191,15 @@ func (s *Store) retryThrottled(ctx context.Context, op string, attempt int, err 
 	s.m.throttled.WithLabelValues(op).Inc()
 	// Give up while there is still time to say why: a decision that ends on its deadline
 	// reads as a store timeout (an outage, to the circuit breaker) rather than as throttling.
-	return backoff(ctx, s.rnd, attempt, took)
+	return s.backoff(ctx, attempt, took)
 }
 
-// sleepCtx waits d, or until ctx ends: false then.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// sleep waits d, or until ctx ends: false then.
+func (s *Store) sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	k := s.turns.Park()
+	defer s.turns.Resume(k)
 	select {
 	case <-t.C:
 		return true

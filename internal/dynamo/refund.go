@@ -9,7 +9,7 @@ import (
 // group is rejected.
 
 // each runs f on every op that still needs its write, concurrently when there are several.
-func each(ops []op, want func(*op) bool, f func(*op)) {
+func (s *Store) each(ops []op, want func(*op) bool, f func(*op)) {
 	var pending []*op
 	for i := range ops {
 		if want(&ops[i]) {
@@ -22,9 +22,9 @@ func each(ops []op, want func(*op) bool, f func(*op)) {
 	}
 	var wg sync.WaitGroup
 	for _, o := range pending {
-		wg.Go(func() { f(o) })
+		s.turns.GoWG(&wg, func() { f(o) })
 	}
-	wg.Wait()
+	s.turns.Wait(&wg)
 }
 
 func undecided(o *op) bool { return !o.done && o.err == nil }
@@ -36,7 +36,7 @@ func (s *Store) takeRefund(ctx context.Context, ops []op, n int64) (bool, error)
 	if s.mode == Refund {
 		s.applyCoalesced(ctx, ops, n)
 	} else {
-		each(ops, undecided, func(o *op) { s.apply(ctx, o, n) })
+		s.each(ops, undecided, func(o *op) { s.apply(ctx, o, n) })
 	}
 	return s.settle(ctx, ops)
 }
@@ -66,7 +66,7 @@ func (s *Store) settle(ctx context.Context, ops []op) (bool, error) {
 // outlives its deadline and leaves nothing running behind it; a decision that ran out of time
 // therefore leaves what it could not give back spent, which is stricter, never looser.
 func (s *Store) refund(ctx context.Context, ops []op) {
-	each(ops, func(o *op) bool { return o.applied }, func(o *op) {
+	s.each(ops, func(o *op) bool { return o.applied }, func(o *op) {
 		o.applied = false // given back once
 		switch {
 		case isSlot(o):

@@ -51,7 +51,7 @@ func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken
 			// Nor its cached count of the refunded slot (read again, or sealed again, next time).
 			s.slots.remove(slotKey{tk.Charge.Key, slotOf(l, tk.At.UnixNano())})
 		}
-		wg.Go(func() {
+		s.turns.GoWG(&wg, func() {
 			var done bool
 			switch l.Algorithm {
 			case bucket.Concurrency:
@@ -69,7 +69,7 @@ func (s *Store) Release(ctx context.Context, now time.Time, taken []bucket.Taken
 			}
 		})
 	}
-	wg.Wait()
+	s.turns.Wait(&wg)
 	return errors.Join(errs...)
 }
 

@@ -63,10 +63,10 @@ func (s *Store) loadClosedSlots(ctx context.Context, ops []op, n int64) error {
 	var readErr error
 	var wg sync.WaitGroup
 	if len(pks) > 0 {
-		wg.Go(func() { items, readErr = s.readItems(ctx, pks) })
+		s.turns.GoWG(&wg, func() { items, readErr = s.readItems(ctx, pks) })
 	}
 	s.sealSlots(ctx, seals)
-	wg.Wait()
+	s.turns.Wait(&wg)
 	if readErr != nil {
 		return readErr
 	}
@@ -130,7 +130,7 @@ func (s *Store) sealSlots(ctx context.Context, seals []seal) {
 	}
 	var wg sync.WaitGroup
 	for i := range seals {
-		wg.Go(func() { one(&seals[i]) })
+		s.turns.GoWG(&wg, func() { one(&seals[i]) })
 	}
-	wg.Wait()
+	s.turns.Wait(&wg)
 }

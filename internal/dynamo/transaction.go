@@ -43,11 +43,11 @@ func (s *Store) takeTransaction(ctx context.Context, ops []op, n int64) (bool, e
 		shadow[i] = undecided(&ops[i]) && ops[i].c.Shadow
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		each(ops, func(o *op) bool { return shadow[o.index] }, func(o *op) { s.apply(ctx, o, n) })
+	s.turns.GoWG(&wg, func() {
+		s.each(ops, func(o *op) bool { return shadow[o.index] }, func(o *op) { s.apply(ctx, o, n) })
 	})
 	err := s.transact(ctx, ops, n)
-	wg.Wait()
+	s.turns.Wait(&wg)
 	if err != nil {
 		s.refund(ctx, ops)
 		return false, err
@@ -90,7 +90,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			round-- // nothing was written: not a round of conflicts
 			continue
 		}
-		if err != nil && retryConflict(ctx, s.rnd, conflicts, err, took) {
+		if err != nil && s.retryConflict(ctx, conflicts, err, took) {
 			conflicts++
 			continue // refused while another transaction wrote an item: nothing was written
 		}
@@ -148,7 +148,7 @@ func (s *Store) transact(ctx context.Context, ops []op, n int64) error {
 			return fmt.Errorf("dynamo: transact %s: cancelled without a reason: %w", group[0].pk, err)
 		}
 		if conflicted {
-			if !backoff(ctx, s.rnd, conflicts, took) {
+			if !s.backoff(ctx, conflicts, took) {
 				return fmt.Errorf("dynamo: transact %s: transaction conflict until the deadline: %w", group[0].pk, err)
 			}
 			conflicts++

@@ -90,7 +90,9 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 	if g.units <= 0 {
 		return g.mark, true
 	}
+	k := p.ls.turns.Park()
 	p.give <- struct{}{}
+	p.ls.turns.Resume(k)
 	defer func() { <-p.give }()
 	m := p.ls.m
 	if !p.gcra {
@@ -101,7 +103,7 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 				m.Units.WithLabelValues(unitsRefunded).Add(float64(g.units))
 				return 0, true
 			}
-			if done || !again || attempt == refundAttempts || !sleepCtx(ctx, time.Duration(p.ls.rnd.Int64N(int64(refundBackoff)<<attempt))) {
+			if done || !again || attempt == refundAttempts || !p.sleep(ctx, time.Duration(p.ls.rnd.Int64N(int64(refundBackoff)<<attempt))) {
 				m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 				return 0, false
 			}
@@ -132,7 +134,7 @@ func (p *pool) refundGrant(ctx context.Context, g grant) (uint64, bool) {
 			m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
 			return 0, false
 		}
-		if attempt == refundAttempts || !sleepCtx(ctx, time.Duration(p.ls.rnd.Int64N(int64(refundBackoff)<<attempt))) {
+		if attempt == refundAttempts || !p.sleep(ctx, time.Duration(p.ls.rnd.Int64N(int64(refundBackoff)<<attempt))) {
 			// Never lost silently: counted as expired (it may have landed: then the table is
 			// roomier than we count, never the other way).
 			m.Units.WithLabelValues(unitsExpired).Add(float64(g.units))
@@ -147,10 +149,12 @@ func leaseMark(item map[string]types.AttributeValue) uint64 {
 	return uint64(v)
 }
 
-// sleepCtx waits d, or until ctx ends: false then.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// sleep waits d, or until ctx ends: false then.
+func (p *pool) sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	k := p.ls.turns.Park()
+	defer p.ls.turns.Resume(k)
 	select {
 	case <-t.C:
 		return true

@@ -102,6 +102,8 @@ type Config struct {
 	Now func() time.Time
 	// Rand is the source of markers, jitter and shard choices (nil: math/rand/v2's).
 	Rand func() uint64
+	// Gate runs the pools' goroutines one at a time (nil: as the Go scheduler runs them).
+	Gate schema.Gate
 }
 
 // Pools is a Store's lease pools. It is safe for concurrent use.
@@ -111,6 +113,7 @@ type Pools struct {
 	errThrottled error
 	now          func() time.Time
 	rnd          schema.Rand
+	turns        schema.Turns
 
 	mu       sync.Mutex
 	pools    map[leaseKey]*pool
@@ -124,6 +127,7 @@ type Pools struct {
 	// it slow (see pool.slow): tests of the slow-store paths on simulated time.
 	slowRTT, slowDev int64
 	slowForced       bool
+	created          uint64        // pools created so far: the next one's seq
 	stop             chan struct{} // closed by close: stops the sweeper
 	started          bool          // the sweeper is running
 	wg               sync.WaitGroup
@@ -152,7 +156,7 @@ func NewPools(c Config) *Pools {
 		c.Metrics.Units.WithLabelValues(o)
 	}
 	return &Pools{
-		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now, rnd: c.Rand,
+		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now, rnd: c.Rand, turns: schema.Turns{G: c.Gate},
 		pools: make(map[leaseKey]*pool), stop: make(chan struct{}),
 	}
 }
@@ -160,6 +164,7 @@ func NewPools(c Config) *Pools {
 // pool is the lease state of one bucket on this Store.
 type pool struct {
 	ls   *Pools
+	seq  uint64 // creation order (list)
 	key  leaseKey
 	base string // the items' key prefix
 	gcra bool
@@ -241,10 +246,12 @@ func (ls *Pools) pool(c bucket.Charge, n int64) (*pool, error) {
 		return p, nil
 	}
 	p := newPool(ls, k, n)
+	ls.created++
+	p.seq = ls.created
 	ls.pools[k] = p
 	if !ls.started {
 		ls.started = true
-		ls.wg.Go(ls.sweeper)
+		ls.turns.GoWG(&ls.wg, ls.sweeper)
 	}
 	return p, nil
 }
@@ -295,7 +302,7 @@ func (ls *Pools) goTracked(f func()) bool {
 	if ls.draining {
 		return false
 	}
-	ls.wg.Go(f)
+	ls.turns.GoWG(&ls.wg, f)
 	return true
 }
 

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -42,10 +43,13 @@ func (ls *Pools) sweeper() {
 	tick := time.NewTicker(sweepEvery)
 	defer tick.Stop()
 	for {
+		k := ls.turns.Park()
 		select {
 		case <-ls.stop:
+			ls.turns.Resume(k)
 			return
 		case <-tick.C:
+			ls.turns.Resume(k)
 			ls.sweep(ls.now().UnixNano())
 		}
 	}
@@ -80,7 +84,9 @@ func (ls *Pools) sweep(n int64) {
 	}
 }
 
-// list returns the pools as they are now.
+// list returns the pools as they are now, oldest first: the sweeps and the close then give
+// back in the same order every run (the simulator, internal/testkit/sim, repeats a seed only
+// so), not in a map's.
 func (ls *Pools) list() []*pool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -88,6 +94,7 @@ func (ls *Pools) list() []*pool {
 	for _, p := range ls.pools {
 		pools = append(pools, p)
 	}
+	slices.SortFunc(pools, func(a, b *pool) int { return cmp.Compare(a.seq, b.seq) })
 	return pools
 }
 
@@ -124,10 +131,12 @@ func (ls *Pools) Close(ctx context.Context) error {
 		inflight := slices.Clone(p.inflight)
 		p.mu.Unlock()
 		for _, r := range inflight {
+			k := ls.turns.Park()
 			select {
 			case <-r.done:
 			case <-ctx.Done():
 			}
+			ls.turns.Resume(k)
 		}
 	}
 	for _, p := range pools {
@@ -139,8 +148,8 @@ func (ls *Pools) Close(ctx context.Context) error {
 	ls.draining = true
 	ls.mu.Unlock()
 	done := make(chan struct{})
-	go func() {
-		ls.wg.Wait()
+	ls.turns.Go(func() {
+		ls.turns.Wait(&ls.wg)
 		// Renewals that were in flight may have added grants since.
 		for _, p := range pools {
 			p.mu.Lock()
@@ -159,11 +168,14 @@ func (ls *Pools) Close(ctx context.Context) error {
 			cancel()
 		}
 		close(done)
-	}()
+	})
+	k := ls.turns.Park()
 	select {
 	case <-done:
+		ls.turns.Resume(k)
 		return nil
 	case <-ctx.Done():
+		ls.turns.Resume(k)
 		return fmt.Errorf("dynamo: close: giving Pools back: %w", ctx.Err())
 	}
 }

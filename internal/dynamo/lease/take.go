@@ -210,12 +210,16 @@ func (ls *Pools) take(ctx context.Context, o *decision, n int64) {
 			late = nil
 		}
 		throttledBefore := p.throttled.Load()
+		k := p.ls.turns.Park()
 		select {
 		case <-done:
+			p.ls.turns.Resume(k)
 		case <-late:
+			p.ls.turns.Resume(k)
 			p.late(o, n, cost, throttledBefore)
 			return
 		case <-ctx.Done():
+			p.ls.turns.Resume(k)
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The deadline, not the client: late, whichever of the two timers the
 				// scheduler ran first (a waiter whose earlier renewals went to other

@@ -43,6 +43,20 @@ var Mutants = []string{
 	resetKeepsCount,
 }
 
+// The determinism mutants: a simulator that breaks its own promise that a seed repeats its
+// history byte for byte. The same-seed check must fail with each (they are no store's bug, so
+// the safety checks need not catch them).
+const (
+	// unseededRand gives the replicas' stores no seeded source: their markers, backoff jitter
+	// and lease shard choices come from math/rand/v2's.
+	unseededRand = "unseeded-rand"
+	// noTurns runs the goroutines as the Go scheduler does, not one at a time (turns.go).
+	noTurns = "no-turns"
+)
+
+// DeterminismMutants lists them.
+var DeterminismMutants = []string{unseededRand, noTurns}
+
 // mutantClient wraps a replica's client for the simulator's own client-side mutants.
 func mutantClient(a dynamo.API, name string) dynamo.API {
 	switch name {

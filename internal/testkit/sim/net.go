@@ -121,15 +121,17 @@ func (a *api) send(ctx context.Context, op string, in any, optFns []func(*dynamo
 		// The standard retryer's backoff (at most 20 ms, jittered): drawn from the call itself
 		// and the seed, not from a source that concurrent goroutines draw from in the order
 		// the scheduler runs them.
-		if !sleep(ctx, jitter(a.w.cfg.Seed, a.w.describe(&call{in: in}), attempt, 20*time.Millisecond)) {
+		if !a.w.sleep(ctx, jitter(a.w.cfg.Seed, a.w.describe(&call{in: in}), attempt, 20*time.Millisecond)) {
 			return nil, &smithy.OperationError{ServiceID: "DynamoDB", OperationName: op, Err: ctx.Err()}
 		}
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
+func (w *world) sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	k := w.turns.Park()
+	defer w.turns.Resume(k)
 	select {
 	case <-t.C:
 		return true
@@ -151,10 +153,13 @@ func (a *api) attempt(ctx context.Context, op string, in any) (any, error) {
 	if !a.w.enqueue(c) {
 		return nil, transportErr(op) // this incarnation is dead
 	}
+	k := a.w.turns.Park()
 	select {
 	case r := <-c.reply:
+		a.w.turns.Resume(k)
 		return r.out, r.err
 	case <-ctx.Done():
+		a.w.turns.Resume(k)
 		a.w.mu.Lock()
 		c.orphan = true
 		a.w.mu.Unlock()

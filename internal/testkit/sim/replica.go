@@ -91,10 +91,17 @@ func (r *replica) start(w *world) {
 		a := dynamo.API(&api{w: w, rep: r, inc: r.inc})
 		a = exactmutant.Client(a, w.cfg.Mutant)
 		a = mutantClient(a, w.cfg.Mutant)
-		r.dyn = dynamo.New(a, dynamo.Options{
+		o := dynamo.Options{
 			Table: table, Mode: w.mode, DenyCache: w.deny, Registerer: reg, LateWrites: lateWrites,
-			SlotLease: slotLease, Now: clock, Rand: r.rnd,
-		})
+			SlotLease: slotLease, Now: clock, Rand: r.rnd, Gate: w.turns,
+		}
+		switch w.cfg.Mutant {
+		case unseededRand:
+			o.Rand = nil
+		case noTurns:
+			o.Gate = nil
+		}
+		r.dyn = dynamo.New(a, o)
 		r.store = r.dyn
 	case backendMemory:
 		r.dyn = nil
@@ -143,7 +150,7 @@ func (w *world) closeReplica(r *replica, graceful bool) {
 	w.mu.Lock()
 	w.closers++
 	w.mu.Unlock()
-	go func() {
+	w.turns.Go(func() {
 		defer func() { w.mu.Lock(); w.closers--; w.mu.Unlock() }()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -154,7 +161,7 @@ func (w *world) closeReplica(r *replica, graceful bool) {
 		if !graceful {
 			_ = d.CloseLeases(ctx)
 		}
-	}()
+	})
 }
 
 func (w *world) restart(r *replica) {
@@ -177,7 +184,7 @@ func (w *world) readConsole(r *replica) {
 	w.mu.Lock()
 	w.closers++
 	w.mu.Unlock()
-	go func() {
+	w.turns.Go(func() {
 		defer func() { w.mu.Lock(); w.closers--; w.mu.Unlock() }()
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
@@ -188,7 +195,9 @@ func (w *world) readConsole(r *replica) {
 		ex := map[string]time.Time{}
 		for _, data := range list {
 			var e exemptionJSON
-			if json.Unmarshal(data, &e) == nil {
+			// Two exemptions of one key: the later expiry applies (and the list comes in a
+			// map's order, so taking the last would not repeat).
+			if json.Unmarshal(data, &e) == nil && e.ExpiresAt.After(ex[e.BucketKey]) {
 				ex[e.BucketKey] = e.ExpiresAt
 			}
 		}
@@ -197,7 +206,7 @@ func (w *world) readConsole(r *replica) {
 			r.pendingExempt = ex
 		}
 		w.mu.Unlock()
-	}()
+	})
 }
 
 // exemptionJSON is the sim's exemption, in the fields the console's mutants recognise.
@@ -366,10 +375,10 @@ func (w *world) goTrack(f func()) {
 	w.mu.Lock()
 	w.closers++
 	w.mu.Unlock()
-	go func() {
+	w.turns.Go(func() {
 		defer func() { w.mu.Lock(); w.closers--; w.mu.Unlock() }()
 		f()
-	}()
+	})
 }
 
 func (r *replica) String() string { return fmt.Sprintf("r%d", r.id) }

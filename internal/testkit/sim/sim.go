@@ -79,6 +79,7 @@ func Run(t *testing.T, cfg Config) Result {
 			t.Fatal(err)
 		}
 		res = w.run()
+		w.turns.close()
 	})
 	return res
 }
@@ -138,6 +139,8 @@ type world struct {
 	inflight    int
 	judge       *judge
 	res         Result
+	// turns runs the goroutines one at a time (see turns.go).
+	turns *turns
 }
 
 func newWorld(cfg Config) (*world, error) {
@@ -149,7 +152,7 @@ func newWorld(cfg Config) (*world, error) {
 		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5117))
-	w := &world{cfg: cfg, rng: rng, db: simddb.New(), set: set, start: time.Now(), hist: sha256.New()}
+	w := &world{cfg: cfg, rng: rng, db: simddb.New(), set: set, start: time.Now(), hist: sha256.New(), turns: newTurns()}
 	w.mode = dynamo.Mode(rng.IntN(2))
 	w.deny = rng.IntN(2) == 0
 	w.faultRate = []float64{0, 0.02, 0.08, 0.2}[rng.IntN(4)]
@@ -207,7 +210,7 @@ func (w *world) run() Result {
 
 // settle waits until every goroutine is blocked, then records what ended.
 func (w *world) settle() {
-	synctest.Wait()
+	w.turns.quiesce()
 	w.collect()
 }
 
@@ -493,7 +496,7 @@ func (w *world) decide() {
 	// Deadlines a fraction of a millisecond apart: decisions started at one instant do not
 	// all wake at once.
 	timeout := storeTimeout + time.Duration(w.rng.Int64N(int64(time.Millisecond)))
-	go func() {
+	w.turns.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		res := make([]bucket.Result, len(charged))
@@ -508,7 +511,7 @@ func (w *world) decide() {
 		w.mu.Lock()
 		w.ended = append(w.ended, d)
 		w.mu.Unlock()
-	}()
+	})
 }
 
 func costs(cs []bucket.Charge) []int64 {

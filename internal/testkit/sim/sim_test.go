@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 //   - SIM_DECISIONS=N decisions per seed (default 2,000);
 //   - SIM_HEAL_AT=N: faults stop at decision N (default 4/5 of the decisions; a shrunk replay
 //     keeps its full run's);
+//   - SIM_REPEAT_SEEDS=N: the same-seed check runs seeds 1..N twice each (default 4);
 //   - SIM_MUTANT_SEEDS=N: each mutant runs seeds 1..N until one catches it (default 30);
 //   - SIM_REPORT=path writes the report there (make sim: .cache/sim/report.json), with the
 //     differential test's counts from SIMDDB_DIFF_OUT's file when it is there.
@@ -48,6 +50,17 @@ type report struct {
 	Violations       []string                `json:"violations"`
 	Mutants          map[string]mutantResult `json:"mutants"`
 	Differential     differential            `json:"differential"`
+	// Runs is each seed's run: beyond the issue's fields, its history's hash (a replay of the
+	// seed has the same).
+	Runs []seedRun `json:"runs"`
+}
+
+type seedRun struct {
+	Seed          uint64  `json:"seed"`
+	Steps         int     `json:"steps"`
+	SimSeconds    float64 `json:"simulated_seconds"`
+	HistorySHA256 string  `json:"history_sha256"`
+	Violations    int     `json:"violations"`
 }
 
 type mutantResult struct {
@@ -102,7 +115,11 @@ func TestSimulator(t *testing.T) {
 	})
 	rep := report{Seeds: len(seeds), Mutants: map[string]mutantResult{}, Violations: []string{}}
 	for _, res := range results {
+		rep.Runs = append(rep.Runs, seedRun{Seed: res.Seed, Steps: res.Steps, SimSeconds: res.SimSeconds, HistorySHA256: res.HistorySHA256, Violations: len(res.Violations)})
 		rep.Steps += res.Steps
+		if len(seeds) == 1 {
+			t.Logf("seed %d: %d steps, history_sha256 %s", res.Seed, res.Steps, res.HistorySHA256)
+		}
 		rep.SimulatedSeconds += res.SimSeconds
 		for _, v := range res.Violations {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("seed %d: %s", res.Seed, v))
@@ -221,27 +238,59 @@ func TestMutantsCaught(t *testing.T) {
 	}
 }
 
-// TestSameSeedSameHistory: a seed repeats its history byte for byte, and another seed's differs.
-// It does not hold yet (docs/simulator.md, "Determinism"): goroutines of one replica that the
-// same event wakes draw from the replica's seeded source, and race for its lease pools, in the
-// order the Go scheduler runs them, and the runs part within a few hundred steps. SIM_REPEAT=1
-// runs it.
+// TestSameSeedSameHistory: a seed repeats its history byte for byte (its hash, and every line),
+// other seeds' histories differ, and each determinism mutant (a simulator that breaks the
+// promise) makes some seed's two runs part. SIM_REPEAT_SEEDS seeds (default 4) of SIM_DECISIONS
+// decisions (default 2,000), each run twice.
 func TestSameSeedSameHistory(t *testing.T) {
-	if os.Getenv("SIM_REPEAT") == "" {
-		t.Skip("a seed's history does not repeat yet past the first race of one replica's goroutines (docs/simulator.md, Determinism); SIM_REPEAT=1 runs the check")
+	if os.Getenv("SEED") != "" {
+		t.Skip("SEED replays one seed")
 	}
-	for _, s := range []uint64{1, 2, 3} {
-		a := Run(t, Config{Seed: s, Decisions: sameSeedDecisions, Trace: true})
-		b := Run(t, Config{Seed: s, Decisions: sameSeedDecisions, Trace: true})
+	decisions := envInt(t, "SIM_DECISIONS", 2000)
+	n := envInt(t, "SIM_REPEAT_SEEDS", defaultRepeatSeeds)
+	var seeds []uint64
+	for s := range n {
+		seeds = append(seeds, uint64(s+1))
+	}
+	cfg := func(mutant string) func(uint64) Config {
+		return func(s uint64) Config { return Config{Seed: s, Decisions: decisions, Trace: true, Mutant: mutant} }
+	}
+	first, second := runSeeds(t, seeds, cfg("")), runSeeds(t, seeds, cfg(""))
+	byHash := map[string]uint64{}
+	for i, a := range first {
+		b := second[i]
 		if a.HistorySHA256 != b.HistorySHA256 {
-			t.Errorf("seed %d: history %s, then %s; first difference:\n%s", s, a.HistorySHA256, b.HistorySHA256, firstDifference(a.History, b.History))
+			t.Errorf("seed %d: history %s, then %s; first difference:\n%s", a.Seed, a.HistorySHA256, b.HistorySHA256, firstDifference(a.History, b.History))
+		} else if d := firstDifference(a.History, b.History); len(a.History) != len(b.History) || !strings.HasPrefix(d, "one history") {
+			t.Errorf("seed %d: equal hashes, unequal histories: %s", a.Seed, d)
 		}
-		c := Run(t, Config{Seed: s + 100, Decisions: sameSeedDecisions})
-		if c.HistorySHA256 == a.HistorySHA256 {
-			t.Errorf("seeds %d and %d: the same history %s", s, s+100, a.HistorySHA256)
+		if s, ok := byHash[a.HistorySHA256]; ok {
+			t.Errorf("seeds %d and %d: the same history %s", s, a.Seed, a.HistorySHA256)
+		}
+		byHash[a.HistorySHA256] = a.Seed
+	}
+	t.Logf("%d seeds of %d decisions, each run twice: the same histories", len(seeds), decisions)
+	// The mutants part within the first few hundred decisions: shorter runs keep make test's
+	// budget.
+	short := func(m string, s uint64) Config { c := cfg(m)(s); c.Decisions = min(decisions, 1000); return c }
+	for _, m := range DeterminismMutants {
+		caught := false
+		for _, s := range seeds {
+			a, b := Run(t, short(m, s)), Run(t, short(m, s))
+			if a.HistorySHA256 != b.HistorySHA256 {
+				t.Logf("determinism mutant %s: seed %d's runs part:\n%s", m, s, firstDifference(a.History, b.History))
+				caught = true
+				break
+			}
+		}
+		if !caught {
+			t.Errorf("determinism mutant %s: every seed of 1..%d repeated its history", m, len(seeds))
 		}
 	}
 }
+
+// defaultRepeatSeeds is how many seeds TestSameSeedSameHistory runs twice by default.
+const defaultRepeatSeeds = 4
 
 func firstDifference(a, b []string) string {
 	for i := range min(len(a), len(b)) {
@@ -255,6 +304,3 @@ func firstDifference(a, b []string) string {
 	}
 	return fmt.Sprintf("one history is a prefix of the other (%d and %d lines)", len(a), len(b))
 }
-
-// sameSeedDecisions is how long a run TestSameSeedSameHistory repeats.
-var sameSeedDecisions = 300
