@@ -54,8 +54,9 @@ var allowedImports = map[string][]string{
 	"internal/testkit/otlpsink":    {},
 	"internal/testkit/sim": {"internal/bucket", "internal/dynamo", "internal/dynamo/schema", "internal/memstore", "internal/policy",
 		"internal/testkit/exactcheck", "internal/testkit/exactmutant", "internal/testkit/simddb"},
-	"internal/testkit/simddb":  {},
-	"internal/testkit/gateway": {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
+	"internal/testkit/simddb":   {},
+	"internal/testkit/simredis": {},
+	"internal/testkit/gateway":  {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},
 }
 
 // tooling is where the test and benchmark tooling lives: nothing below it ships.

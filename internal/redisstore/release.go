@@ -56,7 +56,7 @@ func (s *Store) give(ctx context.Context, taken []bucket.Taken, refused bool) er
 				continue
 			}
 			t, _ := bucket.GCRAParams(*l)
-			e.args = []string{algToken, n, strconv.FormatInt(spend(t, c.N()), 10), tok, strconv.FormatUint(marker(), 10)}
+			e.args = []string{algToken, n, strconv.FormatInt(spend(t, c.N()), 10), tok, strconv.FormatUint(s.marker(), 10)}
 		case bucket.FixedWindow, bucket.Quota:
 			at := tk.At.UnixNano()
 			var end int64

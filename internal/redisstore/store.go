@@ -50,6 +50,10 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives give-backs that failed (Optional; nil: not logged).
 	Logger *zap.Logger
+	// Rand is the source of the markers, generations and slot ids (Optional; nil:
+	// math/rand/v2's). The simulator (internal/testkit/sim) seeds one per replica so that a seed
+	// repeats its run.
+	Rand func() uint64
 }
 
 // Store is a bucket.Releaser on Redis or Valkey, exact across replicas: each group is decided
@@ -69,6 +73,7 @@ type Store struct {
 	wait      int
 	now       func() time.Time
 	log       *zap.Logger
+	rnd       func() uint64 // Options.Rand, nil: math/rand/v2's
 
 	mu   sync.Mutex
 	held map[uint64]string // concurrency slots held here: id -> key
@@ -124,7 +129,7 @@ var ErrNotConnected = errors.New("redisstore: not connected")
 func newStore(o Options) *Store {
 	s := &Store{
 		prefix: o.KeyPrefix, cluster: o.Cluster, slotLease: o.SlotLease,
-		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger,
+		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger, rnd: o.Rand,
 		held: make(map[uint64]string), stop: make(chan struct{}), done: make(chan struct{}),
 		firstDial: make(chan struct{}),
 	}
@@ -236,9 +241,13 @@ const markerBits = 62
 
 // marker returns a random non-zero id below 2^markerBits: a write's marker, a state's
 // generation, a slot's id.
-func marker() uint64 {
+func (s *Store) marker() uint64 {
+	draw := rand.Uint64
+	if s.rnd != nil {
+		draw = s.rnd
+	}
 	for {
-		if m := rand.Uint64() >> (64 - markerBits); m != 0 {
+		if m := draw() >> (64 - markerBits); m != 0 {
 			return m
 		}
 	}
@@ -353,7 +362,7 @@ func (s *Store) takeGroup(ctx context.Context, now int64, charges []bucket.Charg
 	cs := make([]charge, len(idx))
 	for j, i := range idx {
 		c := &charges[i]
-		cs[j] = charge{c: c, n: c.N(), marker: marker()}
+		cs[j] = charge{c: c, n: c.N(), marker: s.marker()}
 		keys = append(keys, s.key(c))
 		var err error
 		args, err = s.appendArgs(args, now, &cs[j])

@@ -50,6 +50,9 @@ type report struct {
 	Violations       []string                `json:"violations"`
 	Mutants          map[string]mutantResult `json:"mutants"`
 	Differential     differential            `json:"differential"`
+	// DifferentialRedis is the simulated Redis's differential test against redis-server
+	// (SIMREDIS_DIFF_OUT's file), beside DynamoDB's.
+	DifferentialRedis differential `json:"differential_redis"`
 	// Runs is each seed's run: beyond the issue's fields, its history's hash (a replay of the
 	// seed has the same).
 	Runs []seedRun `json:"runs"`
@@ -143,6 +146,9 @@ func TestSimulator(t *testing.T) {
 		}
 		if data, err := os.ReadFile(os.Getenv("SIMDDB_DIFF_OUT")); err == nil {
 			_ = json.Unmarshal(data, &rep.Differential)
+		}
+		if data, err := os.ReadFile(os.Getenv("SIMREDIS_DIFF_OUT")); err == nil {
+			_ = json.Unmarshal(data, &rep.DifferentialRedis)
 		}
 		writeReport(t, path, rep)
 	}
