@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,15 +19,16 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
-// loadCompose is `docker compose config`: docker-compose.yaml loaded, validated against the
-// compose specification, interpolated and normalised by the compose-spec library.
-func loadCompose(t *testing.T, file string) *types.Project {
+// loadCompose is `docker compose -f FILE... config`: the files loaded, merged in order,
+// validated against the compose specification, interpolated and normalised by the compose-spec
+// library, with no profile enabled.
+func loadCompose(t *testing.T, files ...string) *types.Project {
 	t.Helper()
-	dir, err := filepath.Abs(filepath.Dir(file))
+	dir, err := filepath.Abs(filepath.Dir(files[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts, err := cli.NewProjectOptions([]string{file}, cli.WithWorkingDirectory(dir), cli.WithDiscardEnvFile)
+	opts, err := cli.NewProjectOptions(files, cli.WithWorkingDirectory(dir), cli.WithDiscardEnvFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,25 +39,61 @@ func loadCompose(t *testing.T, file string) *types.Project {
 	return p
 }
 
-// TestComposeConfig: docker-compose.yaml is a valid compose file whose pieces fit: every
-// bind-mounted file exists, the gateway runs the chart's image and a configuration the
-// gateway's loader accepts with the service's environment, publishes the ports that
-// configuration listens on (the admin port on loopback only), reaches the upstream and DynamoDB
-// Local by their service names; Prometheus scrapes the admin port by a name the admin listener
-// answers; Grafana provisions deploy/grafana's dashboard.
+// composeSessions are the documented ways to run the compose session: the files given to
+// `docker compose -f`, the store backend the gateway then runs and the service it uses.
+var composeSessions = []struct {
+	files            []string
+	backend, service string
+}{
+	{[]string{"docker-compose.yaml"}, "dynamodb", "dynamodb"},
+	{[]string{"docker-compose.yaml", "docker-compose.redis.yaml"}, "redis", "redis"},
+}
+
+// TestComposeConfig: docker-compose.yaml, alone and with docker-compose.redis.yaml, is a valid
+// compose project whose pieces fit: every bind-mounted file exists, the gateway runs the chart's
+// image and a configuration the gateway's loader accepts with the service's environment,
+// publishes the ports that configuration listens on (the admin port on loopback only), reaches
+// the upstream and its store (DynamoDB Local, or Redis) by their service names, and no store
+// service runs that the gateway does not use; Prometheus scrapes the admin port by a name the
+// admin listener answers; Grafana provisions deploy/grafana's dashboard.
 func TestComposeConfig(t *testing.T) {
+	var first *policy.Config
+	for _, sess := range composeSessions {
+		t.Run(strings.Join(sess.files, "+"), func(t *testing.T) {
+			cfg := composeSession(t, sess.files, sess.backend, sess.service)
+			// Every session runs the same demo: only the store differs.
+			if first == nil {
+				first = cfg
+			} else if !reflect.DeepEqual(cfg.Policies, first.Policies) || !reflect.DeepEqual(cfg.Identity, first.Identity) {
+				t.Errorf("the policies or identity differ from %s's", composeSessions[0].files[0])
+			}
+		})
+	}
+}
+
+// composeSession checks one session and returns its gateway's configuration.
+func composeSession(t *testing.T, files []string, backend, storeService string) *policy.Config {
 	absRoot, err := filepath.Abs(root())
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := loadCompose(t, filepath.Join(absRoot, "docker-compose.yaml"))
+	var paths []string
+	for _, f := range files {
+		paths = append(paths, filepath.Join(absRoot, f))
+	}
+	p := loadCompose(t, paths...)
 	stages := map[string]bool{}
 	for _, s := range parseDockerfile(t, filepath.Join(absRoot, "Dockerfile")).stages {
 		stages[s.Name] = true
 	}
-	for _, want := range []string{"gateway", "upstream", "dynamodb", "prometheus", "grafana"} {
+	for _, want := range []string{"gateway", "upstream", storeService, "prometheus", "grafana"} {
 		if _, ok := p.Services[want]; !ok {
 			t.Errorf("no service %s", want)
+		}
+	}
+	for _, other := range []string{"dynamodb", "redis"} {
+		if _, ok := p.Services[other]; ok && other != storeService {
+			t.Errorf("service %s runs, but the gateway's store is %s", other, storeService)
 		}
 	}
 	for name, s := range p.Services {
@@ -149,14 +187,31 @@ func TestComposeConfig(t *testing.T) {
 	} else if up.Port() == "" || !slices.ContainsFunc(entrypoint(t, absRoot, upstream), func(a string) bool { return strings.HasSuffix(a, ":"+up.Port()) }) {
 		t.Errorf("upstream %s: the service %s does not listen on port %q (%v)", cfg.Upstream, up.Hostname(), up.Port(), entrypoint(t, absRoot, upstream))
 	}
-	if d := cfg.Store.DynamoDB; cfg.Store.Backend == "dynamodb" {
+	if cfg.Store.Backend != backend {
+		t.Errorf("the gateway's store is %q, want %q", cfg.Store.Backend, backend)
+	}
+	switch cfg.Store.Backend {
+	case "dynamodb":
+		d := cfg.Store.DynamoDB
 		ep, err := url.Parse(d.Endpoint)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := p.Services[ep.Hostname()]; !ok || ep.Port() != "8000" || !d.CreateTable {
-			t.Errorf("store endpoint %s: want DynamoDB Local's service on 8000 with create_table (got create_table %v)", d.Endpoint, d.CreateTable)
+		if ep.Hostname() != storeService || ep.Port() != "8000" || !d.CreateTable {
+			t.Errorf("store endpoint %s: want DynamoDB Local's service %s on 8000 with create_table (got create_table %v)", d.Endpoint, storeService, d.CreateTable)
 		}
+	case "redis":
+		u, err := url.Parse(cfg.Store.Redis.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img := p.Services[u.Hostname()].Image
+		if u.Hostname() != storeService || u.Port() != "6379" || !(strings.HasPrefix(img, "redis:") || strings.HasPrefix(img, "valkey/valkey:")) {
+			t.Errorf("store URL %s: want the Redis service %s (image %q) on 6379", cfg.Store.Redis.URL, storeService, img)
+		}
+	}
+	if !slices.Contains(gw.GetDependencies(), storeService) {
+		t.Errorf("the gateway depends on %v, not on its store %s", gw.GetDependencies(), storeService)
 	}
 
 	// Prometheus scrapes the admin port by the service's name, which admin.hosts must list (else
@@ -211,6 +266,7 @@ func TestComposeConfig(t *testing.T) {
 	if !found {
 		t.Errorf("Grafana's dashboard provider (%+v) loads no deploy/grafana/ratelimit-proxy.json", dash.Providers)
 	}
+	return cfg
 }
 
 // readMounted decodes the YAML file that service s mounts at target.

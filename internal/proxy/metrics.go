@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/answer"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/histbuckets"
 )
 
 // Decision results, the values of ratelimit_decisions_total{result}. One per request.
@@ -147,7 +148,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		upstreamDuration: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimit_upstream_duration_seconds",
 			Help:    "Time from forwarding a request until the upstream's response headers arrived.",
-			Buckets: prometheus.ExponentialBucketsRange(1e-3, 60, 12),
+			Buckets: histbuckets.Range(1e-3, 60, 12), // 1ms to 1m, ×2.72 apart
 		})),
 		upstreamErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_upstream_errors_total",
@@ -156,7 +157,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		leakyWait: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimit_leaky_wait_seconds",
 			Help:    "How long leaky-bucket policies held admitted requests before forwarding them.",
-			Buckets: prometheus.ExponentialBucketsRange(1e-3, 60, 12),
+			Buckets: histbuckets.Range(1e-3, 60, 12), // 1ms to 1m, ×2.72 apart
 		})),
 		clientCanceled: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_client_canceled_total",
