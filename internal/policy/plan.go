@@ -425,32 +425,33 @@ func charge[V string | []byte](ru *rule, v V, client netip.Addr) (bucket.Charge,
 		return bucket.Charge{}, false
 	}
 	lim := ru.pol.Limit
-	if o := findOverride(ru, v, client); o != nil {
+	key := ru.globalKey
+	o := cidrOverrideOf(ru, client)
+	if ru.kind != keyGlobal && (o == nil || !o.unlimited) {
+		var hashed *override
+		key, hashed = cachedKey(ru, v)
+		if o == nil {
+			o = hashed
+		}
+	}
+	if o != nil {
 		if o.unlimited {
 			return bucket.Charge{}, false
 		}
 		lim = o.limit
 	}
-	key := ru.globalKey
-	if ru.kind != keyGlobal {
-		sum := digest(ru.keyPrefix, v)
-		copy(key[:], sum[:])
-	}
 	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost, MayGiveBack: ru.pol.ChargeOn != nil, Lease: ru.pol.Lease,
 		Pool: ru.pol.Name}, true
 }
 
-// findOverride finds the override for a key value: a CIDR containing the client (ip policies,
-// most specific first), else a sha256 override of the raw value, hashed only for policies that
-// have such overrides.
-func findOverride[V string | []byte](ru *rule, v V, client netip.Addr) *override {
+// cidrOverrideOf finds the CIDR override containing the client (ip policies, most specific
+// first). It wins over a sha256 override of the raw value (see cachedKey), which a global rule
+// cannot have.
+func cidrOverrideOf(ru *rule, client netip.Addr) *override {
 	for _, c := range ru.cidrs {
 		if c.prefix.Contains(client) {
 			return c.o
 		}
-	}
-	if ru.hashed != nil {
-		return ru.hashed[digest(nil, v)]
 	}
 	return nil
 }
