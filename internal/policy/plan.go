@@ -300,29 +300,33 @@ func planRules[S keySource](s *Set, src S, rt *route, ipText []byte, client neti
 		if !ru.matches(rt) {
 			continue
 		}
-		var c bucket.Charge
+		// The charge is built in its slot of p.Charges: a Charge is large, and building it
+		// apart cost two copies of it per policy.
+		p.Charges = append(p.Charges, bucket.Charge{})
+		c := &p.Charges[len(p.Charges)-1]
 		var ok bool
 		var v string
 		switch ru.kind {
 		case keyIP:
-			c, ok = charge(ru, ipText, client)
+			ok = chargeInto(c, ru, ipText, client)
 		case keyGlobal:
-			c, ok = charge(ru, "", client)
+			ok = chargeInto(c, ru, "", client)
 		case keyUser:
 			v = user
-			c, ok = charge(ru, v, client)
+			ok = chargeInto(c, ru, v, client)
 		default:
 			v = src.header(ru.header)
-			c, ok = charge(ru, v, client)
+			ok = chargeInto(c, ru, v, client)
 		}
-		if ok {
-			if ru.costs != nil {
-				c.Cost = ru.cost(rt)
-			}
-			p.Charges = append(p.Charges, c)
-			p.Policies = append(p.Policies, ru.pol)
-			p.Values = append(p.Values, v)
+		if !ok {
+			p.Charges = p.Charges[:len(p.Charges)-1]
+			continue
 		}
+		if ru.costs != nil {
+			c.Cost = ru.cost(rt)
+		}
+		p.Policies = append(p.Policies, ru.pol)
+		p.Values = append(p.Values, v)
 	}
 	if !p.WantIdentity {
 		return
@@ -421,36 +425,45 @@ func (s *Set) appendIPKey(b []byte, client netip.Addr) []byte {
 // charge builds the charge of one policy for the key value v. ok is false when the request lacks
 // the key or an unlimited override exempts it.
 func charge[V string | []byte](ru *rule, v V, client netip.Addr) (bucket.Charge, bool) {
+	var c bucket.Charge
+	ok := chargeInto(&c, ru, v, client)
+	return c, ok
+}
+
+// chargeInto is charge writing into c, which it leaves unspecified when it returns false.
+func chargeInto[V string | []byte](c *bucket.Charge, ru *rule, v V, client netip.Addr) bool {
 	if len(v) == 0 && ru.kind != keyGlobal && ru.kind != keyIP {
-		return bucket.Charge{}, false
+		return false
 	}
 	lim := ru.pol.Limit
-	if o := findOverride(ru, v, client); o != nil {
+	key := ru.globalKey
+	o := cidrOverrideOf(ru, client)
+	if ru.kind != keyGlobal && (o == nil || !o.unlimited) {
+		var hashed *override
+		key, hashed = cachedKey(ru, v)
+		if o == nil {
+			o = hashed
+		}
+	}
+	if o != nil {
 		if o.unlimited {
-			return bucket.Charge{}, false
+			return false
 		}
 		lim = o.limit
 	}
-	key := ru.globalKey
-	if ru.kind != keyGlobal {
-		sum := digest(ru.keyPrefix, v)
-		copy(key[:], sum[:])
-	}
-	return bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost, MayGiveBack: ru.pol.ChargeOn != nil, Lease: ru.pol.Lease,
-		Pool: ru.pol.Name}, true
+	*c = bucket.Charge{Key: key, Limit: lim, Shadow: ru.pol.Shadow, Cost: ru.pol.Cost, MayGiveBack: ru.pol.ChargeOn != nil, Lease: ru.pol.Lease,
+		Pool: ru.pol.Name}
+	return true
 }
 
-// findOverride finds the override for a key value: a CIDR containing the client (ip policies,
-// most specific first), else a sha256 override of the raw value, hashed only for policies that
-// have such overrides.
-func findOverride[V string | []byte](ru *rule, v V, client netip.Addr) *override {
+// cidrOverrideOf finds the CIDR override containing the client (ip policies, most specific
+// first). It wins over a sha256 override of the raw value (see cachedKey), which a global rule
+// cannot have.
+func cidrOverrideOf(ru *rule, client netip.Addr) *override {
 	for _, c := range ru.cidrs {
 		if c.prefix.Contains(client) {
 			return c.o
 		}
-	}
-	if ru.hashed != nil {
-		return ru.hashed[digest(nil, v)]
 	}
 	return nil
 }

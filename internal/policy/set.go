@@ -72,6 +72,7 @@ type rule struct {
 	globalKey bucket.Key
 	hashed    map[[sha256.Size]byte]*override // sha256 overrides; nil when there are none
 	cidrs     []cidrOverride                  // ip overrides, most specific prefix first
+	keys      *keyCache                       // the values seen last; nil for a global rule
 }
 
 // override is one compiled override: no charge at all, or another limit.
@@ -147,6 +148,8 @@ func Compile(cfg *Config, opts CompileOptions) (*Set, error) {
 		if kind == keyGlobal {
 			sum := digest(ru.keyPrefix, "")
 			copy(ru.globalKey[:], sum[:])
+		} else {
+			ru.keys = newKeyCache()
 		}
 		switch kind {
 		case keyAPIKey:
