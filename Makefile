@@ -112,11 +112,15 @@ sim:
 bench-rls: build
 	$(GO) run ./scripts/bench/rls
 
-## bench-redis: the Redis store (scripts/redis.sh's redis-server: one node and a 3-node cluster):
-## decisions/s, p50/p99 and CPU per decision (this process and redis-server) on one key and over
-## 10,000 keys, beside the memory store and DynamoDB Local (when DYNAMODB_ENDPOINT names one), and
-## a run paced at 5,000 decisions/s; writes .cache/bench/redis.json (~1 minute). Knobs: go run ./scripts/bench/redis -h
-bench-redis:
+## bench-redis: Redis through gateways: 8 processes of the built binary on one redis-server
+## (scripts/redis.sh), a load generator in front, for the proxy (HTTP) and the RLS (gRPC), on one
+## key and over 10,000 keys, then paced at 5,000 decisions/s: decisions/s, p50/p99, CPU per
+## decision of the gateways and of redis-server, redis-server's reads per decision (pipelining);
+## with ERL_BIN=path/to/envoyproxy-ratelimit, their RLS beside ours on the same Redis and rules,
+## and a same-answers check. Then the store alone in this process (single, cluster, memory,
+## DynamoDB Local when DYNAMODB_ENDPOINT names one). Writes .cache/bench/redis.json (~2 minutes).
+## Knobs: go run ./scripts/bench/redis -h
+bench-redis: build
 	$(GO) run ./scripts/bench/redis
 
 ## bench-overload: the upstream protection (protect block) under overload: an upstream of fixed

@@ -2,6 +2,7 @@
 # Redis for tests and development: Debian's redis-server, in memory, on free loopback ports.
 #
 #   scripts/redis.sh install          # apt-get install redis-server where it is missing (idempotent)
+#                                     # (REDIS_SERVER_BIN: a Valkey or Redis built elsewhere)
 #   scripts/redis.sh start            # one node; prints redis://127.0.0.1:PORT
 #   scripts/redis.sh start cluster    # a 3-node cluster (3 primaries, no replicas); prints one
 #                                     # redis://127.0.0.1:PORT line per node
@@ -18,6 +19,10 @@
 #   REDIS_LOCAL_OWNER_PID  with start: the process the nodes are for (a test binary). A watcher
 #                          stops them within about a second of that process's end.
 #   REDIS_LOCAL_START_TIMEOUT  with start: seconds to wait for every node to answer (default 30).
+#   REDIS_SERVER_BIN       the server binary instead of Debian's redis-server, e.g. a valkey-server
+#                          built from source; install then checks it and installs nothing.
+#   REDIS_CLI_BIN          the client for PING and cluster creation (default: the valkey-cli or
+#                          redis-cli beside REDIS_SERVER_BIN, else redis-cli).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +30,23 @@ state="${REDIS_LOCAL_STATE_DIR:-$root/.cache/redis}"
 
 die() { echo "redis-local: $*" >&2; exit 1; }
 
+server_bin=${REDIS_SERVER_BIN:-redis-server}
+cli_bin=${REDIS_CLI_BIN:-}
+if [ -z "$cli_bin" ]; then
+  cli_bin=redis-cli
+  if [ -n "${REDIS_SERVER_BIN:-}" ]; then
+    for c in "$(dirname "$REDIS_SERVER_BIN")/valkey-cli" "$(dirname "$REDIS_SERVER_BIN")/redis-cli"; do
+      if [ -x "$c" ]; then cli_bin=$c; break; fi
+    done
+  fi
+fi
+
 install() {
+  if [ -n "${REDIS_SERVER_BIN:-}" ]; then
+    command -v "$server_bin" >/dev/null || die "REDIS_SERVER_BIN=$server_bin: not an executable"
+    command -v "$cli_bin" >/dev/null || die "no client for $server_bin: set REDIS_CLI_BIN"
+    return 0
+  fi
   if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     return 0
   fi
@@ -75,7 +96,7 @@ node() {
     for line in "$@"; do echo "$line"; done
   } >"$dir/redis.conf"
   # setsid: its own process group, so a test runner's signals do not reach it.
-  setsid redis-server "$dir/redis.conf" >"$dir/log" 2>&1 </dev/null &
+  setsid "$server_bin" "$dir/redis.conf" >"$dir/log" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"$dir/pid"
   echo "$port" >"$dir/port"
@@ -97,7 +118,7 @@ sentinel down-after-milliseconds rl 1000
 sentinel failover-timeout rl 5000
 sentinel parallel-syncs rl 1
 EOF
-  setsid redis-server "$dir/sentinel.conf" --sentinel >"$dir/log" 2>&1 </dev/null &
+  setsid "$server_bin" "$dir/sentinel.conf" --sentinel >"$dir/log" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"$dir/pid"
   echo "$port" >"$dir/port"
@@ -117,7 +138,7 @@ wait_answers() {
   deadline=$((SECONDS + ${REDIS_LOCAL_START_TIMEOUT:-30}))
   for name in "$@"; do
     port=$(cat "$state/$name/port")
-    until [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null || true)" = PONG ]; do
+    until [ "$("$cli_bin" -h 127.0.0.1 -p "$port" ping 2>/dev/null || true)" = PONG ]; do
       if ! kill -0 "$(cat "$state/$name/pid")" 2>/dev/null; then
         tail -20 "$state/$name/log" >&2 || true
         stop
@@ -171,11 +192,11 @@ start() {
       echo "cluster0 cluster1 cluster2" >"$state/nodes"
       wait_answers cluster0 cluster1 cluster2
       for n in 0 1 2; do addrs+=("127.0.0.1:$(cat "$state/cluster$n/port")"); done
-      redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$state/cluster-create.log" 2>&1 ||
+      "$cli_bin" --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$state/cluster-create.log" 2>&1 ||
         { cat "$state/cluster-create.log" >&2; stop; die "redis-cli --cluster create failed"; }
       local deadline=$((SECONDS + ${REDIS_LOCAL_START_TIMEOUT:-30}))
       for n in 0 1 2; do
-        until redis-cli -p "$(cat "$state/cluster$n/port")" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; do
+        until "$cli_bin" -p "$(cat "$state/cluster$n/port")" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; do
           [ "$SECONDS" -lt "$deadline" ] || { stop; die "cluster did not reach cluster_state:ok"; }
           sleep 0.1
         done

@@ -198,7 +198,11 @@ func (i *Instance) Restart(ctx context.Context, node string) error {
 		return fmt.Errorf("redis local: restart %s: %w", node, err)
 	}
 	defer logf.Close()
-	cmd := exec.Command("redis-server", conf)
+	bin := "redis-server"
+	if b := os.Getenv("REDIS_SERVER_BIN"); b != "" { // scripts/redis.sh's server, e.g. valkey-server
+		bin = b
+	}
+	cmd := exec.Command(bin, conf)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

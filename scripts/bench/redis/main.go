@@ -1,9 +1,23 @@
-// Command redis is `make bench-redis`: the Redis store's decisions per second, latency and CPU per
-// decision (this process's, as the gateway's share, and redis-server's, read from /proc), on one
-// key and over 10,000 keys, on a single node and a 3-node cluster, beside the memory store and,
-// when DYNAMODB_ENDPOINT names one, DynamoDB Local; then a paced run at -rate decisions/s whose
-// p99 is the target's. It writes .cache/bench/redis.json and prints a table. A benchmark, not a
-// test: its numbers are the machine's.
+// Command redis is `make bench-redis`: the Redis store measured two ways, in one run.
+//
+//  1. Through gateways (the issue's benchmark): -replicas real processes of the built binary
+//     (bin/ratelimit-proxy serve) on one redis-server, a Go load generator in front, for the proxy
+//     (HTTP, one fixed-window policy keyed by X-Api-Key, an upstream in this process) and for the
+//     RLS (gRPC ShouldRateLimit, one descriptor per call, envoyproxy/ratelimit's rule format):
+//     on one key and over 10,000 keys back to back, then over 10,000 keys paced at -rate
+//     decisions/s. Each row gives decisions/s, p50/p99, CPU per decision of the replicas (summed)
+//     and of redis-server (/proc), and redis-server's commands and read events per decision
+//     (INFO stats: fewer reads than decisions is pipelining). When ERL_BIN names a build of
+//     envoyproxy/ratelimit's service, its replicas run the same rows on the same Redis with the
+//     same rule file, and a deterministic call sequence checks that both give the same answers
+//     on fixed windows.
+//  2. The store alone, in this process: decisions/s, latency and CPU per decision on one key and
+//     over 10,000 keys, on a single node and a 3-node cluster, beside the memory store and, when
+//     DYNAMODB_ENDPOINT names one, DynamoDB Local; with the client's writes counted (a counting
+//     net.Conn), so decisions per write shows the round trips shared.
+//
+// It writes .cache/bench/redis.json and prints tables. A benchmark, not a test: its numbers are
+// the machine's, and the machine's load average is written beside them.
 package main
 
 import (
@@ -13,7 +27,9 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,18 +62,43 @@ type row struct {
 	StoreCPUus  float64 `json:"cpu_us_per_decision_store,omitempty"`
 	Connections int64   `json:"store_connections,omitempty"`
 	Paced       float64 `json:"paced_rate,omitempty"`
+	// PerClientWrite and PerRedisRead (redis single): decisions per write the client made on its
+	// connections and per read event of redis-server; above 1 is round trips shared.
+	PerClientWrite float64 `json:"decisions_per_client_write,omitempty"`
+	PerRedisRead   float64 `json:"decisions_per_redis_read,omitempty"`
+	Load1          float64 `json:"load_average_1m"`
+}
+
+// report is redis.json.
+type report struct {
+	When         string       `json:"when"`
+	CPUs         int          `json:"cpus"`
+	LoadBefore   float64      `json:"load_average_1m_before"`
+	LoadAfter    float64      `json:"load_average_1m_after"`
+	Gateways     []gwRow      `json:"gateways"`
+	Ratios       *erlRatios   `json:"erl_ratios,omitempty"`
+	SameAnswers  *sameAnswers `json:"erl_same_answers,omitempty"`
+	Store        []row        `json:"store"`
+	GatewayError string       `json:"gateways_error,omitempty"`
 }
 
 func main() {
 	dur := flag.Duration("d", 5*time.Second, "duration of each row")
+	warmup := flag.Duration("warmup", time.Second, "unmeasured load before each row through gateways")
 	workers := flag.Int("c", 64, "concurrent deciders")
-	rate := flag.Float64("rate", 5000, "the paced row's decisions per second")
+	rate := flag.Float64("rate", 5000, "the paced rows' decisions per second")
+	replicas := flag.Int("replicas", 8, "gateway processes on the one Redis")
+	bin := flag.String("bin", "bin/ratelimit-proxy", "the gateway binary (make build)")
+	erlBin := flag.String("erl-bin", os.Getenv("ERL_BIN"), "envoyproxy/ratelimit's service binary, to run beside ours (ERL_BIN)")
+	storeRows := flag.Bool("store", true, "also measure the store alone, in this process")
 	out := flag.String("out", ".cache/bench/redis.json", "where the rows go")
 	flag.Parse()
 	if v := os.Getenv("BENCH_QUICK"); v == "1" {
 		*dur = time.Second
 	}
-	ctx := context.Background()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep := report{When: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), LoadBefore: loadAverage()}
 	state, err := filepath.Abs(".cache/bench/redis-state")
 	if err != nil {
 		log.Fatal(err)
@@ -67,25 +108,65 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	info := mustClient(redisstore.DialOptions{URL: single.URLs[0], Mode: redisstore.ModeSingle}, nil)
+	rg := &rig{redisURL: single.URLs[0], redisAddr: single.Addrs()[0], redisPID: single.PID("node0"), info: info,
+		dir: filepath.Join(state, "gateways")}
+	if err := os.MkdirAll(rg.dir, 0o755); err != nil {
+		log.Fatal(err)
+	}
+	rep.Gateways, rep.SameAnswers, err = runGateways(ctx, rg, gwOptions{replicas: *replicas, workers: *workers,
+		dur: *dur, warmup: *warmup, rate: *rate, bin: *bin, erlBin: *erlBin})
+	if err != nil {
+		log.Printf("through gateways: %v", err)
+		rep.GatewayError = err.Error()
+	}
+	rep.Ratios = ratios(rep.Gateways)
+	if *storeRows && ctx.Err() == nil {
+		rep.Store = storeLevel(ctx, single, *workers, *dur, *rate)
+	}
+	rep.LoadAfter = loadAverage()
+
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		log.Fatal(err)
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	printReport(rep)
+	fmt.Println("wrote", *out)
+	if rep.GatewayError != "" {
+		os.Exit(1)
+	}
+}
+
+// storeLevel is part 2: the store alone, in this process.
+func storeLevel(ctx context.Context, single *redislocal.Instance, workers int, dur time.Duration, rate float64) []row {
+	state, _ := filepath.Abs(".cache/bench/redis-state")
 	cluster, err := redislocal.Start(ctx, filepath.Join(state, "cluster"), redislocal.Cluster)
 	defer func() { _ = cluster.Stop() }()
 	if err != nil {
-		log.Fatal(err)
+		log.Printf("cluster left out: %v", err)
 	}
 	type target struct {
-		name  string
-		store bucket.Store
-		pids  []int
-		conns func() int64
+		name   string
+		store  bucket.Store
+		pids   []int
+		conns  func() int64
+		writes *atomic.Int64
+		info   rueidis.Client
 	}
 	var targets []target
 	targets = append(targets, target{name: "memory", store: memstore.New(memstore.Options{})})
-	sc := mustClient(redisstore.DialOptions{URL: single.URLs[0], Mode: redisstore.ModeSingle})
+	var writes atomic.Int64
+	sc := mustClient(redisstore.DialOptions{URL: single.URLs[0], Mode: redisstore.ModeSingle}, &writes)
 	targets = append(targets, target{name: "redis single", store: redisstore.New(sc, redisstore.Options{KeyPrefix: "bench:"}),
-		pids: []int{single.PID("node0")}, conns: func() int64 { return clients(sc) }})
-	cc := mustClient(redisstore.DialOptions{Mode: redisstore.ModeCluster, Addrs: cluster.Addrs()})
-	targets = append(targets, target{name: "redis cluster", store: redisstore.New(cc, redisstore.Options{KeyPrefix: "bench:", Cluster: true}),
-		pids: []int{cluster.PID("cluster0"), cluster.PID("cluster1"), cluster.PID("cluster2")}})
+		pids: []int{single.PID("node0")}, conns: func() int64 { return clients(sc) }, writes: &writes, info: sc})
+	if err == nil {
+		cc := mustClient(redisstore.DialOptions{Mode: redisstore.ModeCluster, Addrs: cluster.Addrs()}, nil)
+		targets = append(targets, target{name: "redis cluster", store: redisstore.New(cc, redisstore.Options{KeyPrefix: "bench:", Cluster: true}),
+			pids: []int{cluster.PID("cluster0"), cluster.PID("cluster1"), cluster.PID("cluster2")}})
+	}
 	if ep := os.Getenv(dynamolocal.EndpointVar); ep != "" {
 		client, err := dynamolocal.NewClient(ctx, ep)
 		if err == nil {
@@ -101,42 +182,46 @@ func main() {
 	// A limit no load reaches: every decision is a full read-decide-write.
 	limit := bucket.Limit{Algorithm: bucket.TokenBucket, Rate: 1e8, Burst: 1e8}
 	var rows []row
+	run := func(tg target, keys int, rate float64) row {
+		var w0 int64
+		var st0 redisStats
+		if tg.writes != nil {
+			w0 = tg.writes.Load()
+			st0, _ = readStats(ctx, tg.info)
+		}
+		r := measure(ctx, tg.store, limit, keys, workers, dur, rate, tg.pids)
+		r.Store, r.Paced, r.Load1 = tg.name, rate, loadAverage()
+		if tg.writes != nil {
+			st1, _ := readStats(ctx, tg.info)
+			dn := float64(max(r.Decisions, 1))
+			r.PerClientWrite = dn / float64(max(tg.writes.Load()-w0, 1))
+			r.PerRedisRead = dn / max(st1.sub(st0).reads, 1)
+		}
+		if tg.conns != nil {
+			r.Connections = tg.conns()
+		}
+		log.Printf("%-15s keys %-6d %s %8.0f decisions/s p50 %6.0f us p99 %6.0f us cpu %5.1f us (+ store %5.1f us)",
+			r.Store, keys, pacedLabel(rate), r.PerSecond, r.P50us, r.P99us, r.CPUus, r.StoreCPUus)
+		return r
+	}
 	for _, tg := range targets {
 		for _, keys := range []int{1, 10_000} {
-			r := measure(ctx, tg.store, limit, keys, *workers, *dur, 0, tg.pids)
-			r.Store = tg.name
-			if tg.conns != nil {
-				r.Connections = tg.conns()
-			}
-			rows = append(rows, r)
-			log.Printf("%-15s keys %-6d %8.0f decisions/s p50 %6.0f us p99 %6.0f us cpu %5.1f us (+ store %5.1f us)",
-				r.Store, keys, r.PerSecond, r.P50us, r.P99us, r.CPUus, r.StoreCPUus)
+			rows = append(rows, run(tg, keys, 0))
 		}
 	}
-	paced := measure(ctx, targets[1].store, limit, 10_000, *workers, *dur, *rate, targets[1].pids)
-	paced.Store, paced.Paced = "redis single (paced)", *rate
-	rows = append(rows, paced)
-	log.Printf("paced %.0f/s on redis single: p50 %.0f us, p99 %.0f us", *rate, paced.P50us, paced.P99us)
-
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-		log.Fatal(err)
-	}
-	b, _ := json.MarshalIndent(rows, "", "  ")
-	if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("| store | keys | decisions/s | p50 µs | p99 µs | CPU µs/decision (gateway + store) |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|")
-	for _, r := range rows {
-		fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %.1f + %.1f |\n", r.Store, r.Keys, r.PerSecond, r.P50us, r.P99us, r.CPUus, r.StoreCPUus)
-	}
-	fmt.Println("wrote", *out)
+	paced := run(targets[1], 10_000, rate)
+	paced.Store = "redis single (paced)"
+	return append(rows, paced)
 }
 
-func mustClient(o redisstore.DialOptions) rueidis.Client {
+// mustClient dials the store's client; with writes, its connections count their writes there.
+func mustClient(o redisstore.DialOptions, writes *atomic.Int64) rueidis.Client {
 	opt, err := redisstore.ClientOption(o)
 	if err != nil {
 		log.Fatal(err)
+	}
+	if writes != nil {
+		countWrites(&opt, writes)
 	}
 	c, err := rueidis.NewClient(opt)
 	if err != nil {

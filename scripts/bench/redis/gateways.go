@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/harness"
+)
+
+// gwOptions are the knobs of the rows through gateway processes.
+type gwOptions struct {
+	replicas int
+	workers  int
+	dur      time.Duration
+	warmup   time.Duration
+	rate     float64
+	bin      string
+	erlBin   string
+}
+
+// rig is one Redis the fleets share, with what the rows read of it.
+type rig struct {
+	redisURL, redisAddr string
+	redisPID            int
+	info                rueidis.Client
+	dir                 string
+}
+
+// measureFleet runs one row through f: a warm-up, then the measured load, with the replicas',
+// redis-server's and this process's CPU, and redis-server's counters, read around it.
+func measureFleet(ctx context.Context, rg *rig, f *fleet, do doer, keys int, o gwOptions, rate float64) gwRow {
+	runLoad(ctx, do, o.workers, o.warmup, rate)
+	st0, _ := readStats(ctx, rg.info)
+	within0, total0 := f.storeWithin1ms()
+	gw0, rd0, self0 := procCPU(f.pids()), procCPU([]int{rg.redisPID}), selfCPU()
+	r := runLoad(ctx, do, o.workers, o.dur, rate)
+	gw, rd, self := procCPU(f.pids())-gw0, procCPU([]int{rg.redisPID})-rd0, selfCPU()-self0
+	st1, _ := readStats(ctx, rg.info)
+	within1, total1 := f.storeWithin1ms()
+	if r.firstErr != nil {
+		log.Printf("%s: %d errors, the first: %v", f.front, r.errs, r.firstErr)
+	}
+	dn := float64(max(r.n, 1))
+	st := st1.sub(st0)
+	row := gwRow{
+		Front: string(f.front), Replicas: len(f.cmds), Keys: keys, Workers: o.workers, Paced: rate,
+		Decisions: r.n, Errors: r.errs, Over: r.over, PerSecond: float64(r.n) / r.elapsed.Seconds(),
+		P50us: quantileUs(r.lat, 0.5), P99us: quantileUs(r.lat, 0.99),
+		GatewayCPU: float64(gw) / 1e3 / dn, RedisCPU: float64(rd) / 1e3 / dn, LoadgenCPU: float64(self) / 1e3 / dn,
+		RedisScripts: st.scripts / dn, RedisCommands: st.commands / dn, RedisReads: st.reads / dn, Load1: loadAverage(),
+	}
+	if rate > 0 {
+		row.P99SchedUs = quantileUs(r.sched, 0.99)
+	}
+	if total1 > total0 {
+		row.StoreWithin1ms = (within1 - within0) / (total1 - total0)
+	}
+	log.Printf("%-22s keys %-6d %s %7.0f decisions/s p50 %6.0f us p99 %6.0f us cpu %5.1f us gateways + %5.1f us redis, %.2f redis reads/decision, load %.1f",
+		row.Front, keys, pacedLabel(rate), row.PerSecond, row.P50us, row.P99us, row.GatewayCPU, row.RedisCPU, row.RedisReads, row.Load1)
+	return row
+}
+
+func pacedLabel(rate float64) string {
+	if rate > 0 {
+		return fmt.Sprintf("paced %5.0f/s", rate)
+	}
+	return "closed loop  "
+}
+
+// runGateways measures every front through o.replicas processes on one Redis: one key and 10,000
+// keys back to back, then 10,000 keys paced at o.rate.
+func runGateways(ctx context.Context, rg *rig, o gwOptions) ([]gwRow, *sameAnswers, error) {
+	if _, err := os.Stat(o.bin); err != nil {
+		return nil, nil, fmt.Errorf("gateway binary: %w (make bench-redis builds it)", err)
+	}
+	rulesDir := filepath.Join(rg.dir, "runtime")
+	if err := writeRules(rulesDir); err != nil {
+		return nil, nil, err
+	}
+	upstream, stopUp, err := harness.Serve(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header()["Content-Length"] = []string{"3"}
+		_, _ = w.Write([]byte("ok\n"))
+	}))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer stopUp()
+	spec := fleetSpec{replicas: o.replicas, bin: o.bin, redisURL: rg.redisURL, redisAddr: rg.redisAddr,
+		upstream: upstream, rulesDir: rulesDir, workDir: rg.dir}
+	fronts := []front{frontProxy, frontRLS}
+	if o.erlBin != "" {
+		fronts = append(fronts, frontERL)
+	}
+	var rows []gwRow
+	for _, fr := range fronts {
+		s := spec
+		s.front = fr
+		if fr == frontERL {
+			s.bin = o.erlBin
+		}
+		f, err := startFleet(ctx, s)
+		if err != nil {
+			return rows, nil, err
+		}
+		doers := func(keys int) (doer, func(), error) {
+			if fr == frontProxy {
+				return httpDoer(f.addrs, o.workers, keys), func() {}, nil
+			}
+			cl, closeAll, err := grpcClients(f.addrs)
+			if err != nil {
+				return nil, nil, err
+			}
+			return rlsDoer(cl, keys), closeAll, nil
+		}
+		for _, run := range []struct {
+			keys int
+			rate float64
+		}{{1, 0}, {10_000, 0}, {10_000, o.rate}} {
+			do, closeAll, err := doers(run.keys)
+			if err != nil {
+				f.stop()
+				return rows, nil, err
+			}
+			rows = append(rows, measureFleet(ctx, rg, f, do, run.keys, o, run.rate))
+			closeAll()
+		}
+		f.stop()
+	}
+	if o.erlBin == "" {
+		return rows, nil, nil
+	}
+	same, err := checkSameAnswers(ctx, spec, o.erlBin)
+	return rows, same, err
+}
