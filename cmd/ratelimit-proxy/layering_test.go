@@ -26,7 +26,7 @@ var allowedImports = map[string][]string{
 	"internal/replay":                 {"internal/bucket", "internal/memstore", "internal/policy"},
 	"internal/console":                {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/policy"},
 	"internal/verdict":                {"internal/bucket"},
-	"internal/proxy":                  {"internal/answer", "internal/bucket", "internal/policy", "internal/protect", "internal/verdict"},
+	"internal/proxy":                  {"internal/answer", "internal/bucket", "internal/histbuckets", "internal/policy", "internal/protect", "internal/verdict"},
 	"internal/rls":                    {"internal/answer", "internal/bucket", "internal/envoyrules", "internal/histbuckets", "internal/verdict"},
 	"internal/dynamo":                 {"internal/bucket", "internal/dynamo/lease", "internal/dynamo/schema", "internal/histbuckets"},
 	"internal/dynamo/lease":           {"internal/bucket", "internal/dynamo/schema"},
