@@ -1,12 +1,11 @@
 package proxy
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -14,29 +13,23 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 )
 
-// benchSetConfig is the configuration of loads (c) and (d) of scripts/bench/bench.sh: three
-// layered token buckets, the hot key's sha256 override allowing 1 an hour.
-func benchSetConfig() string {
-	sum := sha256.Sum256([]byte("hot-key"))
-	return fmt.Sprintf(`upstream: http://upstream.invalid
-policies:
-  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 10000000/s, burst: 10000000}
-  - name: per-api-key
-    key: api_key
-    algorithm: token_bucket
-    rate: 100000/s
-    burst: 100000
-    overrides:
-      - {key: "sha256:%s", rate: 1/h, burst: 1}
-  - {name: global, key: global, algorithm: token_bucket, rate: 10000000/s, burst: 10000000}
-`, hex.EncodeToString(sum[:]))
+// benchSetConfig is the configuration of loads (c) and (d) of scripts/bench/bench.sh: its policy
+// set is read from the one file the end-to-end loads append to their configs, so the in-process
+// benchmark charges exactly what the end-to-end load charges.
+func benchSetConfig(b *testing.B) string {
+	b.Helper()
+	set, err := os.ReadFile(filepath.Join("..", "..", "scripts", "bench", "policyset.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return "upstream: http://upstream.invalid\n" + string(set)
 }
 
 // benchSetHandler is the gateway's handler of loads (c) and (d) in process: the real policy set
 // and memory store, an in-memory upstream.
 func benchSetHandler(b *testing.B) *Handler {
 	b.Helper()
-	cfg, err := policy.Parse([]byte(benchSetConfig()), policy.LoadOptions{Getenv: func(string) string { return "" }})
+	cfg, err := policy.Parse([]byte(benchSetConfig(b)), policy.LoadOptions{Getenv: func(string) string { return "" }})
 	if err != nil {
 		b.Fatal(err)
 	}

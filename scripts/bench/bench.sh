@@ -338,10 +338,9 @@ go_benches() {
 # 2. End to end
 # ==================================================================================================
 hot_key=hot-key
-hot_sha=$(printf %s "$hot_key" | sha256sum | awk '{print $1}')
 
-# gateway_config FILE LISTEN ADMIN [STORE-YAML]: configuration (c)/(d): three layered policies,
-# limits far above what loopback can reach except for the hot key, which may send 1 per hour.
+# gateway_config FILE LISTEN ADMIN [STORE-YAML]: configuration (c)/(d): the policy set of
+# scripts/bench/policyset.yaml (three layered policies; the hot key may send 1 per hour).
 gateway_config() {
   local store=${4:-"  backend: memory"}
   cat >"$1" <<EOF
@@ -352,27 +351,8 @@ store:
 $store
 log:
   level: info
-policies:
-  - name: per-ip
-    key: ip
-    algorithm: token_bucket
-    rate: 10000000/s
-    burst: 10000000
-  - name: per-api-key
-    key: api_key
-    algorithm: token_bucket
-    rate: 100000/s
-    burst: 100000
-    overrides:
-      - key: sha256:$hot_sha
-        rate: 1/h
-        burst: 1
-  - name: global
-    key: global
-    algorithm: token_bucket
-    rate: 10000000/s
-    burst: 10000000
 EOF
+  cat "$root/scripts/bench/policyset.yaml" >>"$1"
 }
 
 nginx_config() {

@@ -23,21 +23,12 @@ CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/upstream" ./scripts/bench/upstrea
 CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/gateway-pprof" ./scripts/bench/gateway
 command -v wrk >/dev/null || CGO_ENABLED=0 $GO build -trimpath -o "$out/bin/loadgen" ./scripts/bench/loadgen
 
-hot_sha=$(printf %s hot-key | sha256sum | awk '{print $1}')
 cat >"$out/profile.yaml" <<YAML
 listen: 127.0.0.1:$P_GW
 admin_listen: 127.0.0.1:$P_ADMIN
 upstream: http://127.0.0.1:$P_UP
-policies:
-  - {name: per-ip, key: ip, algorithm: token_bucket, rate: 10000000/s, burst: 10000000}
-  - name: per-api-key
-    key: api_key
-    algorithm: token_bucket
-    rate: 100000/s
-    burst: 100000
-    overrides: [{key: "sha256:$hot_sha", rate: 1/h, burst: 1}]
-  - {name: global, key: global, algorithm: token_bucket, rate: 10000000/s, burst: 10000000}
 YAML
+cat scripts/bench/policyset.yaml >>"$out/profile.yaml" # loads (c)/(d): the hot key is "hot-key"
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; }
