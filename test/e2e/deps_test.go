@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // depsPath is a PATH with only the tools scripts/deps.sh and scripts/test.sh use besides the
@@ -41,14 +43,56 @@ func depsPath(t *testing.T) (path, aptLog string) {
 	return bin, aptLog
 }
 
+// scriptsCopy copies the named scripts into a scripts/ folder of a fresh directory and returns
+// that folder. test.sh writes its log and the apt log under its own checkout's .cache, which, in
+// the repository itself, is where the outer `make test` running this test keeps its log: the
+// inner run truncated it, and the outer summary then listed no package at all.
+func scriptsCopy(t *testing.T, names ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "scripts")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(repoRoot, "scripts", n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// cacheFiles describes the repository's .cache logs that test.sh and deps.sh write (size and
+// modification time), to show that the inner run left them alone.
+func cacheFiles(t *testing.T) string {
+	t.Helper()
+	var d strings.Builder
+	for _, n := range []string{"test.log", "apt.log", "fuzz.log"} {
+		if fi, err := os.Stat(filepath.Join(repoRoot, ".cache", n)); err == nil {
+			fmt.Fprintf(&d, "%s %d %s; ", n, fi.Size(), fi.ModTime().Format(time.RFC3339Nano))
+		}
+	}
+	return d.String()
+}
+
 // TestDepsNamedNotInstalled: `make test` (scripts/test.sh) run as root on a machine without the
 // packages names each one and what needs it, and installs nothing unless asked (CI=true or
 // RATELIMIT_INSTALL_DEPS=1), when it installs exactly the missing ones.
 func TestDepsNamedNotInstalled(t *testing.T) {
 	path, aptLog := depsPath(t)
+	script := scriptsCopy(t, "test.sh", "deps.sh")
+	before := cacheFiles(t)
+	defer func() {
+		if after := cacheFiles(t); after != before {
+			t.Errorf("the inner make test wrote the outer run's .cache:\nbefore %s\nafter  %s", before, after)
+		}
+	}()
 	run := func(env ...string) string {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(repoRoot, "scripts", "test.sh"))
+		cmd := exec.Command(filepath.Join(script, "test.sh"))
 		cmd.Env = append([]string{"PATH=" + path, "HOME=" + t.TempDir(), "DYNAMODB_ENDPOINT=http://127.0.0.1:1"}, env...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
