@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -220,17 +221,42 @@ func New(api API, o Options) *Store {
 // never leased has nothing to give back. (Close, for concurrency slots, is another matter.)
 func (s *Store) CloseLeases(ctx context.Context) error { return s.ls.Close(ctx) }
 
-// warmKey is the item Warm reads: no decision ever writes it.
+// warmKey is the item Warm reads and tries to update: no decision ever writes it.
 const warmKey = "ratelimit-proxy#warm"
 
-// Warm makes conns concurrent consistent reads of an item that is never written, and returns
-// the first error. A gateway that has just started otherwise pays, in its first decisions, for
-// opening connections (TLS), fetching credentials (IMDS, STS for a web identity) and resolving
-// the endpoint, which together can take longer than store.timeout: those decisions would fail,
-// open the circuit breaker and follow on_error for its backoff. It also shows a wrong table,
-// endpoint or credentials at startup. It needs no permission beyond the decisions'
-// BatchGetItem.
+// warmWrite is Warm's update of warmKey: its condition can never hold, so DynamoDB evaluates
+// it and writes nothing, whatever the item holds.
+var warmWrite = update{
+	expr:   "SET #w = :w",
+	cond:   "attribute_exists(#w) AND attribute_not_exists(#w)",
+	names:  map[string]string{"#w": "warm"},
+	values: map[string]types.AttributeValue{":w": &types.AttributeValueMemberN{Value: "1"}},
+}
+
+// Warm makes conns concurrent consistent reads of an item that is never written, then one
+// update of it whose condition never holds, and returns the first error. A gateway that has
+// just started otherwise pays, in its first decisions, for opening connections (TLS), fetching
+// credentials (IMDS, STS for a web identity) and resolving the endpoint, and on DynamoDB Local
+// for a cold JVM's first conditional update, which together can take longer than
+// store.timeout: those decisions would fail, open the circuit breaker and follow on_error for
+// its backoff. It also shows a wrong table, endpoint or credentials, or a role without
+// UpdateItem, at startup. It needs no permission beyond the decisions' BatchGetItem and
+// UpdateItem, and writes nothing.
 func (s *Store) Warm(ctx context.Context, conns int) error {
+	if err := s.Probe(ctx, conns); err != nil {
+		return err
+	}
+	_, err := s.updateItem(ctx, opUpdate, warmKey, warmWrite, types.ReturnValueNone, noRetry)
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		return fmt.Errorf("dynamo: warm: update: %w", err)
+	}
+	return nil
+}
+
+// Probe makes conns concurrent consistent reads of warmKey and returns the first error: the
+// cheapest call that shows the table answering (the clock's probe, after Warm).
+func (s *Store) Probe(ctx context.Context, conns int) error {
 	errs := make(chan error, max(conns, 1))
 	for range max(conns, 1) {
 		go func() {

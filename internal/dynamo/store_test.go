@@ -443,16 +443,41 @@ func TestDenyCacheFollowsReloadedLimit(t *testing.T) {
 // it; a failing store's error and a hung store's deadline come back from it, within the deadline.
 func TestWarmReadsAndReportsTheStore(t *testing.T) {
 	client, table := localTable(t)
-	s := dynamo.New(client, dynamo.Options{Table: table})
+	counted := &countingAPI{api: client}
+	s := dynamo.New(counted, dynamo.Options{Table: table})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.Warm(ctx, 4); err != nil {
 		t.Fatalf("Warm on DynamoDB Local: %v", err)
 	}
+	// The write path warms too (a cold DynamoDB Local's first conditional update can take
+	// longer than store.timeout): one update, whose condition never holds.
+	if got := counted.updates.Load(); got != 1 {
+		t.Errorf("Warm sent %d updates, want 1 (the write path warmed before the first decision)", got)
+	}
+	if got := counted.batchGets.Load(); got != 4 {
+		t.Errorf("Warm sent %d reads, want 4", got)
+	}
+	if err := s.Probe(ctx, 1); err != nil || counted.updates.Load() != 1 {
+		t.Errorf("Probe: %v, %d updates in all; want nil and no update of its own", err, counted.updates.Load())
+	}
 	out, err := client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
 		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "ratelimit-proxy#warm"}}})
 	if err != nil || len(out.Item) != 0 {
 		t.Errorf("after Warm the table holds %v (err %v), want no item", out.Item, err)
+	}
+	// Even an item someone did write there is left as it was.
+	planted := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "ratelimit-proxy#warm"}, "warm": &types.AttributeValueMemberN{Value: "7"}}
+	if _, err := client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: planted}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Warm(ctx, 1); err != nil {
+		t.Fatalf("Warm beside a planted item: %v", err)
+	}
+	out, err = client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
+		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "ratelimit-proxy#warm"}}})
+	if w, _ := out.Item["warm"].(*types.AttributeValueMemberN); err != nil || w == nil || w.Value != "7" || len(out.Item) != 2 {
+		t.Errorf("Warm changed a planted item: %v (err %v)", out.Item, err)
 	}
 
 	boom := errors.New("no route to host")

@@ -194,7 +194,7 @@ func (g *gateway) dynamoBackend(ctx context.Context) (backend, error) {
 		clock:  clock,
 		// The clock's probe is the warm-up read: one item never written, no rights beyond the
 		// decisions'.
-		probe: func(ctx context.Context) error { return ds.Warm(ctx, 1) },
+		probe: func(ctx context.Context) error { return ds.Probe(ctx, 1) },
 	}, nil
 }
 

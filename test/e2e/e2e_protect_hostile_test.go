@@ -221,8 +221,12 @@ func TestProtectAdaptiveLimitIgnoresAbandonedRequests(t *testing.T) {
 	}
 	stop()
 	wg.Wait()
-	if lowest < 16 {
-		t.Errorf("adaptive limit after 900 abandoned requests: %v, want at least 16 (it started at 20, the upstream unchanged)", lowest)
+	// Poisoned, the limit falls to min_limit (2) within the 3 s; honest samples alone keep it
+	// near 20, but on a loaded 2-core host the gateway's own scheduling delay is in every honest
+	// sample too and has taken it to 15 (make test beside three other builds). Half the start
+	// tells the two apart with room on both sides.
+	if lowest < 10 {
+		t.Errorf("adaptive limit after 900 abandoned requests: %v, want at least 10 (it started at 20, the upstream unchanged; poisoned, it falls to 2)", lowest)
 	}
 }
 
