@@ -487,7 +487,11 @@ func (c *adminClient) exemptLimitGiven(ctx context.Context, pol, domain, rate st
 		return fmt.Errorf("admin exempt %s: no replacement limit: give --rate and --burst (a token or leaky bucket), --limit (a window, quota or concurrency policy), or --unlimited", pol)
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("admin exempt %s: %s is missing (policy %s is a %s; or --unlimited for no limit)", pol, strings.Join(missing, " and "), pol, algorithm)
+		verb := "is"
+		if len(missing) > 1 {
+			verb = "are"
+		}
+		return fmt.Errorf("admin exempt %s: %s %s missing (policy %s is a %s; or --unlimited for no limit)", pol, strings.Join(missing, " and "), verb, pol, algorithm)
 	}
 	return nil
 }
