@@ -496,10 +496,14 @@ func (c *adminClient) exemptLimitGiven(ctx context.Context, pol, domain, rate st
 	return nil
 }
 
-// roundedSeconds prints a duration in seconds for a person: to a tenth of a second from 1 s
-// up (1.8s, not 1.812345678s), to the millisecond below (250ms).
+// roundedSeconds prints a duration in seconds for a person (see rounded).
 func roundedSeconds(sec float64) string {
-	d := time.Duration(sec * float64(time.Second))
+	return rounded(time.Duration(sec * float64(time.Second)))
+}
+
+// rounded prints a duration for a person: to a tenth of a second from 1 s up (1.8s, not
+// 1.812345678s), to the millisecond below (250ms).
+func rounded(d time.Duration) string {
 	if d >= time.Second || d <= -time.Second {
 		return d.Round(100 * time.Millisecond).String()
 	}
