@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"os"
@@ -786,4 +787,171 @@ func TestIstioRedisTakesTheSamplesPlace(t *testing.T) {
 	if !mounted {
 		t.Error("the sample's ConfigMap ratelimit-config is not mounted")
 	}
+}
+
+// TestDeployDocCommandsRender: every helm command of docs/deploy.md's sh blocks renders as
+// written (the chart's path, its -f files, its release and namespace, as `helm install
+// --dry-run=client` would), and each kubectl command that names an object of the chart
+// (port-forward service/NAME, rollout status deployment/NAME, get configmap NAME) names one the
+// helm command before it renders. No cluster runs here: this is what keeps the page's commands
+// true up to the cluster.
+func TestDeployDocCommandsRender(t *testing.T) {
+	const page = "docs/deploy.md"
+	data, err := os.ReadFile(filepath.Join(root(), page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs, helms, refs := checkDeployDocCommands(t, string(data))
+	for _, err := range errs {
+		t.Errorf("%s: %v", page, err)
+	}
+	if helms < 4 || refs < 3 {
+		t.Errorf("%s: %d helm commands and %d kubectl references to the chart's objects found in its sh blocks; the page shows more", page, helms, refs)
+	}
+}
+
+// shLines returns the lines of the page's sh blocks.
+func shLines(text string) []string {
+	var lines []string
+	in := false
+	for l := range strings.SplitSeq(text, "\n") {
+		switch {
+		case strings.HasPrefix(l, "```"):
+			in = !in && strings.TrimPrefix(l, "```") == "sh"
+		case in:
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return lines
+}
+
+// checkDeployDocCommands checks the helm and kubectl commands of a page's sh blocks, returning
+// the problems, how many helm commands it rendered and how many kubectl references it checked.
+func checkDeployDocCommands(t *testing.T, text string) (errs []error, helms, refs int) {
+	t.Helper()
+	var names map[string]bool // "Kind/name" of the last helm command's objects
+	for _, l := range shLines(text) {
+		words := strings.Fields(strings.TrimSuffix(l, "&"))
+		if len(words) < 2 {
+			continue
+		}
+		switch words[0] {
+		case "helm":
+			helms++
+			n, err := renderHelmCommand(t, words)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", l, err))
+				continue
+			}
+			names = n
+		case "kubectl":
+			for _, ref := range kubectlRefs(words) {
+				if names == nil {
+					continue // objects of kubectl's own (kubectl create deployment web)
+				}
+				refs++
+				if !names[ref] {
+					errs = append(errs, fmt.Errorf("%s: the helm command before it renders no %s", l, ref))
+				}
+			}
+		}
+	}
+	return errs, helms, refs
+}
+
+// kubectlRefs are the chart's objects a kubectl command names, as Kind/name.
+func kubectlRefs(words []string) []string {
+	var refs []string
+	for i, w := range words {
+		w = strings.Trim(w, `"'$(`)
+		switch {
+		case strings.HasPrefix(w, "service/"):
+			refs = append(refs, "Service/"+strings.TrimPrefix(w, "service/"))
+		case strings.HasPrefix(w, "deployment/"):
+			refs = append(refs, "Deployment/"+strings.TrimPrefix(w, "deployment/"))
+		case w == "configmap" && i > 0 && strings.Trim(words[i-1], `"'$(`) == "get" && i+1 < len(words):
+			refs = append(refs, "ConfigMap/"+words[i+1])
+		}
+	}
+	return refs
+}
+
+// renderHelmCommand renders `helm install|upgrade|template RELEASE CHART [-f FILE]... [-n NS]
+// [--create-namespace]` or `helm lint CHART [-f FILE]...` with the Go packages helm is built
+// from, returning the Kind/name of every object.
+func renderHelmCommand(t *testing.T, words []string) (map[string]bool, error) {
+	t.Helper()
+	verb, args := words[1], words[2:]
+	c := chartCase{name: strings.Join(words, " "), release: "", namespace: "default"}
+	switch verb {
+	case "install", "upgrade", "template":
+		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+			return nil, errors.New("no release name")
+		}
+		c.release, args = args[0], args[1:]
+	case "lint":
+		c.release = "lint"
+	default:
+		return nil, fmt.Errorf("helm %s: not a command this test knows", verb)
+	}
+	if len(args) == 0 || args[0] != chartDir {
+		return nil, fmt.Errorf("the chart is %s, not %v", chartDir, args)
+	}
+	var files []string
+	for i := 1; i < len(args); i++ {
+		switch args[i] {
+		case "-f", "--values", "-n", "--namespace":
+			if i+1 == len(args) {
+				return nil, fmt.Errorf("%s without its value", args[i])
+			}
+			if args[i] == "-n" || args[i] == "--namespace" {
+				c.namespace = args[i+1]
+			} else {
+				files = append(files, args[i+1])
+			}
+			i++
+		case "--create-namespace":
+		default:
+			return nil, fmt.Errorf("flag %s: not one this test knows", args[i])
+		}
+	}
+	vals := map[string]any{}
+	for _, f := range files {
+		v, err := common.ReadValuesFile(filepath.Join(root(), f))
+		if err != nil {
+			return nil, err
+		}
+		vals = chartutil.CoalesceTables(v, vals) // a later -f wins
+	}
+	ch, err := loader.Load(filepath.Join(root(), chartDir))
+	if err != nil {
+		return nil, err
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, common.ReleaseOptions{Name: c.release, Namespace: c.namespace, IsInstall: verb != "upgrade", IsUpgrade: verb == "upgrade"}, nil)
+	if err != nil {
+		return nil, err
+	}
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]bool{}
+	for n, text := range out {
+		if strings.HasSuffix(n, "NOTES.txt") {
+			continue
+		}
+		dec := yaml.NewDecoder(strings.NewReader(text))
+		for {
+			var obj map[string]any
+			if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				return nil, fmt.Errorf("%s: %w", n, err)
+			}
+			if obj != nil {
+				names[str(obj["kind"])+"/"+str(dig(obj, "metadata", "name"))] = true
+			}
+		}
+	}
+	return names, nil
 }
