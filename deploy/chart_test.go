@@ -955,3 +955,94 @@ func renderHelmCommand(t *testing.T, words []string) (map[string]bool, error) {
 	}
 	return names, nil
 }
+
+// TestRLSManifestMatchesChart: deploy/envoy/ratelimit-proxy.yaml (the rate limit service as
+// plain manifests, beside Envoy's, Istio's, Envoy Gateway's and Contour's files) is what the
+// chart renders with examples/rls.yaml where the two can drift: the configuration as the
+// gateway reads it, the rule files, the container's image, arguments, ports and mounts, the
+// grace period, the ServiceAccount's annotations and the NetworkPolicy's rules. (Names, labels
+// and probes are each file's own: the plain file keeps the Envoy callers' selectors.)
+func TestRLSManifestMatchesChart(t *testing.T) {
+	const file = "deploy/envoy/ratelimit-proxy.yaml"
+	c := chartCase{name: "rls.yaml", values: chartDir + "/examples/rls.yaml", release: "ratelimit-proxy", namespace: "ratelimit"}
+	chartDocs, rawDocs := renderChart(t, c, c.vals(t)), readDocs(t, file)
+	chart, raw := decodeDocs(t, chartDocs), decodeDocs(t, rawDocs)
+	if len(raw.deployments) != 1 || len(chart.deployments) != 1 {
+		t.Fatalf("%d and %d Deployments, want 1 each", len(raw.deployments), len(chart.deployments))
+	}
+	rawPod, chartPod := raw.deployments[0].Spec.Template.Spec, chart.deployments[0].Spec.Template.Spec
+	rawGW, chartGW := gatewayContainer(t, rawPod), gatewayContainer(t, chartPod)
+
+	// The configuration and the rule files of the ConfigMaps the pod mounts, by mount path.
+	mounted := func(o objects, pod corev1.PodSpec, gw corev1.Container) map[string]map[string]any {
+		t.Helper()
+		out := map[string]map[string]any{}
+		for _, m := range gw.VolumeMounts {
+			for _, v := range pod.Volumes {
+				if v.Name != m.Name || v.ConfigMap == nil {
+					continue
+				}
+				cm := o.configMaps[nsName(c.namespace, v.ConfigMap.Name)]
+				if cm == nil {
+					t.Fatalf("no ConfigMap %s", v.ConfigMap.Name)
+				}
+				files := map[string]any{}
+				for k, text := range cm.Data {
+					if k == "config.yaml" {
+						cfg, err := policy.Parse([]byte(text), policy.LoadOptions{Getenv: func(string) string { return "" }})
+						if err != nil {
+							t.Fatalf("%s: %v", cm.Name, err)
+						}
+						files[k] = cfg
+						continue
+					}
+					var v any
+					if err := yaml.Unmarshal([]byte(text), &v); err != nil {
+						t.Fatalf("%s %s: %v", cm.Name, k, err)
+					}
+					files[k] = v
+				}
+				out[m.MountPath] = files
+			}
+		}
+		return out
+	}
+	sameJSON(t, "the mounted configuration and rule files", mounted(raw, rawPod, rawGW), mounted(chart, chartPod, chartGW))
+
+	type container struct {
+		Image, Args, Ports, Mounts, Grace, Resources any
+	}
+	pick := func(pod corev1.PodSpec, gw corev1.Container) container {
+		paths := []string{}
+		for _, m := range gw.VolumeMounts {
+			paths = append(paths, m.MountPath)
+		}
+		sort.Strings(paths)
+		return container{gw.Image, gw.Args, gw.Ports, paths, pod.TerminationGracePeriodSeconds, gw.Resources}
+	}
+	rawPorts := pick(rawPod, rawGW)
+	for i := range rawGW.Ports { // the chart states the protocol, which is TCP by default
+		if rawGW.Ports[i].Protocol == "" {
+			rawGW.Ports[i].Protocol = corev1.ProtocolTCP
+		}
+	}
+	rawPorts.Ports = rawGW.Ports
+	sameJSON(t, "the gateway's container", rawPorts, pick(chartPod, chartGW))
+
+	annotations := func(docs []doc, pod corev1.PodSpec) any {
+		t.Helper()
+		for _, d := range docs {
+			if d.kind() == "ServiceAccount" && str(dig(d.obj, "metadata", "name")) == pod.ServiceAccountName {
+				return dig(d.obj, "metadata", "annotations")
+			}
+		}
+		t.Fatalf("no ServiceAccount %s", pod.ServiceAccountName)
+		return nil
+	}
+	sameJSON(t, "the ServiceAccount's annotations", annotations(rawDocs, rawPod), annotations(chartDocs, chartPod))
+
+	if len(raw.netpols) != 1 || len(chart.netpols) != 1 {
+		t.Fatalf("%d and %d NetworkPolicies, want 1 each", len(raw.netpols), len(chart.netpols))
+	}
+	sameJSON(t, "the NetworkPolicy's rules", raw.netpols[0].Spec.Ingress, chart.netpols[0].Spec.Ingress)
+}
