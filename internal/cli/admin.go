@@ -487,15 +487,23 @@ func (c *adminClient) exemptLimitGiven(ctx context.Context, pol, domain, rate st
 		return fmt.Errorf("admin exempt %s: no replacement limit: give --rate and --burst (a token or leaky bucket), --limit (a window, quota or concurrency policy), or --unlimited", pol)
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("admin exempt %s: %s is missing (policy %s is a %s; or --unlimited for no limit)", pol, strings.Join(missing, " and "), pol, algorithm)
+		verb := "is"
+		if len(missing) > 1 {
+			verb = "are"
+		}
+		return fmt.Errorf("admin exempt %s: %s %s missing (policy %s is a %s; or --unlimited for no limit)", pol, strings.Join(missing, " and "), verb, pol, algorithm)
 	}
 	return nil
 }
 
-// roundedSeconds prints a duration in seconds for a person: to a tenth of a second from 1 s
-// up (1.8s, not 1.812345678s), to the millisecond below (250ms).
+// roundedSeconds prints a duration in seconds for a person (see rounded).
 func roundedSeconds(sec float64) string {
-	d := time.Duration(sec * float64(time.Second))
+	return rounded(time.Duration(sec * float64(time.Second)))
+}
+
+// rounded prints a duration for a person: to a tenth of a second from 1 s up (1.8s, not
+// 1.812345678s), to the millisecond below (250ms).
+func rounded(d time.Duration) string {
 	if d >= time.Second || d <= -time.Second {
 		return d.Round(100 * time.Millisecond).String()
 	}

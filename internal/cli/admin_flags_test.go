@@ -83,7 +83,7 @@ func TestAdminExemptNamesMissingFlag(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"per-ip", "k"}, "--rate and --burst is missing"},
+		{[]string{"per-ip", "k"}, "--rate and --burst are missing"},
 		{[]string{"per-ip", "k", "--rate", "5/s"}, "--burst is missing"},
 		{[]string{"per-api-key", "k"}, "--limit is missing"},
 		{[]string{"unknown", "k"}, "give --rate and --burst"},

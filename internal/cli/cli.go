@@ -167,7 +167,11 @@ func validate(path string, getenv func(string) string, stdout, stderr io.Writer)
 		fmt.Fprintln(stdout, "  "+p.Summary)
 	}
 	if r := set.RLS(); r != nil {
-		fmt.Fprintf(stdout, "  rls: %s in domains %s from %s of %s\n", policy.Plural(r.Len(), "rule", "rules"),
+		domains := "domains"
+		if len(r.Domains()) == 1 {
+			domains = "domain"
+		}
+		fmt.Fprintf(stdout, "  rls: %s in %s %s from %s of %s\n", policy.Plural(r.Len(), "rule", "rules"), domains,
 			strings.Join(r.Domains(), ", "), policy.Plural(len(r.Files()), "file", "files"), cfg.RLS.ConfigDir)
 	}
 	fmt.Fprintln(stdout, "  "+policy.ProtectSummary(cfg))

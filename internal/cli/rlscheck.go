@@ -114,6 +114,12 @@ func rlsCheck(ctx context.Context, o rlsCheckOptions, req *pb.RateLimitRequest, 
 	if slices.Contains(md.Get(rls.DomainHeader), "unknown") {
 		fmt.Fprintf(errOut, "warning: domain %q is unknown to this rate limit service: no rule applies, every descriptor is OK (as Envoy's unknown domains are)\n", req.GetDomain())
 	}
+	printRLSAnswer(w, req, resp)
+	return nil
+}
+
+// printRLSAnswer prints the overall code, each descriptor's status and the headers to add.
+func printRLSAnswer(w io.Writer, req *pb.RateLimitRequest, resp *pb.RateLimitResponse) {
 	fmt.Fprintln(w, resp.GetOverallCode())
 	for i, st := range resp.GetStatuses() {
 		var entries []string
@@ -133,7 +139,7 @@ func rlsCheck(ctx context.Context, o rlsCheckOptions, req *pb.RateLimitRequest, 
 				name = " (" + l.GetName() + ")"
 			}
 			fmt.Fprintf(w, ", limit %d per %s%s, remaining %d, reset in %s", l.GetRequestsPerUnit(), unit, name,
-				st.GetLimitRemaining(), st.GetDurationUntilReset().AsDuration().Round(time.Millisecond))
+				st.GetLimitRemaining(), rounded(st.GetDurationUntilReset().AsDuration()))
 		} else if st.GetCode() == pb.RateLimitResponse_OK {
 			fmt.Fprint(w, ", no limit")
 		}
@@ -142,5 +148,4 @@ func rlsCheck(ctx context.Context, o rlsCheckOptions, req *pb.RateLimitRequest, 
 	for _, h := range resp.GetResponseHeadersToAdd() {
 		fmt.Fprintf(w, "  header %s: %s\n", h.GetKey(), h.GetValue())
 	}
-	return nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,5 +63,27 @@ func TestValidateReportsEveryProblemWithItsPlace(t *testing.T) {
 `
 	if code != 1 || out != "" || errs != want {
 		t.Errorf("exit %d, got\n%s%s\nwant\n%s", code, out, errs, want)
+	}
+}
+
+// TestValidateSummarisesRLS: the rate limit service's line counts its rules and files in
+// words that fit, and says "domain" for one ("in domain edge", not "in domains edge").
+func TestValidateSummarisesRLS(t *testing.T) {
+	dir := t.TempDir()
+	rule := "domain: %s\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(fmt.Sprintf(rule, "edge")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := "store: {backend: memory}\nrls: {listen: 127.0.0.1:8081, config_dir: " + dir + "}\n"
+	code, out, errs := runValidate(t, cfg, nil)
+	if want := "\n  rls: 1 rule in domain edge from 1 file of " + dir + "\n"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("exit %d, got\n%s%s\nwant the line %q", code, out, errs, want)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(fmt.Sprintf(rule, "api")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = runValidate(t, cfg, nil)
+	if want := "\n  rls: 2 rules in domains api, edge from 2 files of " + dir + "\n"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("exit %d, got\n%s%s\nwant the line %q", code, out, errs, want)
 	}
 }

@@ -503,7 +503,7 @@ func TestRLSValidateCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errs := runCLI(t, "validate", "--config", cfg)
-	if code != 0 || !strings.Contains(out, "rls: 9 rules in domains e2e from 1 file of") {
+	if code != 0 || !strings.Contains(out, "rls: 9 rules in domain e2e from 1 file of") {
 		t.Fatalf("validate: exit %d\n%s%s", code, out, errs)
 	}
 	bad := filepath.Join(rules, "quota.yaml")
