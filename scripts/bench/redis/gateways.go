@@ -23,6 +23,7 @@ type gwOptions struct {
 	rate     float64
 	bin      string
 	erlBin   string
+	rounds   int // of our RLS beside theirs
 }
 
 // rig is one Redis the fleets share, with what the rows read of it.
@@ -74,8 +75,47 @@ func pacedLabel(rate float64) string {
 	return "closed loop  "
 }
 
+// gwLoad is one row's load: how many keys, and the pacing (0: closed loop).
+type gwLoad struct {
+	keys int
+	rate float64
+}
+
+// doerFor is the load generator's caller of f's replicas over keys keys, and what closes it.
+func doerFor(f *fleet, workers, keys int) (doer, func(), error) {
+	if f.front == frontProxy {
+		return httpDoer(f.addrs, workers, keys), func() {}, nil
+	}
+	cl, closeAll, err := grpcClients(f.addrs)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rlsDoer(cl, keys), closeAll, nil
+}
+
+// measureLoads runs every load on each fleet in turn, load by load, stamping the rows with round.
+func measureLoads(ctx context.Context, rg *rig, fleets []*fleet, loads []gwLoad, o gwOptions, round int) ([]gwRow, error) {
+	var rows []gwRow
+	for _, l := range loads {
+		for _, f := range fleets {
+			do, closeAll, err := doerFor(f, o.workers, l.keys)
+			if err != nil {
+				return rows, err
+			}
+			r := measureFleet(ctx, rg, f, do, l.keys, o, l.rate)
+			r.Round = round
+			rows = append(rows, r)
+			closeAll()
+		}
+	}
+	return rows, nil
+}
+
 // runGateways measures every front through o.replicas processes on one Redis: one key and 10,000
-// keys back to back, then 10,000 keys paced at o.rate.
+// keys back to back, then 10,000 keys paced at o.rate. The proxy runs once; our RLS and, with
+// o.erlBin, envoyproxy/ratelimit run side by side (both fleets up at once, each load measured on
+// ours and then on theirs) for o.rounds rounds: on a shared machine whose load drifts, the two
+// sides of a ratio are then measured seconds apart, and the rounds show how much it moves.
 func runGateways(ctx context.Context, rg *rig, o gwOptions) ([]gwRow, *sameAnswers, error) {
 	if _, err := os.Stat(o.bin); err != nil {
 		return nil, nil, fmt.Errorf("gateway binary: %w (make bench-redis builds it)", err)
@@ -94,44 +134,47 @@ func runGateways(ctx context.Context, rg *rig, o gwOptions) ([]gwRow, *sameAnswe
 	defer stopUp()
 	spec := fleetSpec{replicas: o.replicas, bin: o.bin, redisURL: rg.redisURL, redisAddr: rg.redisAddr,
 		upstream: upstream, rulesDir: rulesDir, workDir: rg.dir}
-	fronts := []front{frontProxy, frontRLS}
-	if o.erlBin != "" {
-		fronts = append(fronts, frontERL)
-	}
-	var rows []gwRow
-	for _, fr := range fronts {
+	loads := []gwLoad{{1, 0}, {10_000, 0}, {10_000, o.rate}}
+	start := func(fr front, bin string) (*fleet, error) {
 		s := spec
-		s.front = fr
-		if fr == frontERL {
-			s.bin = o.erlBin
-		}
-		f, err := startFleet(ctx, s)
+		s.front, s.bin = fr, bin
+		return startFleet(ctx, s)
+	}
+
+	proxy, err := start(frontProxy, o.bin)
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := measureLoads(ctx, rg, []*fleet{proxy}, loads, o, 1)
+	proxy.stop()
+	if err != nil {
+		return rows, nil, err
+	}
+
+	rls, err := start(frontRLS, o.bin)
+	if err != nil {
+		return rows, nil, err
+	}
+	defer rls.stop()
+	side := []*fleet{rls}
+	if o.erlBin != "" {
+		erl, err := start(frontERL, o.erlBin)
 		if err != nil {
 			return rows, nil, err
 		}
-		doers := func(keys int) (doer, func(), error) {
-			if fr == frontProxy {
-				return httpDoer(f.addrs, o.workers, keys), func() {}, nil
-			}
-			cl, closeAll, err := grpcClients(f.addrs)
-			if err != nil {
-				return nil, nil, err
-			}
-			return rlsDoer(cl, keys), closeAll, nil
+		defer erl.stop()
+		side = append(side, erl)
+	}
+	rounds := max(o.rounds, 1)
+	if o.erlBin == "" {
+		rounds = 1 // nothing to set beside: once is the row
+	}
+	for round := 1; round <= rounds && ctx.Err() == nil; round++ {
+		more, err := measureLoads(ctx, rg, side, loads, o, round)
+		rows = append(rows, more...)
+		if err != nil {
+			return rows, nil, err
 		}
-		for _, run := range []struct {
-			keys int
-			rate float64
-		}{{1, 0}, {10_000, 0}, {10_000, o.rate}} {
-			do, closeAll, err := doers(run.keys)
-			if err != nil {
-				f.stop()
-				return rows, nil, err
-			}
-			rows = append(rows, measureFleet(ctx, rg, f, do, run.keys, o, run.rate))
-			closeAll()
-		}
-		f.stop()
 	}
 	if o.erlBin == "" {
 		return rows, nil, nil

@@ -21,11 +21,13 @@ import (
 
 // gwRow is one measured configuration through gateway processes.
 type gwRow struct {
-	Front     string  `json:"front"`
-	Replicas  int     `json:"replicas"`
-	Keys      int     `json:"keys"`
-	Workers   int     `json:"workers"`
-	Paced     float64 `json:"paced_rate,omitempty"`
+	Front    string  `json:"front"`
+	Replicas int     `json:"replicas"`
+	Keys     int     `json:"keys"`
+	Workers  int     `json:"workers"`
+	Paced    float64 `json:"paced_rate,omitempty"`
+	// Round of the RLS rows beside envoyproxy/ratelimit's (1, 2, ...); the proxy's rows are round 1.
+	Round     int     `json:"round"`
 	Decisions int64   `json:"decisions"`
 	Errors    int64   `json:"errors"`
 	Over      int64   `json:"over_limit"`

@@ -88,6 +88,7 @@ func main() {
 	workers := flag.Int("c", 64, "concurrent deciders")
 	rate := flag.Float64("rate", 5000, "the paced rows' decisions per second")
 	replicas := flag.Int("replicas", 8, "gateway processes on the one Redis")
+	rounds := flag.Int("rounds", 3, "rounds of our RLS beside envoyproxy/ratelimit's, load by load (with ERL_BIN; without it the RLS rows run once)")
 	bin := flag.String("bin", "bin/ratelimit-proxy", "the gateway binary (make build)")
 	erlBin := flag.String("erl-bin", os.Getenv("ERL_BIN"), "envoyproxy/ratelimit's service binary, to run beside ours (ERL_BIN)")
 	storeRows := flag.Bool("store", true, "also measure the store alone, in this process")
@@ -115,7 +116,7 @@ func main() {
 		log.Fatal(err)
 	}
 	rep.Gateways, rep.SameAnswers, err = runGateways(ctx, rg, gwOptions{replicas: *replicas, workers: *workers,
-		dur: *dur, warmup: *warmup, rate: *rate, bin: *bin, erlBin: *erlBin})
+		dur: *dur, warmup: *warmup, rate: *rate, bin: *bin, erlBin: *erlBin, rounds: *rounds})
 	if err != nil {
 		log.Printf("through gateways: %v", err)
 		rep.GatewayError = err.Error()
