@@ -41,8 +41,10 @@ func measureFleet(ctx context.Context, rg *rig, f *fleet, do doer, keys int, o g
 	st0, _ := readStats(ctx, rg.info)
 	within0, total0 := f.storeWithin1ms()
 	gw0, rd0, self0 := procCPU(f.pids()), procCPU([]int{rg.redisPID}), selfCPU()
+	gwWait0, rdWait0 := runWait(f.pids()), runWait([]int{rg.redisPID})
 	r := runLoad(ctx, do, o.workers, o.dur, rate)
 	gw, rd, self := procCPU(f.pids())-gw0, procCPU([]int{rg.redisPID})-rd0, selfCPU()-self0
+	gwWait, rdWait := runWait(f.pids())-gwWait0, runWait([]int{rg.redisPID})-rdWait0
 	st1, _ := readStats(ctx, rg.info)
 	within1, total1 := f.storeWithin1ms()
 	if r.firstErr != nil {
@@ -55,6 +57,7 @@ func measureFleet(ctx context.Context, rg *rig, f *fleet, do doer, keys int, o g
 		Decisions: r.n, Errors: r.errs, Over: r.over, PerSecond: float64(r.n) / r.elapsed.Seconds(),
 		P50us: quantileUs(r.lat, 0.5), P99us: quantileUs(r.lat, 0.99),
 		GatewayCPU: float64(gw) / 1e3 / dn, RedisCPU: float64(rd) / 1e3 / dn, LoadgenCPU: float64(self) / 1e3 / dn,
+		GatewayWait: float64(gwWait) / 1e3 / dn, RedisWait: float64(rdWait) / 1e3 / dn,
 		RedisScripts: st.scripts / dn, RedisCommands: st.commands / dn, RedisReads: st.reads / dn, Load1: loadAverage(),
 	}
 	if rate > 0 {
@@ -63,8 +66,8 @@ func measureFleet(ctx context.Context, rg *rig, f *fleet, do doer, keys int, o g
 	if total1 > total0 {
 		row.StoreWithin1ms = (within1 - within0) / (total1 - total0)
 	}
-	log.Printf("%-22s keys %-6d %s %7.0f decisions/s p50 %6.0f us p99 %6.0f us cpu %5.1f us gateways + %5.1f us redis, %.2f redis reads/decision, load %.1f",
-		row.Front, keys, pacedLabel(rate), row.PerSecond, row.P50us, row.P99us, row.GatewayCPU, row.RedisCPU, row.RedisReads, row.Load1)
+	log.Printf("%-22s keys %-6d %s %7.0f decisions/s p50 %6.0f us p99 %6.0f us cpu %5.1f us gateways + %5.1f us redis, run-queue wait %5.1f + %5.1f us, %.2f redis reads/decision, load %.1f",
+		row.Front, keys, pacedLabel(rate), row.PerSecond, row.P50us, row.P99us, row.GatewayCPU, row.RedisCPU, row.GatewayWait, row.RedisWait, row.RedisReads, row.Load1)
 	return row
 }
 

@@ -40,6 +40,11 @@ type gwRow struct {
 	GatewayCPU float64 `json:"cpu_us_per_decision_gateways"`
 	RedisCPU   float64 `json:"cpu_us_per_decision_redis"`
 	LoadgenCPU float64 `json:"cpu_us_per_decision_loadgen"`
+	// GatewayWait and RedisWait: the time the replicas' and redis-server's threads spent
+	// runnable but waiting for a CPU (schedstat), per decision: the share of the latency that
+	// is the host's queue for its cores rather than work.
+	GatewayWait float64 `json:"run_queue_wait_us_per_decision_gateways"`
+	RedisWait   float64 `json:"run_queue_wait_us_per_decision_redis"`
 	// StoreWithin1ms (ours): the share of the replicas' store calls that took at most 1 ms, from
 	// their ratelimit_store_duration_seconds histogram.
 	StoreWithin1ms float64 `json:"store_calls_within_1ms,omitempty"`

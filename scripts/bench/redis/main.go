@@ -323,6 +323,32 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// runWait is the time the processes' threads spent runnable and waiting for a CPU: the second
+// field of /proc/PID/task/TID/schedstat, summed over the threads alive now (a thread that ended
+// takes its wait with it; Go's and redis-server's threads live as long as the process). On a
+// shared host it is what separates a latency that is the gateway's from one that is the queue for
+// the cores.
+func runWait(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b)); len(f) >= 2 {
+				ns, _ := strconv.ParseInt(f[1], 10, 64)
+				total += time.Duration(ns)
+			}
+		}
+	}
+	return total
+}
+
 // procCPU is the processes' user and system CPU time from /proc/PID/stat (clock ticks of 10 ms).
 func procCPU(pids []int) time.Duration {
 	var total time.Duration

@@ -90,15 +90,15 @@ func median(rs []erlRatio, f func(erlRatio) float64) float64 {
 
 func printReport(rep report) {
 	fmt.Printf("\n%d CPUs, load average %.1f before, %.1f after\n\n", rep.CPUs, rep.LoadBefore, rep.LoadAfter)
-	fmt.Println("| front | round | replicas | keys | load | decisions/s | p50 µs | p99 µs | CPU µs/decision (gateways + redis) | redis reads/decision | load avg |")
-	fmt.Println("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| front | round | replicas | keys | load | decisions/s | p50 µs | p99 µs | CPU µs/decision (gateways + redis) | run-queue wait µs/decision (gateways + redis) | redis reads/decision | load avg |")
+	fmt.Println("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Gateways {
 		load := "closed loop"
 		if r.Paced > 0 {
 			load = fmt.Sprintf("paced %.0f/s (p99 from schedule %.0f µs)", r.Paced, r.P99SchedUs)
 		}
-		fmt.Printf("| %s | %d | %d | %d | %s | %.0f | %.0f | %.0f | %.1f + %.1f | %.2f | %.1f |\n", r.Front, r.Round, r.Replicas, r.Keys, load,
-			r.PerSecond, r.P50us, r.P99us, r.GatewayCPU, r.RedisCPU, r.RedisReads, r.Load1)
+		fmt.Printf("| %s | %d | %d | %d | %s | %.0f | %.0f | %.0f | %.1f + %.1f | %.1f + %.1f | %.2f | %.1f |\n", r.Front, r.Round, r.Replicas, r.Keys, load,
+			r.PerSecond, r.P50us, r.P99us, r.GatewayCPU, r.RedisCPU, r.GatewayWait, r.RedisWait, r.RedisReads, r.Load1)
 	}
 	if rep.Ratios != nil {
 		fmt.Println("\n| ours / envoyproxy/ratelimit | round | keys | load | CPU per call (gateways + redis) | p99 |")
