@@ -24,6 +24,9 @@ type gwOptions struct {
 	bin      string
 	erlBin   string
 	rounds   int // of our RLS beside theirs
+	// erlConfig: envoyproxy/ratelimit's integration rule files (their checkout's
+	// test/integration/runtime/current/ratelimit/config), for a second same-answers check.
+	erlConfig string
 }
 
 // rig is one Redis the fleets share, with what the rows read of it.
@@ -119,7 +122,7 @@ func measureLoads(ctx context.Context, rg *rig, fleets []*fleet, loads []gwLoad,
 // o.erlBin, envoyproxy/ratelimit run side by side (both fleets up at once, each load measured on
 // ours and then on theirs) for o.rounds rounds: on a shared machine whose load drifts, the two
 // sides of a ratio are then measured seconds apart, and the rounds show how much it moves.
-func runGateways(ctx context.Context, rg *rig, o gwOptions) ([]gwRow, *sameAnswers, error) {
+func runGateways(ctx context.Context, rg *rig, o gwOptions) ([]gwRow, *sameChecks, error) {
 	if _, err := os.Stat(o.bin); err != nil {
 		return nil, nil, fmt.Errorf("gateway binary: %w (make bench-redis builds it)", err)
 	}
@@ -182,6 +185,26 @@ func runGateways(ctx context.Context, rg *rig, o gwOptions) ([]gwRow, *sameAnswe
 	if o.erlBin == "" {
 		return rows, nil, nil
 	}
-	same, err := checkSameAnswers(ctx, spec, o.erlBin)
+	same := &sameChecks{}
+	if same.Bench, err = checkSameAnswers(ctx, spec, o.erlBin, 35, 120, sameSequence); err != nil {
+		return rows, same, err
+	}
+	if o.erlConfig != "" {
+		// Their integration tests' directory, unchanged: RUNTIME_ROOT is two levels above it
+		// (RUNTIME_ROOT/ratelimit/config), and ours reads the same directory.
+		s := spec
+		s.rulesDir = filepath.Dir(filepath.Dir(o.erlConfig))
+		if filepath.Base(o.erlConfig) != "config" || filepath.Base(filepath.Dir(o.erlConfig)) != "ratelimit" {
+			return rows, same, fmt.Errorf("-erl-config %s: want a directory .../ratelimit/config, as envoyproxy/ratelimit reads", o.erlConfig)
+		}
+		same.Integration, err = checkSameAnswers(ctx, s, o.erlBin, 36, 150, integrationSequence)
+	}
 	return rows, same, err
+}
+
+// sameChecks are the same-answers checks: on the bench's rules, and on envoyproxy/ratelimit's
+// integration tests' rule files when -erl-config names them.
+type sameChecks struct {
+	Bench       *sameAnswers `json:"bench_rules"`
+	Integration *sameAnswers `json:"their_integration_rules,omitempty"`
 }

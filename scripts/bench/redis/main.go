@@ -71,15 +71,15 @@ type row struct {
 
 // report is redis.json.
 type report struct {
-	When         string       `json:"when"`
-	CPUs         int          `json:"cpus"`
-	LoadBefore   float64      `json:"load_average_1m_before"`
-	LoadAfter    float64      `json:"load_average_1m_after"`
-	Gateways     []gwRow      `json:"gateways"`
-	Ratios       *erlRatios   `json:"erl_ratios,omitempty"`
-	SameAnswers  *sameAnswers `json:"erl_same_answers,omitempty"`
-	Store        []row        `json:"store"`
-	GatewayError string       `json:"gateways_error,omitempty"`
+	When         string      `json:"when"`
+	CPUs         int         `json:"cpus"`
+	LoadBefore   float64     `json:"load_average_1m_before"`
+	LoadAfter    float64     `json:"load_average_1m_after"`
+	Gateways     []gwRow     `json:"gateways"`
+	Ratios       *erlRatios  `json:"erl_ratios,omitempty"`
+	SameAnswers  *sameChecks `json:"erl_same_answers,omitempty"`
+	Store        []row       `json:"store"`
+	GatewayError string      `json:"gateways_error,omitempty"`
 }
 
 func main() {
@@ -88,6 +88,7 @@ func main() {
 	workers := flag.Int("c", 64, "concurrent deciders")
 	rate := flag.Float64("rate", 5000, "the paced rows' decisions per second")
 	replicas := flag.Int("replicas", 8, "gateway processes on the one Redis")
+	erlConfig := flag.String("erl-config", os.Getenv("ERL_CONFIG_DIR"), "with ERL_BIN: envoyproxy/ratelimit's test/integration/runtime/current/ratelimit/config, served unchanged by both for a same-answers check (ERL_CONFIG_DIR)")
 	rounds := flag.Int("rounds", 3, "rounds of our RLS beside envoyproxy/ratelimit's, load by load (with ERL_BIN; without it the RLS rows run once)")
 	bin := flag.String("bin", "bin/ratelimit-proxy", "the gateway binary (make build)")
 	erlBin := flag.String("erl-bin", os.Getenv("ERL_BIN"), "envoyproxy/ratelimit's service binary, to run beside ours (ERL_BIN)")
@@ -116,7 +117,7 @@ func main() {
 		log.Fatal(err)
 	}
 	rep.Gateways, rep.SameAnswers, err = runGateways(ctx, rg, gwOptions{replicas: *replicas, workers: *workers,
-		dur: *dur, warmup: *warmup, rate: *rate, bin: *bin, erlBin: *erlBin, rounds: *rounds})
+		dur: *dur, warmup: *warmup, rate: *rate, bin: *bin, erlBin: *erlBin, rounds: *rounds, erlConfig: *erlConfig})
 	if err != nil {
 		log.Printf("through gateways: %v", err)
 		rep.GatewayError = err.Error()

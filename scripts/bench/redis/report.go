@@ -115,9 +115,16 @@ func printReport(rep report) {
 			fmt.Printf("| | %s | %d | %s | %.2f (%.1f / %.1f µs) | %.2f |\n", round, r.Keys, load, r.CPURatio, r.CPUOurs, r.CPUTheir, r.P99Ratio)
 		}
 	}
-	if s := rep.SameAnswers; s != nil {
-		fmt.Printf("\nsame answers: %d calls (seed %d), %d OVER_LIMIT, %d mismatches (theirs with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT), %d against their default %s\n",
-			s.Calls, s.Seed, s.OverLimit, s.Mismatches, s.MismatchesDefault, s.FirstMismatch)
+	if c := rep.SameAnswers; c != nil {
+		for _, x := range []struct {
+			what string
+			s    *sameAnswers
+		}{{"the bench's rules", c.Bench}, {"their integration tests' rule files", c.Integration}} {
+			if s := x.s; s != nil {
+				fmt.Printf("\nsame answers on %s: %d calls (seed %d), %d OVER_LIMIT, %d mismatches (theirs with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT), %d against their default %s\n",
+					x.what, s.Calls, s.Seed, s.OverLimit, s.Mismatches, s.MismatchesDefault, s.FirstMismatch)
+			}
+		}
 	}
 	if len(rep.Store) > 0 {
 		fmt.Println("\n| store (in process) | keys | decisions/s | p50 µs | p99 µs | CPU µs/decision (process + store) | decisions per client write / per redis read |")

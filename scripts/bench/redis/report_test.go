@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -60,7 +61,13 @@ func TestRatiosMedianOverRounds(t *testing.T) {
 // TestSameSequenceIsDeterministic: one seed and run give the same calls, byte for byte (the
 // check sends each system the same sequence), and another run other values.
 func TestSameSequenceIsDeterministic(t *testing.T) {
-	a, b, c := sameSequence(35, 50, "x"), sameSequence(35, 50, "x"), sameSequence(35, 50, "y")
+	for name, seq := range map[string]func(uint64, int, string) []*pb.RateLimitRequest{"bench": sameSequence, "integration": integrationSequence} {
+		t.Run(name, func(t *testing.T) { deterministic(t, seq) })
+	}
+}
+
+func deterministic(t *testing.T, seq func(uint64, int, string) []*pb.RateLimitRequest) {
+	a, b, c := seq(35, 50, "x"), seq(35, 50, "x"), seq(35, 50, "y")
 	differ := false
 	for i := range a {
 		if !proto.Equal(a[i], b[i]) {
