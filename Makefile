@@ -115,10 +115,12 @@ bench-rls: build
 ## bench-redis: Redis through gateways: 8 processes of the built binary on one redis-server
 ## (scripts/redis.sh), a load generator in front, for the proxy (HTTP) and the RLS (gRPC), on one
 ## key and over 10,000 keys, then paced at 5,000 decisions/s: decisions/s, p50/p99, CPU per
-## decision of the gateways and of redis-server, redis-server's reads per decision (pipelining);
-## with ERL_BIN=path/to/envoyproxy-ratelimit, their RLS beside ours on the same Redis and rules,
-## and a same-answers check. Then the store alone in this process (single, cluster, memory,
-## DynamoDB Local when DYNAMODB_ENDPOINT names one). Writes .cache/bench/redis.json (~2 minutes).
+## decision of the gateways and of redis-server, their run-queue wait (the host's queue for its
+## cores), redis-server's reads per decision (pipelining); with ERL_BIN=path/to/envoyproxy-ratelimit,
+## their RLS beside ours on the same Redis and rules, load by load over 3 rounds (medians of the
+## ratios), and a same-answers check. Then the store alone in this process (single, cluster,
+## memory, DynamoDB Local when DYNAMODB_ENDPOINT names one). Writes .cache/bench/redis.json
+## (~2 minutes, ~4 with ERL_BIN; docs/benchmarks.md says how to build theirs).
 ## Knobs: go run ./scripts/bench/redis -h
 bench-redis: build
 	$(GO) run ./scripts/bench/redis

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
+
 	// The typed_config types the files name: protojson resolves "@type" through the registry.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
@@ -338,5 +340,73 @@ func TestEnvoyFailureModeComments(t *testing.T) {
 		if err := sc.Err(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// ruleDomain is the domain line of an envoyproxy/ratelimit rule file.
+var ruleDomain = regexp.MustCompile(`(?m)^domain:\s*(\S+)`)
+
+// TestEnvoyGatewayRedisReplacesTheirs: deploy/envoy/envoy-gateway-redis.yaml, decoded strictly,
+// is the rate limit service envoy-gateway.yaml's EnvoyPatchPolicy calls (its cluster's address is
+// this Service's, its domain one of the mounted rule files), on the Redis that Envoy Gateway's own
+// rate limit service is given in its global rate limit task, with a configuration the gateway's
+// loader accepts.
+func TestEnvoyGatewayRedisReplacesTheirs(t *testing.T) {
+	const file = "deploy/envoy/envoy-gateway-redis.yaml"
+	o := decodeDocs(t, readDocs(t, file))
+	if len(o.deployments) != 1 || len(o.services) != 1 {
+		t.Fatalf("%s: %d Deployments and %d Services, want one of each", file, len(o.deployments), len(o.services))
+	}
+	gw := gatewayContainer(t, o.deployments[0].Spec.Template.Spec)
+	checkConfig(t, o, gw, nil)
+
+	ns := o.deployments[0].Namespace
+	var cfg *policy.Config
+	domains := map[string]bool{}
+	for _, m := range o.configMaps {
+		if text, ok := m.Data["config.yaml"]; ok {
+			c, err := policy.Parse([]byte(text), policy.LoadOptions{Getenv: func(string) string { return "" }})
+			if err != nil {
+				t.Fatalf("%s: %v", m.Name, err)
+			}
+			cfg = c
+			continue
+		}
+		for name, rules := range m.Data {
+			if d := ruleDomain.FindStringSubmatch(rules); d != nil {
+				domains[d[1]] = true
+			} else {
+				t.Errorf("%s/%s: no domain", m.Name, name)
+			}
+		}
+	}
+	if cfg == nil || cfg.Store.Backend != "redis" || cfg.Store.Redis == nil {
+		t.Fatalf("%s: want store.backend redis, got %+v", file, cfg)
+	}
+	const theirRedis = "redis://redis.redis-system.svc.cluster.local:6379/0"
+	if cfg.Store.Redis.URL != theirRedis {
+		t.Errorf("store.redis.url %q, want Envoy Gateway's Redis %q", cfg.Store.Redis.URL, theirRedis)
+	}
+
+	svc := o.services[0]
+	want := fmt.Sprintf("%s.%s.svc.cluster.local", svc.Name, ns)
+	var cluster, domain any
+	for _, p := range dig(readDocs(t, "deploy/envoy/envoy-gateway.yaml")[0].obj, "spec", "jsonPatches").([]any) {
+		switch str(dig(p, "type")) {
+		case "type.googleapis.com/envoy.config.cluster.v3.Cluster":
+			cluster = dig(p, "operation", "value", "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address")
+		case "type.googleapis.com/envoy.config.listener.v3.Listener":
+			domain = dig(p, "operation", "value", "typed_config", "domain")
+		}
+	}
+	if got := str(dig(cluster, "address")); got != want {
+		t.Errorf("envoy-gateway.yaml's cluster calls %q; %s's Service is %q", got, file, want)
+	}
+	port, _ := dig(cluster, "port_value").(int)
+	if len(svc.Spec.Ports) != 1 || int(svc.Spec.Ports[0].Port) != port {
+		t.Errorf("envoy-gateway.yaml's cluster calls port %d; the Service has %+v", port, svc.Spec.Ports)
+	}
+	if !domains[str(domain)] {
+		t.Errorf("envoy-gateway.yaml's filter names domain %q; the rule files have %v", domain, domains)
 	}
 }

@@ -36,6 +36,7 @@ func k8sExamples(t *testing.T) []k8sExample {
 		{"deploy/kubernetes", glob(t, "deploy/kubernetes/*.yaml")},
 		{"deploy/kubernetes/grpc", glob(t, "deploy/kubernetes/grpc/*.yaml")},
 		{"deploy/envoy/ratelimit-proxy.yaml", []string{"deploy/envoy/ratelimit-proxy.yaml"}},
+		{"deploy/envoy/envoy-gateway-redis.yaml", []string{"deploy/envoy/envoy-gateway-redis.yaml"}},
 	}
 }
 

@@ -93,11 +93,48 @@ func describe(r *pb.RateLimitRequest) string {
 	return strings.Join(parts, " ")
 }
 
-// checkSameAnswers starts two replicas of ours and two of theirs in each mode on the rig's Redis
-// and sends each the same sequence, call by call. A sequence that straddles a minute (the
-// windows' edges) is run again on fresh values.
-func checkSameAnswers(ctx context.Context, spec fleetSpec, erlBin string) (*sameAnswers, error) {
-	const seed, calls = 35, 120
+// integrationSequence is a deterministic sequence over the rule files of envoyproxy/ratelimit's
+// own integration tests (test/integration/runtime/current/ratelimit/config in their checkout),
+// served unchanged: the domains basic, another and share-threshold-test, keyed by the run so
+// that a retry starts on fresh counters. It leaves out their per-second rules (key1,
+// key1_local): a second's edge between the two systems' calls would tell them apart. Wildcard
+// values (files/*) share one counter with share_threshold and count per value without it.
+func integrationSequence(seed uint64, n int, run string) []*pb.RateLimitRequest {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	entry := func(k, v string) *rlext.RateLimitDescriptor {
+		return &rlext.RateLimitDescriptor{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: k, Value: v}}}
+	}
+	out := make([]*pb.RateLimitRequest, n)
+	for i := range out {
+		user := "u" + strconv.Itoa(rng.IntN(2)) + "-" + run
+		var r *pb.RateLimitRequest
+		switch rng.IntN(6) {
+		case 0:
+			r = &pb.RateLimitRequest{Domain: "basic", Descriptors: []*rlext.RateLimitDescriptor{entry("one_per_minute", user)}}
+		case 1:
+			r = &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlext.RateLimitDescriptor{entry("key2", user)}}
+		case 2:
+			r = &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlext.RateLimitDescriptor{entry("key3", user), entry("key4", user)}}
+		case 3:
+			r = &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlext.RateLimitDescriptor{entry("key3_local", user)}}
+		case 4:
+			r = &pb.RateLimitRequest{Domain: "share-threshold-test", Descriptors: []*rlext.RateLimitDescriptor{
+				entry("files", "files/"+strconv.Itoa(rng.IntN(4))+"-"+run)}}
+		default:
+			r = &pb.RateLimitRequest{Domain: "share-threshold-test", Descriptors: []*rlext.RateLimitDescriptor{
+				entry("files_no_share", "files_no_share/"+strconv.Itoa(rng.IntN(2))+"-"+run)}}
+		}
+		out[i] = r
+	}
+	return out
+}
+
+// checkSameAnswers starts two replicas of ours and two of theirs in each mode on the rig's Redis,
+// serving the rule files of spec.rulesDir, and sends each the same sequence (seq, seeded with
+// seed), call by call. A sequence that straddles a minute (the windows' edges) is run again on
+// fresh values.
+func checkSameAnswers(ctx context.Context, spec fleetSpec, erlBin string, seed uint64, calls int,
+	seq func(seed uint64, n int, run string) []*pb.RateLimitRequest) (*sameAnswers, error) {
 	start := func(fr front, bin string, env ...string) ([]pb.RateLimitServiceClient, func(), error) {
 		s := spec
 		s.front, s.bin, s.replicas, s.env = fr, bin, 2, env
@@ -133,7 +170,7 @@ func checkSameAnswers(ctx context.Context, spec fleetSpec, erlBin string) (*same
 		out.OverLimit, out.Mismatches, out.MismatchesDefault, out.FirstMismatch = 0, 0, 0, ""
 		run := strconv.FormatInt(time.Now().UnixNano(), 36)
 		minute := time.Now().Truncate(time.Minute)
-		for i, req := range sameSequence(seed, calls, run) {
+		for i, req := range seq(seed, calls, run) {
 			var got [3]string
 			for k, c := range [][]pb.RateLimitServiceClient{ours, theirs, theirsDefault} {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)

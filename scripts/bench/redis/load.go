@@ -21,11 +21,13 @@ import (
 
 // gwRow is one measured configuration through gateway processes.
 type gwRow struct {
-	Front     string  `json:"front"`
-	Replicas  int     `json:"replicas"`
-	Keys      int     `json:"keys"`
-	Workers   int     `json:"workers"`
-	Paced     float64 `json:"paced_rate,omitempty"`
+	Front    string  `json:"front"`
+	Replicas int     `json:"replicas"`
+	Keys     int     `json:"keys"`
+	Workers  int     `json:"workers"`
+	Paced    float64 `json:"paced_rate,omitempty"`
+	// Round of the RLS rows beside envoyproxy/ratelimit's (1, 2, ...); the proxy's rows are round 1.
+	Round     int     `json:"round"`
 	Decisions int64   `json:"decisions"`
 	Errors    int64   `json:"errors"`
 	Over      int64   `json:"over_limit"`
@@ -38,6 +40,11 @@ type gwRow struct {
 	GatewayCPU float64 `json:"cpu_us_per_decision_gateways"`
 	RedisCPU   float64 `json:"cpu_us_per_decision_redis"`
 	LoadgenCPU float64 `json:"cpu_us_per_decision_loadgen"`
+	// GatewayWait and RedisWait: the time the replicas' and redis-server's threads spent
+	// runnable but waiting for a CPU (schedstat), per decision: the share of the latency that
+	// is the host's queue for its cores rather than work.
+	GatewayWait float64 `json:"run_queue_wait_us_per_decision_gateways"`
+	RedisWait   float64 `json:"run_queue_wait_us_per_decision_redis"`
 	// StoreWithin1ms (ours): the share of the replicas' store calls that took at most 1 ms, from
 	// their ratelimit_store_duration_seconds histogram.
 	StoreWithin1ms float64 `json:"store_calls_within_1ms,omitempty"`

@@ -71,15 +71,15 @@ type row struct {
 
 // report is redis.json.
 type report struct {
-	When         string       `json:"when"`
-	CPUs         int          `json:"cpus"`
-	LoadBefore   float64      `json:"load_average_1m_before"`
-	LoadAfter    float64      `json:"load_average_1m_after"`
-	Gateways     []gwRow      `json:"gateways"`
-	Ratios       *erlRatios   `json:"erl_ratios,omitempty"`
-	SameAnswers  *sameAnswers `json:"erl_same_answers,omitempty"`
-	Store        []row        `json:"store"`
-	GatewayError string       `json:"gateways_error,omitempty"`
+	When         string      `json:"when"`
+	CPUs         int         `json:"cpus"`
+	LoadBefore   float64     `json:"load_average_1m_before"`
+	LoadAfter    float64     `json:"load_average_1m_after"`
+	Gateways     []gwRow     `json:"gateways"`
+	Ratios       *erlRatios  `json:"erl_ratios,omitempty"`
+	SameAnswers  *sameChecks `json:"erl_same_answers,omitempty"`
+	Store        []row       `json:"store"`
+	GatewayError string      `json:"gateways_error,omitempty"`
 }
 
 func main() {
@@ -88,6 +88,8 @@ func main() {
 	workers := flag.Int("c", 64, "concurrent deciders")
 	rate := flag.Float64("rate", 5000, "the paced rows' decisions per second")
 	replicas := flag.Int("replicas", 8, "gateway processes on the one Redis")
+	erlConfig := flag.String("erl-config", os.Getenv("ERL_CONFIG_DIR"), "with ERL_BIN: envoyproxy/ratelimit's test/integration/runtime/current/ratelimit/config, served unchanged by both for a same-answers check (ERL_CONFIG_DIR)")
+	rounds := flag.Int("rounds", 3, "rounds of our RLS beside envoyproxy/ratelimit's, load by load (with ERL_BIN; without it the RLS rows run once)")
 	bin := flag.String("bin", "bin/ratelimit-proxy", "the gateway binary (make build)")
 	erlBin := flag.String("erl-bin", os.Getenv("ERL_BIN"), "envoyproxy/ratelimit's service binary, to run beside ours (ERL_BIN)")
 	storeRows := flag.Bool("store", true, "also measure the store alone, in this process")
@@ -115,7 +117,7 @@ func main() {
 		log.Fatal(err)
 	}
 	rep.Gateways, rep.SameAnswers, err = runGateways(ctx, rg, gwOptions{replicas: *replicas, workers: *workers,
-		dur: *dur, warmup: *warmup, rate: *rate, bin: *bin, erlBin: *erlBin})
+		dur: *dur, warmup: *warmup, rate: *rate, bin: *bin, erlBin: *erlBin, rounds: *rounds, erlConfig: *erlConfig})
 	if err != nil {
 		log.Printf("through gateways: %v", err)
 		rep.GatewayError = err.Error()
@@ -320,6 +322,32 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runWait is the time the processes' threads spent runnable and waiting for a CPU: the second
+// field of /proc/PID/task/TID/schedstat, summed over the threads alive now (a thread that ended
+// takes its wait with it; Go's and redis-server's threads live as long as the process). On a
+// shared host it is what separates a latency that is the gateway's from one that is the queue for
+// the cores.
+func runWait(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b)); len(f) >= 2 {
+				ns, _ := strconv.ParseInt(f[1], 10, 64)
+				total += time.Duration(ns)
+			}
+		}
+	}
+	return total
 }
 
 // procCPU is the processes' user and system CPU time from /proc/PID/stat (clock ticks of 10 ms).
