@@ -53,7 +53,7 @@ var allowedImports = map[string][]string{
 	"internal/testkit/harness":     {},
 	"internal/testkit/otlpsink":    {},
 	"internal/testkit/sim": {"internal/bucket", "internal/dynamo", "internal/dynamo/schema", "internal/memstore", "internal/policy",
-		"internal/testkit/exactcheck", "internal/testkit/exactmutant", "internal/testkit/simddb"},
+		"internal/redisstore", "internal/testkit/exactcheck", "internal/testkit/exactmutant", "internal/testkit/simddb", "internal/testkit/simredis"},
 	"internal/testkit/simddb":   {},
 	"internal/testkit/simredis": {},
 	"internal/testkit/gateway":  {"internal/bucket", "internal/cli", "internal/dynamo", "internal/server", "internal/testkit/exactmutant"},

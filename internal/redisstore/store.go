@@ -54,6 +54,38 @@ type Options struct {
 	// math/rand/v2's). The simulator (internal/testkit/sim) seeds one per replica so that a seed
 	// repeats its run.
 	Rand func() uint64
+	// Gate runs the Store's own goroutines (the slots' renewal loop, the parts of a cross-slot
+	// group, Close's wait) one at a time in the simulator's order (Optional; nil in the
+	// gateway, where each place costs a nil check and allocates nothing).
+	Gate Gate
+}
+
+// Gate lets a test run the Store's goroutines one at a time, in an order of its choosing: the
+// simulator (internal/testkit/sim) gives every replica's store the same Gate, so that a seed
+// repeats its run byte for byte. It is the DynamoDB store's gate (internal/dynamo/schema.Gate),
+// declared here so that this package imports no other store.
+type Gate interface {
+	// Park is called by a goroutine just before it blocks (on a channel, a timer, a
+	// WaitGroup, or before a goroutine it starts runs) and returns a ticket.
+	Park() uint64
+	// Resume is called with Park's ticket as soon as the goroutine wakes; it returns when the
+	// goroutine may go on.
+	Resume(ticket uint64)
+}
+
+// park takes a ticket before blocking (0 without a Gate).
+func (s *Store) park() uint64 {
+	if s.gate == nil {
+		return 0
+	}
+	return s.gate.Park()
+}
+
+// resume waits for the ticket's turn (at once without a Gate).
+func (s *Store) resume(ticket uint64) {
+	if s.gate != nil {
+		s.gate.Resume(ticket)
+	}
 }
 
 // Store is a bucket.Releaser on Redis or Valkey, exact across replicas: each group is decided
@@ -74,6 +106,7 @@ type Store struct {
 	now       func() time.Time
 	log       *zap.Logger
 	rnd       func() uint64 // Options.Rand, nil: math/rand/v2's
+	gate      Gate          // Options.Gate, nil: none
 
 	mu   sync.Mutex
 	held map[uint64]string // concurrency slots held here: id -> key
@@ -129,7 +162,7 @@ var ErrNotConnected = errors.New("redisstore: not connected")
 func newStore(o Options) *Store {
 	s := &Store{
 		prefix: o.KeyPrefix, cluster: o.Cluster, slotLease: o.SlotLease,
-		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger, rnd: o.Rand,
+		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger, rnd: o.Rand, gate: o.Gate,
 		held: make(map[uint64]string), stop: make(chan struct{}), done: make(chan struct{}),
 		firstDial: make(chan struct{}),
 	}
@@ -148,7 +181,11 @@ func newStore(o Options) *Store {
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
-	go s.renew()
+	k := s.park()
+	go func() {
+		s.resume(k)
+		s.renew()
+	}()
 	return s
 }
 
@@ -156,7 +193,9 @@ func newStore(o Options) *Store {
 func (s *Store) Close() error {
 	s.once.Do(func() {
 		close(s.stop)
+		k := s.park()
 		<-s.done
+		s.resume(k)
 		if c := s.cl.Load(); c != nil {
 			(*c).Close()
 		}
@@ -278,12 +317,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	parts := make([]part, len(groups))
 	var wg sync.WaitGroup
 	for g, idx := range groups {
+		k := s.park()
 		wg.Go(func() {
+			s.resume(k)
 			p := &parts[g]
 			p.admitted, p.committed, p.err = s.takeGroup(ctx, ns, charges, idx, results)
 		})
 	}
+	k := s.park()
 	wg.Wait()
+	s.resume(k)
 	admitted := true
 	var errs []error
 	for _, p := range parts {

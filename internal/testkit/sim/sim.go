@@ -39,6 +39,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simddb"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simredis"
 )
 
 // Config is one run.
@@ -53,6 +54,9 @@ type Config struct {
 	// HealAt is the decision from which no fault is injected (default 4/5 of Decisions): a
 	// shrunk run keeps its full run's.
 	HealAt int
+	// Backend is the shared store of the run's three shared replicas: "dynamodb" (the default)
+	// or "redis"; a fourth replica runs the memory store either way.
+	Backend string
 }
 
 // Result is what a run did and found.
@@ -73,8 +77,17 @@ type Result struct {
 func Run(t *testing.T, cfg Config) Result {
 	t.Helper()
 	var res Result
+	var rdb *simredis.Server
+	if backend(cfg.Backend) == backendRedis {
+		// Outside the bubble: the server's goroutines block on sockets (see simredis).
+		var err error
+		if rdb, err = simredis.Start(bubbleStart); err != nil {
+			t.Fatal(err)
+		}
+		defer rdb.Close()
+	}
 	synctest.Test(t, func(t *testing.T) {
-		w, err := newWorld(cfg)
+		w, err := newWorld(cfg, rdb)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,6 +98,9 @@ func Run(t *testing.T, cfg Config) Result {
 }
 
 var debug = os.Getenv("SIM_DEBUG") != ""
+
+// bubbleStart is the fake clock's start in every synctest bubble.
+var bubbleStart = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Table is the simulated table's name.
 const table = "sim"
@@ -103,13 +119,16 @@ const (
 )
 
 type world struct {
-	cfg   Config
-	rng   *rand.Rand
-	db    *simddb.DB
-	set   *policy.Set
-	mode  dynamo.Mode
-	deny  bool
-	start time.Time
+	cfg Config
+	rng *rand.Rand
+	db  *simddb.DB
+	rdb *simredis.Server // the Redis backend's server (nil on DynamoDB's)
+	// shared is the backend of the three shared replicas.
+	shared backend
+	set    *policy.Set
+	mode   dynamo.Mode
+	deny   bool
+	start  time.Time
 
 	mu      sync.Mutex // pending and the orphans' flags; the decisions' completions
 	pending []*call
@@ -143,7 +162,7 @@ type world struct {
 	turns *turns
 }
 
-func newWorld(cfg Config) (*world, error) {
+func newWorld(cfg Config, rdb *simredis.Server) (*world, error) {
 	if cfg.Decisions <= 0 {
 		cfg.Decisions = 2000
 	}
@@ -152,7 +171,11 @@ func newWorld(cfg Config) (*world, error) {
 		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5117))
-	w := &world{cfg: cfg, rng: rng, db: simddb.New(), set: set, start: time.Now(), hist: sha256.New(), turns: newTurns()}
+	w := &world{cfg: cfg, rng: rng, db: simddb.New(), rdb: rdb, set: set, start: time.Now(), hist: sha256.New(), turns: newTurns()}
+	w.shared = backendDynamo
+	if rdb != nil {
+		w.shared = backendRedis
+	}
 	w.mode = dynamo.Mode(rng.IntN(2))
 	w.deny = rng.IntN(2) == 0
 	w.faultRate = []float64{0, 0.02, 0.08, 0.2}[rng.IntN(4)]
@@ -163,9 +186,9 @@ func newWorld(cfg Config) (*world, error) {
 	w.pace = []time.Duration{2 * time.Millisecond, 8 * time.Millisecond, 25 * time.Millisecond}[rng.IntN(3)]
 	w.judge = newJudge(w)
 	w.db.OnWrite = w.onWrite
-	w.record("seed %d mode %s deny %v faults %.2f pace %s mutant %q", cfg.Seed, w.mode, w.deny, w.faultRate, w.pace, cfg.Mutant)
+	w.record("seed %d backend %s mode %s deny %v faults %.2f pace %s mutant %q", cfg.Seed, w.shared, w.mode, w.deny, w.faultRate, w.pace, cfg.Mutant)
 	for i := range 3 {
-		w.reps = append(w.reps, w.newReplica(i, backendDynamo))
+		w.reps = append(w.reps, w.newReplica(i, w.shared))
 	}
 	w.reps = append(w.reps, w.newReplica(3, backendMemory))
 	for _, r := range w.reps {
@@ -274,6 +297,9 @@ func (w *world) pickFault(c *call) fault {
 	if !w.faulty() || w.rng.Float64() >= w.faultRate {
 		return deliverOK
 	}
+	if _, ok := c.in.(redisCmds); ok {
+		return []fault{lostAnswer, lostRequest, applyLater}[w.rng.IntN(3)]
+	}
 	return []fault{lostAnswer, lostRequest, applyLater, throttled, conflicted}[w.rng.IntN(5)]
 }
 
@@ -315,13 +341,22 @@ func (w *world) chaos() {
 			return
 		}
 		w.outage = true
-		n := w.db.Sweep(time.Now())
-		w.record("store outage (TTL swept %d items)", n)
+		if w.rdb != nil {
+			w.redisRestart()
+		} else {
+			n := w.db.Sweep(time.Now())
+			w.record("store outage (TTL swept %d items)", n)
+		}
 		w.at(time.Now().Add(time.Duration(w.rng.Int64N(int64(800*time.Millisecond)))+time.Millisecond), func() {
 			w.outage = false
 			w.record("store back")
 		})
 	default:
+		if w.rdb != nil {
+			r := w.reps[w.rng.IntN(3)]
+			w.resetConnection(r)
+			return
+		}
 		w.record("sweep %d", w.db.Sweep(time.Now()))
 	}
 }
@@ -457,7 +492,7 @@ func (w *world) decide() {
 	value := keyValues[w.rng.IntN(len(keyValues))]
 	for _, name := range g {
 		p := policyByName(name)
-		if p.lease && r.backend != backendDynamo {
+		if p.lease && r.backend == backendMemory {
 			continue
 		}
 		c, _, _, err := w.set.KeyCharge(name, value)
