@@ -10,8 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 	"github.com/redis/rueidis"
+
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
 // The Redis backend: replicas of the real Redis store (redisstore.Store) on one simulated Redis
