@@ -47,6 +47,7 @@ var allowedImports = map[string][]string{
 	"internal/testkit/ddbrelay":    {},
 	"internal/testkit/dynamolocal": {"internal/dynamo"},
 	"internal/testkit/redislocal":  {},
+	"internal/testkit/buckettest":  {"internal/bucket"},
 	"internal/testkit/exactcheck":  {},
 	"internal/testkit/exactmutant": {"internal/bucket", "internal/dynamo"},
 	"internal/testkit/faultnet":    {},
