@@ -332,8 +332,17 @@ func (w *world) describe(c *call) string {
 	case redisCmds:
 		return describeRedis(in)
 	case *dynamodb.UpdateItemInput:
-		return mask(fmt.Sprintf("update %s %s if %s %s ", simddb.Format(in.Key), deref(in.UpdateExpression), deref(in.ConditionExpression),
-			names(in.ExpressionAttributeNames))) + maskItem(in.ExpressionAttributeValues) + " rv=" + string(in.ReturnValues)
+		var b strings.Builder
+		b.WriteString("update ")
+		b.WriteString(simddb.Format(in.Key))
+		b.WriteByte(' ')
+		b.WriteString(deref(in.UpdateExpression))
+		b.WriteString(" if ")
+		b.WriteString(deref(in.ConditionExpression))
+		b.WriteByte(' ')
+		b.WriteString(names(in.ExpressionAttributeNames))
+		b.WriteByte(' ')
+		return mask(b.String()) + maskItem(in.ExpressionAttributeValues) + " rv=" + string(in.ReturnValues)
 	case *dynamodb.BatchGetItemInput:
 		var keys []string
 		for _, ka := range in.RequestItems {

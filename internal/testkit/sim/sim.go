@@ -30,6 +30,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -143,6 +144,7 @@ type world struct {
 	pace      time.Duration // the typical time step
 
 	hist  hash.Hash
+	line  []byte // record's buffer
 	lines []string
 	steps int
 
@@ -200,12 +202,17 @@ func newWorld(cfg Config, rdb *simredis.Server) (*world, error) {
 
 // record adds a line to the history.
 func (w *world) record(format string, args ...any) {
-	line := fmt.Sprintf("%d %s ", w.steps, time.Since(w.start)) + fmt.Sprintf(format, args...)
-	w.hist.Write([]byte(line))
-	w.hist.Write([]byte{'\n'})
+	b := strconv.AppendInt(w.line[:0], int64(w.steps), 10)
+	b = append(b, ' ')
+	b = append(b, time.Since(w.start).String()...)
+	b = append(b, ' ')
+	b = fmt.Appendf(b, format, args...)
 	if w.cfg.Trace {
-		w.lines = append(w.lines, line)
+		w.lines = append(w.lines, string(b))
 	}
+	b = append(b, '\n')
+	w.hist.Write(b)
+	w.line = b
 }
 
 func (w *world) faulty() bool { return w.faultRate > 0 && w.started < w.healAt }
