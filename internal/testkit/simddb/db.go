@@ -128,26 +128,45 @@ func (db *DB) parse(update, condition *string, names map[string]string, values m
 		db.parseMu.Unlock()
 	}
 	e := &expr{env: env{names: names, values: values}, acts: p.acts, cond: p.cond}
-	for _, n := range slices.Sorted(maps.Keys(p.usedN)) {
-		if _, ok := names[n]; !ok {
-			return nil, validation("An expression attribute name used in the document path is not defined; attribute name: " + n)
+	if !allIn(p.usedN, names) {
+		for _, n := range slices.Sorted(maps.Keys(p.usedN)) {
+			if _, ok := names[n]; !ok {
+				return nil, validation("An expression attribute name used in the document path is not defined; attribute name: " + n)
+			}
 		}
 	}
-	for _, v := range slices.Sorted(maps.Keys(p.usedV)) {
-		if _, ok := values[v]; !ok {
-			return nil, validation("An expression attribute value used in expression is not defined; attribute value: " + v)
+	if !allIn(p.usedV, values) {
+		for _, v := range slices.Sorted(maps.Keys(p.usedV)) {
+			if _, ok := values[v]; !ok {
+				return nil, validation("An expression attribute value used in expression is not defined; attribute value: " + v)
+			}
 		}
 	}
 	if _, err := e.env.paths(e.acts); err != nil {
 		return nil, err
 	}
-	if unused := unusedKeys(names, p.usedN); unused != "" {
-		return nil, validation("Value provided in ExpressionAttributeNames unused in expressions: keys: {" + unused + "}")
+	// Every used one is defined (above): as many defined as used means none unused.
+	if len(names) != len(p.usedN) {
+		if unused := unusedKeys(names, p.usedN); unused != "" {
+			return nil, validation("Value provided in ExpressionAttributeNames unused in expressions: keys: {" + unused + "}")
+		}
 	}
-	if unused := unusedKeys(values, p.usedV); unused != "" {
-		return nil, validation("Value provided in ExpressionAttributeValues unused in expressions: keys: {" + unused + "}")
+	if len(values) != len(p.usedV) {
+		if unused := unusedKeys(values, p.usedV); unused != "" {
+			return nil, validation("Value provided in ExpressionAttributeValues unused in expressions: keys: {" + unused + "}")
+		}
 	}
 	return e, nil
+}
+
+// allIn reports whether every key of used is one of m's.
+func allIn[V any](used map[string]bool, m map[string]V) bool {
+	for k := range used {
+		if _, ok := m[k]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // parseExprs parses an update and a condition expression (either nil).
