@@ -16,16 +16,19 @@ import (
 
 // The knobs (make sim sets them; make test runs the defaults):
 //   - SEED=N runs seed N alone (a replay), with its history in the log when it fails;
-//   - SIM_SEEDS=N runs seeds 1..N (default 6);
+//   - SIM_SEEDS=N runs seeds 1..N on each backend (default 6 on DynamoDB, 3 on Redis, whose
+//     runs cost twice as much: miniredis builds a Lua state for every script);
 //   - SIM_DECISIONS=N decisions per seed (default 2,000);
 //   - SIM_HEAL_AT=N: faults stop at decision N (default 4/5 of the decisions; a shrunk replay
 //     keeps its full run's);
-//   - SIM_REPEAT_SEEDS=N: the same-seed check runs seeds 1..N twice each (default 4);
+//   - SIM_REPEAT_SEEDS=N: the same-seed check runs seeds 1..N twice each (default 4 on
+//     DynamoDB, 2 on Redis);
 //   - SIM_MUTANT_SEEDS=N: each mutant runs seeds 1..N until one catches it (default 30);
 //   - SIM_REPORT=path writes the report there (make sim: .cache/sim/report.json), with the
 //     differential test's counts from SIMDDB_DIFF_OUT's file when it is there.
 const (
 	defaultSeeds       = 6
+	defaultRedisSeeds  = 3
 	defaultMutantSeeds = 30
 )
 
@@ -129,22 +132,22 @@ func replayCmd(r run) string {
 // the command that replays it, and the fewest decisions that still fail.
 func TestSimulator(t *testing.T) {
 	decisions := envInt(t, "SIM_DECISIONS", 2000)
-	var seeds []uint64
-	if v := os.Getenv("SEED"); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("SEED=%q: want a seed number", v)
-		}
-		seeds = []uint64{s}
-	} else {
-		for s := range envInt(t, "SIM_SEEDS", defaultSeeds) {
-			seeds = append(seeds, uint64(s+1))
-		}
-	}
 	var runs []run
 	for _, b := range backendsUnderTest(t) {
-		for _, s := range seeds {
+		if v := os.Getenv("SEED"); v != "" {
+			s, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				t.Fatalf("SEED=%q: want a seed number", v)
+			}
 			runs = append(runs, run{s, b})
+			continue
+		}
+		def := defaultSeeds
+		if backend(b) == backendRedis {
+			def = defaultRedisSeeds
+		}
+		for s := range envInt(t, "SIM_SEEDS", def) {
+			runs = append(runs, run{uint64(s + 1), b})
 		}
 	}
 	start := time.Now()
@@ -181,7 +184,7 @@ func TestSimulator(t *testing.T) {
 		}
 	}
 	rep.WallSeconds = time.Since(start).Seconds()
-	t.Logf("%d runs (%d seeds on %v), %d decisions each: %d steps, %.0f simulated s, %.1f s wall (%.0f decisions/s), %d violations", rep.Seeds, len(seeds), backendsUnderTest(t),
+	t.Logf("%d runs (seeds on %v), %d decisions each: %d steps, %.0f simulated s, %.1f s wall (%.0f decisions/s), %d violations", rep.Seeds, backendsUnderTest(t),
 		decisions, rep.Steps, rep.SimulatedSeconds, rep.WallSeconds, float64(rep.Decisions)/rep.WallSeconds, len(rep.Violations))
 	if path := os.Getenv("SIM_REPORT"); path != "" {
 		if !single || os.Getenv("SEED") == "" {
@@ -308,10 +311,13 @@ func TestSameSeedSameHistory(t *testing.T) {
 		t.Skip("SEED replays one seed")
 	}
 	decisions := envInt(t, "SIM_DECISIONS", 2000)
-	n := envInt(t, "SIM_REPEAT_SEEDS", defaultRepeatSeeds)
 	var runs []run
 	for _, b := range backendsUnderTest(t) {
-		for s := range n {
+		def := defaultRepeatSeeds
+		if backend(b) == backendRedis {
+			def = defaultRedisRepeatSeeds
+		}
+		for s := range envInt(t, "SIM_REPEAT_SEEDS", def) {
 			runs = append(runs, run{uint64(s + 1), b})
 		}
 	}
@@ -334,7 +340,7 @@ func TestSameSeedSameHistory(t *testing.T) {
 		}
 		byHash[a.HistorySHA256] = r
 	}
-	t.Logf("%d seeds of %d decisions on %v, each run twice: the same histories", n, decisions, backendsUnderTest(t))
+	t.Logf("%d runs of %d decisions (seeds on %v), each run twice: the same histories", len(runs), decisions, backendsUnderTest(t))
 	// A mutant parts a seed's two runs only when the scheduler happens to order its goroutines
 	// differently (17 of 20 seeds at 2,000 decisions): full-length runs, and more seeds than
 	// the repeat check's until one parts, so that the check itself is not a coin toss. Each
@@ -361,7 +367,10 @@ func TestSameSeedSameHistory(t *testing.T) {
 }
 
 // defaultRepeatSeeds is how many seeds TestSameSeedSameHistory runs twice by default.
-const defaultRepeatSeeds = 4
+const (
+	defaultRepeatSeeds      = 4
+	defaultRedisRepeatSeeds = 2
+)
 
 func firstDifference(a, b []string) string {
 	for i := range min(len(a), len(b)) {
