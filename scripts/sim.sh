@@ -26,6 +26,6 @@ rm -f "$SIMREDIS_DIFF_OUT"
 go test -count=1 -timeout 30m -run '^TestDifferentialAgainstRedis$' -v ./internal/testkit/simredis/ | grep -E '^(---|ok|FAIL)|operations|mismatch|redis-server' || true
 export SIM_REPEAT_SEEDS=${SIM_REPEAT_SEEDS:-20}
 go test -count=1 -timeout 0 -v -run '^(TestSimulator|TestSameSeedSameHistory)$' ./internal/testkit/sim/ >.cache/sim/sim.log 2>&1 && rc=0 || rc=$?
-grep -E '^\s+sim_test.go:[0-9]+: (seed [0-9]+:|[0-9]+ seeds|report)|^(ok|FAIL)\s' .cache/sim/sim.log | sed 's/^ *//'
+grep -E '^\s+sim_test.go:[0-9]+: ((dynamodb|redis) seed [0-9]+:|seed [0-9]+ \(|[0-9]+ runs|report)|^(ok|FAIL)\s' .cache/sim/sim.log | sed 's/^ *//'
 cat "$SIM_REPORT" 2>/dev/null | head -40
 exit $rc

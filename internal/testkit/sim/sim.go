@@ -55,6 +55,9 @@ type Config struct {
 	// HealAt is the decision from which no fault is injected (default 4/5 of Decisions): a
 	// shrunk run keeps its full run's.
 	HealAt int
+	// StopAtViolation ends the run at its first violation (its stores drained): a mutant's run
+	// needs no more to be caught.
+	StopAtViolation bool
 	// Backend is the shared store of the run's three shared replicas: "dynamodb" (the default)
 	// or "redis"; a fourth replica runs the memory store either way.
 	Backend string
@@ -215,19 +218,26 @@ func (w *world) record(format string, args ...any) {
 	w.line = b
 }
 
+// stopped reports whether the run ends early: a violation with StopAtViolation.
+func (w *world) stopped() bool { return w.cfg.StopAtViolation && len(w.judge.violations) > 0 }
+
 func (w *world) faulty() bool { return w.faultRate > 0 && w.started < w.healAt }
 
 // run drives the world until its decisions are made, heals, checks liveness, drains and
 // judges.
 func (w *world) run() Result {
-	for w.started < w.cfg.Decisions || w.inflight > 0 {
+	for (w.started < w.cfg.Decisions || w.inflight > 0) && !w.stopped() {
 		w.step()
 	}
 	w.record("heal")
 	w.healAll()
-	w.liveness()
+	if !w.stopped() {
+		w.liveness()
+	}
 	w.drain()
-	w.judge.final()
+	if !w.stopped() {
+		w.judge.final()
+	}
 	w.res.Seed = w.cfg.Seed
 	w.res.Decisions = w.started
 	w.res.Steps = w.steps

@@ -268,7 +268,7 @@ func runMutants(t *testing.T, b string, n, decisions int) map[string]mutantResul
 			for s := uint64(1); s <= uint64(n) && !res.Caught; s++ {
 				sem <- struct{}{}
 				t.Run(fmt.Sprintf("mutant=%s/seed=%d", mutantName(b, m), s), func(t *testing.T) {
-					if v := Run(t, Config{Seed: s, Decisions: decisions, Mutant: m, Backend: b}).Violations; len(v) > 0 {
+					if v := Run(t, Config{Seed: s, Decisions: decisions, Mutant: m, Backend: b, StopAtViolation: true}).Violations; len(v) > 0 {
 						res = mutantResult{Caught: true, FirstSeed: s}
 						t.Logf("caught: %s", v[0])
 					}
