@@ -16,7 +16,8 @@ import (
 
 // The knobs (make sim sets them; make test runs the defaults):
 //   - SEED=N runs seed N alone (a replay), with its history in the log when it fails;
-//   - SIM_SEEDS=N runs seeds 1..N on each backend (default 6 on DynamoDB, 3 on Redis, whose
+//   - SIM_SEED_FROM=F starts the seeds at F (default 1): a long run in parts;
+//   - SIM_SEEDS=N runs seeds F..F+N-1 on each backend (default 6 on DynamoDB, 3 on Redis, whose
 //     runs cost twice as much: miniredis builds a Lua state for every script);
 //   - SIM_DECISIONS=N decisions per seed (default 2,000);
 //   - SIM_HEAL_AT=N: faults stop at decision N (default 4/5 of the decisions; a shrunk replay
@@ -146,8 +147,9 @@ func TestSimulator(t *testing.T) {
 		if backend(b) == backendRedis {
 			def = defaultRedisSeeds
 		}
+		from := envInt(t, "SIM_SEED_FROM", 1)
 		for s := range envInt(t, "SIM_SEEDS", def) {
-			runs = append(runs, run{uint64(s + 1), b})
+			runs = append(runs, run{uint64(from + s), b})
 		}
 	}
 	start := time.Now()
