@@ -382,6 +382,13 @@ func (j *judge) bounds() {
 				}
 			}
 			if v := exactcheck.CheckConcurrencyResets(h.pol.conc, as, windows); v.Excess() > 0 {
+				if debug {
+					for k, a := range as {
+						if !a.Enter.After(v.From) && a.Exit.After(v.From) {
+							fmt.Fprintf(os.Stderr, "  decision %d r%d sent %s entered %s exits %s\n", h.concID[k], h.concRep[k], a.Sent.Sub(j.w.start), a.Enter.Sub(j.w.start), a.Exit.Sub(j.w.start))
+						}
+					}
+				}
 				j.violate("%s: %d requests in flight at %s, limit %d", id, v.Admitted, v.From.Sub(j.w.start), h.pol.conc)
 			}
 			continue
