@@ -25,6 +25,8 @@ import (
 //   - SIM_REPEAT_SEEDS=N: the same-seed check runs seeds 1..N twice each (default 4 on
 //     DynamoDB, 2 on Redis);
 //   - SIM_MUTANT_SEEDS=N: each mutant runs seeds 1..N until one catches it (default 30);
+//   - SIM_BACKEND=dynamodb|redis runs one backend (default both);
+//   - SIM_DET_MUTANT=NAME runs that determinism mutant alone (none: no mutant);
 //   - SIM_REPORT=path writes the report there (make sim: .cache/sim/report.json), with the
 //     differential test's counts from SIMDDB_DIFF_OUT's file when it is there.
 const (
