@@ -11,6 +11,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket/buckettest"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/redisstore"
+	gen "github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/buckettest"
 )
 
 // TestSameVerdictsAsMemory plays random histories of groups (mixed algorithms, costs, shadow
@@ -46,21 +47,7 @@ func TestSameVerdictsAsMemory(t *testing.T) {
 				now := time.Unix(1_700_000_000, 0).Add(time.Duration(rng.IntN(86400)) * time.Second)
 				for step := range 30 {
 					now = now.Add(time.Duration(rng.IntN(8)) * 125 * time.Millisecond)
-					n := 1 + rng.IntN(3)
-					var group []bucket.Charge
-					seen := map[bucket.Key]bool{}
-					for range n {
-						c := keys[rng.IntN(len(keys))]
-						if seen[c.Key] {
-							continue
-						}
-						seen[c.Key] = true
-						if c.Limit.Algorithm != bucket.Concurrency && c.Limit.Algorithm != bucket.LeakyBucket && rng.IntN(3) == 0 {
-							c.Cost = 2
-						}
-						c.Shadow = rng.IntN(6) == 0
-						group = append(group, c)
-					}
+					group := gen.Group(rng, keys, 6)
 					want := make([]bucket.Result, len(group))
 					got := make([]bucket.Result, len(group))
 					wa, err := mem.Take(context.Background(), now, group, want)

@@ -1,9 +1,11 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -113,23 +115,34 @@ func hasTime(ctx context.Context) bool {
 	return !ok || time.Until(dl) > 5*time.Millisecond
 }
 
+// heldSlot is a concurrency slot held here: its id and its key.
+type heldSlot struct {
+	id  uint64
+	key string
+}
+
 // renew extends the leases of the concurrency slots held here every SlotLease/3, until Close.
 func (s *Store) renew() {
 	defer close(s.done)
 	t := time.NewTicker(s.slotLease / 3)
 	defer t.Stop()
 	for {
+		k := s.park()
 		select {
 		case <-s.stop:
+			s.resume(k)
 			return
 		case <-t.C:
 		}
+		s.resume(k)
 		s.mu.Lock()
-		held := make(map[uint64]string, len(s.held))
+		held := make([]heldSlot, 0, len(s.held))
 		for id, k := range s.held {
-			held[id] = k
+			held = append(held, heldSlot{id, k})
 		}
 		s.mu.Unlock()
+		// In id order, not the map's: a seed of the simulator repeats its renewals.
+		slices.SortFunc(held, func(a, b heldSlot) int { return cmp.Compare(a.id, b.id) })
 		c, err := s.client()
 		if len(held) == 0 || err != nil {
 			continue
@@ -137,10 +150,10 @@ func (s *Store) renew() {
 		exp := float64(s.now().Add(s.slotLease).UnixMilli())
 		ttl := s.slotLease + time.Duration(s.slackMs)*time.Millisecond
 		cmds := make([]rueidisCompleted, 0, 2*len(held))
-		for id, k := range held {
+		for _, h := range held {
 			cmds = append(cmds,
-				c.B().Zadd().Key(k).Xx().ScoreMember().ScoreMember(exp, strconv.FormatUint(id, 10)).Build(),
-				c.B().Pexpire().Key(k).Milliseconds(ttl.Milliseconds()).Build())
+				c.B().Zadd().Key(h.key).Xx().ScoreMember().ScoreMember(exp, strconv.FormatUint(h.id, 10)).Build(),
+				c.B().Pexpire().Key(h.key).Milliseconds(ttl.Milliseconds()).Build())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.slotLease/3)
 		for _, r := range c.DoMulti(ctx, cmds...) {

@@ -54,6 +54,10 @@ type Options struct {
 	// math/rand/v2's). The simulator (internal/testkit/sim) seeds one per replica so that a seed
 	// repeats its run.
 	Rand func() uint64
+	// Gate runs the Store's own goroutines (the slots' renewal loop, the parts of a cross-slot
+	// group, Close's wait) one at a time in the simulator's order (Optional; nil in the
+	// gateway, where each place costs a nil check and allocates nothing).
+	Gate Gate
 }
 
 // Store is a bucket.Releaser on Redis or Valkey, exact across replicas: each group is decided
@@ -74,6 +78,7 @@ type Store struct {
 	now       func() time.Time
 	log       *zap.Logger
 	rnd       func() uint64 // Options.Rand, nil: math/rand/v2's
+	gate      Gate          // Options.Gate, nil: none
 
 	mu   sync.Mutex
 	held map[uint64]string // concurrency slots held here: id -> key
@@ -129,7 +134,7 @@ var ErrNotConnected = errors.New("redisstore: not connected")
 func newStore(o Options) *Store {
 	s := &Store{
 		prefix: o.KeyPrefix, cluster: o.Cluster, slotLease: o.SlotLease,
-		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger, rnd: o.Rand,
+		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger, rnd: o.Rand, gate: o.Gate,
 		held: make(map[uint64]string), stop: make(chan struct{}), done: make(chan struct{}),
 		firstDial: make(chan struct{}),
 	}
@@ -148,7 +153,11 @@ func newStore(o Options) *Store {
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
-	go s.renew()
+	k := s.park()
+	go func() {
+		s.resume(k)
+		s.renew()
+	}()
 	return s
 }
 
@@ -156,7 +165,9 @@ func newStore(o Options) *Store {
 func (s *Store) Close() error {
 	s.once.Do(func() {
 		close(s.stop)
+		k := s.park()
 		<-s.done
+		s.resume(k)
 		if c := s.cl.Load(); c != nil {
 			(*c).Close()
 		}
@@ -278,12 +289,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	parts := make([]part, len(groups))
 	var wg sync.WaitGroup
 	for g, idx := range groups {
+		k := s.park()
 		wg.Go(func() {
+			s.resume(k)
 			p := &parts[g]
 			p.admitted, p.committed, p.err = s.takeGroup(ctx, ns, charges, idx, results)
 		})
 	}
+	k := s.park()
 	wg.Wait()
+	s.resume(k)
 	admitted := true
 	var errs []error
 	for _, p := range parts {

@@ -199,6 +199,26 @@ func prune(in *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
 // outlivedBy is how much longer the mutant's exemptions live.
 const outlivedBy = time.Hour
 
+// OutlivedBy is how much longer exemption-outlives-its-expiry makes an exemption live.
+const OutlivedBy = outlivedBy
+
+// OutliveJSON is an exemption's JSON (an object with expires_at and bucket_key) expiring
+// OutlivedBy later, for the mutant on another store (the simulator's Redis); ok: data was one.
+func OutliveJSON(data string) (string, bool) {
+	var e map[string]any
+	if json.Unmarshal([]byte(data), &e) != nil || e["bucket_key"] == nil {
+		return data, false
+	}
+	s, _ := e["expires_at"].(string)
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return data, false
+	}
+	e["expires_at"] = at.Add(outlivedBy).Format(time.RFC3339Nano)
+	b, _ := json.Marshal(e)
+	return string(b), true
+}
+
 // exemptionItem reports whether in writes an item of the exemptions (internal/dynamo: the
 // shared exemptions item, its index, or an exemption's own item), and no other console item
 // (the resets item holds instants too).

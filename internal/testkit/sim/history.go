@@ -75,8 +75,11 @@ func maskItem(it map[string]types.AttributeValue) string {
 		return "<none>"
 	}
 	parts := make([]string, 0, len(it))
+	var b strings.Builder
 	for k, v := range it {
-		parts = append(parts, mask(simddb.Format(map[string]types.AttributeValue{k: v})))
+		b.Reset()
+		simddb.FormatAttr(&b, k, v)
+		parts = append(parts, mask(b.String()))
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, "")

@@ -43,6 +43,33 @@ var Mutants = []string{
 	resetKeepsCount,
 }
 
+// RedisMutants lists the mutants that apply to the Redis store, which a Redis run must catch:
+// the stores' own wrappers (admit-everything, give-back-twice), the clock, and the Redis forms
+// of the give-back, reset and exemption mutants (redis.go). The others have no Redis
+// counterpart: the client never re-sends (re-send-a-lost-write-without-its-marker), a reset is
+// one DEL, not a read and a write (reset-reads-then-writes-unconditionally), and Redis has no
+// leases (lease-granted-twice).
+var RedisMutants = []string{
+	exactmutant.AdmitEverything,
+	exactmutant.GiveBackTwice,
+	exactmutant.ClockAheadUncorrected,
+	exactmutant.ResetLeavesSlots,
+	exactmutant.ExemptionOutlivesExpiry,
+	giveBackUnmarked,
+	resetKeepsCount,
+}
+
+// MutantsOf lists the mutants a run on backend b must catch.
+func MutantsOf(b string) []string {
+	if backend(b) == backendRedis {
+		return RedisMutants
+	}
+	return Mutants
+}
+
+// Backends are the shared stores a run may put its three shared replicas on.
+var Backends = []string{string(backendDynamo), string(backendRedis)}
+
 // The determinism mutants: a simulator that breaks its own promise that a seed repeats its
 // history byte for byte. The same-seed check must fail with each (they are no store's bug, so
 // the safety checks need not catch them).
@@ -56,6 +83,18 @@ const (
 
 // DeterminismMutants lists them.
 var DeterminismMutants = []string{unseededRand, noTurns}
+
+// DeterminismMutantsOf lists the determinism mutants that part some seed of backend b. On
+// Redis, no-turns does not: with the Redis store's Gate (and its client's turns) removed, 16
+// seeds of 2,000 decisions repeated, since its only goroutines of its own (the renewal loop,
+// Close) wake on their own timers and what they send is ordered (the renewals by slot id:
+// without that order 4 of 6 seeds part).
+func DeterminismMutantsOf(b string) []string {
+	if backend(b) == backendRedis {
+		return []string{unseededRand}
+	}
+	return DeterminismMutants
+}
 
 // mutantClient wraps a replica's client for the simulator's own client-side mutants.
 func mutantClient(a dynamo.API, name string) dynamo.API {

@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	"github.com/redis/rueidis"
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simddb"
@@ -48,6 +49,8 @@ func callKeys(in any) string {
 		}
 	}
 	switch in := in.(type) {
+	case redisCmds:
+		keys = in.keys()
 	case *dynamodb.UpdateItemInput:
 		add(in.Key)
 	case *dynamodb.BatchGetItemInput:
@@ -237,10 +240,10 @@ func (w *world) deliver(c *call, f fault) {
 	case deliverOK, lostAnswer:
 		a.out, a.err = w.exec(c)
 		if f == lostAnswer {
-			a = answer{err: transportErr(c.op)}
+			a = answer{err: c.broken()}
 		}
 	case lostRequest, applyLater:
-		a.err = transportErr(c.op)
+		a.err = c.broken()
 	case throttled:
 		a.err = &types.ProvisionedThroughputExceededException{Message: aws.String("simulated: throughput exceeded")}
 		if c.op == "TransactWriteItems" {
@@ -280,6 +283,8 @@ func cancelAll(c *call, code string) error {
 func (w *world) exec(c *call) (any, error) {
 	ctx := context.Background()
 	switch in := c.in.(type) {
+	case redisCmds:
+		return w.execRedis(c)
 	case *dynamodb.UpdateItemInput:
 		if w.cfg.Mutant == leaseTwice && isLeaseGrant(c) {
 			// The grant lands and is answered, and the table keeps its units for the next.
@@ -303,6 +308,8 @@ func (w *world) exec(c *call) (any, error) {
 func outcome(a answer) string {
 	var attrs simddb.Item
 	switch o := a.out.(type) {
+	case []rueidis.RedisResult:
+		return redisOutcome(o)
 	case *dynamodb.UpdateItemOutput:
 		if o != nil {
 			attrs = o.Attributes
@@ -322,9 +329,20 @@ func outcome(a answer) string {
 // describe is c's masked description.
 func (w *world) describe(c *call) string {
 	switch in := c.in.(type) {
+	case redisCmds:
+		return describeRedis(in)
 	case *dynamodb.UpdateItemInput:
-		return mask(fmt.Sprintf("update %s %s if %s %s ", simddb.Format(in.Key), deref(in.UpdateExpression), deref(in.ConditionExpression),
-			names(in.ExpressionAttributeNames))) + maskItem(in.ExpressionAttributeValues) + " rv=" + string(in.ReturnValues)
+		var b strings.Builder
+		b.WriteString("update ")
+		b.WriteString(simddb.Format(in.Key))
+		b.WriteByte(' ')
+		b.WriteString(deref(in.UpdateExpression))
+		b.WriteString(" if ")
+		b.WriteString(deref(in.ConditionExpression))
+		b.WriteByte(' ')
+		b.WriteString(names(in.ExpressionAttributeNames))
+		b.WriteByte(' ')
+		return mask(b.String()) + maskItem(in.ExpressionAttributeValues) + " rv=" + string(in.ReturnValues)
 	case *dynamodb.BatchGetItemInput:
 		var keys []string
 		for _, ka := range in.RequestItems {

@@ -15,6 +15,7 @@ import (
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo/schema"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/memstore"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/redisstore"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/exactmutant"
 )
 
@@ -29,10 +30,17 @@ const (
 	backendMemory backend = "memory"
 )
 
-// console is what the operators' console calls on a store (the DynamoDB store has it all; the
-// memory store resets only).
+// console is what the operators' console calls on a store (the DynamoDB and Redis stores have
+// it all; the memory store resets only).
 type console interface {
 	Reset(ctx context.Context, now time.Time, c bucket.Charge) error
+}
+
+// exemptions is the console's shared exemptions on a store (DynamoDB's, Redis's).
+type exemptions interface {
+	PutExemption(ctx context.Context, id string, data []byte, expires time.Time, most int) (bool, error)
+	DeleteExemption(ctx context.Context, id string) (bool, error)
+	Exemptions(ctx context.Context) ([][]byte, error)
 }
 
 // replica is one gateway process: its store, its clock's offset, the exemptions its console read.
@@ -46,6 +54,9 @@ type replica struct {
 	rnd     schema.Rand
 	store   bucket.Releaser
 	dyn     *dynamo.Store
+	red     *redisstore.Store
+	// shared is the store's console of shared exemptions (nil on the memory store).
+	shared exemptions
 	// regs are the metrics of each incarnation (the lease check reads them at the end).
 	regs []*prometheus.Registry
 	// base is the store before a mutant wrapped it (the memory store's console).
@@ -79,6 +90,7 @@ func (w *world) newReplica(id int, b backend) *replica {
 // start builds the replica's store (a new incarnation).
 func (r *replica) start(w *world) {
 	r.inc++
+	r.dyn, r.red, r.shared = nil, nil, nil
 	r.alive = true
 	r.exempt = map[string]time.Time{}
 	r.rnd = lockedRand(w.rng.Uint64())
@@ -102,13 +114,24 @@ func (r *replica) start(w *world) {
 			o.Gate = nil
 		}
 		r.dyn = dynamo.New(a, o)
-		r.store = r.dyn
+		r.store, r.shared = r.dyn, r.dyn
+	case backendRedis:
+		o := redisstore.Options{SlotLease: slotLease, Now: clock, Rand: r.rnd, Gate: w.turns}
+		switch w.cfg.Mutant {
+		case unseededRand:
+			o.Rand = nil
+		case noTurns:
+			o.Gate = nil
+		}
+		r.red = redisstore.New(&redisClient{w: w, rep: r, inc: r.inc}, o)
+		r.store, r.shared = r.red, r.red
 	case backendMemory:
-		r.dyn = nil
 		r.store = memstore.New(memstore.Options{Shards: 1, MaxKeys: 10_000})
 	}
 	r.base = r.store
-	if s, ok := exactmutant.Store(r.store, w.cfg.Mutant).(bucket.Releaser); ok {
+	// A mutant breaks the shared store under test, never the memory replica beside it: what
+	// catches it is the shared backend's.
+	if s, ok := exactmutant.Store(r.store, w.cfg.Mutant).(bucket.Releaser); ok && r.backend == w.shared {
 		r.store = s
 	}
 	w.judge.offset(r)
@@ -133,7 +156,7 @@ func (w *world) crash(r *replica) {
 		w.mu.Lock()
 		c.orphan = true
 		w.mu.Unlock()
-		c.reply <- answer{err: transportErr(c.op)}
+		c.reply <- answer{err: c.broken()}
 	}
 	w.judge.crashed(r, time.Now())
 	w.record("crash r%d inc %d", r.id, r.inc)
@@ -143,6 +166,11 @@ func (w *world) crash(r *replica) {
 // closeReplica stops the incarnation's background goroutines: gracefully (its leases given
 // back) at the end of the run, or as a crash, where every call fails at once.
 func (w *world) closeReplica(r *replica, graceful bool) {
+	if r.red != nil {
+		red := r.red
+		w.goTrack(func() { _ = red.Close() })
+		return
+	}
 	if r.dyn == nil {
 		return
 	}
@@ -177,10 +205,10 @@ func (w *world) restart(r *replica) {
 // readConsole is the console's read of the shared resets and exemptions, once a second.
 func (w *world) readConsole(r *replica) {
 	w.at(time.Now().Add(readEvery), func() { w.readConsole(r) })
-	if !r.alive || r.dyn == nil {
+	if !r.alive || r.shared == nil {
 		return
 	}
-	inc, d := r.inc, r.dyn
+	inc, d := r.inc, r.shared
 	w.mu.Lock()
 	w.closers++
 	w.mu.Unlock()
@@ -228,7 +256,7 @@ func (w *world) console() {
 	if w.rng.IntN(3) != 0 {
 		p = &policies[w.rng.IntN(len(policies))]
 	}
-	if p.lease && r.backend != backendDynamo {
+	if p.lease && r.backend == backendMemory {
 		return
 	}
 	value := keyValues[w.rng.IntN(len(keyValues))]
@@ -238,7 +266,7 @@ func (w *world) console() {
 	}
 	inc := r.inc
 	switch k := w.rng.IntN(4); {
-	case k < 2 || r.dyn == nil:
+	case k < 2 || r.shared == nil:
 		cs, ok := r.store.(console)
 		if !ok {
 			cs, ok = unwrapConsole(r)
@@ -269,7 +297,7 @@ func (w *world) console() {
 		data, _ := json.Marshal(exemptionJSON{ID: id, BucketKey: c.Key.String(), ExpiresAt: expires})
 		w.judge.exemptionCreated(id, c.Key.String(), time.Now(), expires)
 		w.record("exempt %s r%d %s %s for %s", id, r.id, p.name, value, life)
-		d := r.dyn
+		d := r.shared
 		w.goTrack(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			defer cancel()
@@ -281,7 +309,7 @@ func (w *world) console() {
 		}
 		id := "x" + strconv.Itoa(1+w.rng.IntN(w.exemptionID))
 		w.record("delete exemption %s r%d", id, r.id)
-		d := r.dyn
+		d := r.shared
 		w.goTrack(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			defer cancel()
@@ -363,6 +391,9 @@ func results1(r bucket.Result) string { return fmt.Sprintf("[%v %d]", r.Allowed,
 func unwrapConsole(r *replica) (console, bool) {
 	if r.dyn != nil {
 		return r.dyn, true
+	}
+	if r.red != nil {
+		return r.red, true
 	}
 	if m, ok := r.base.(console); ok {
 		return m, true

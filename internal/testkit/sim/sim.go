@@ -20,25 +20,22 @@
 package sim
 
 import (
-	"container/heap"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash"
 	"math/rand/v2"
 	"os"
-	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/dynamo"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/policy"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simddb"
+	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simredis"
 )
 
 // Config is one run.
@@ -53,6 +50,12 @@ type Config struct {
 	// HealAt is the decision from which no fault is injected (default 4/5 of Decisions): a
 	// shrunk run keeps its full run's.
 	HealAt int
+	// StopAtViolation ends the run at its first violation (its stores drained): a mutant's run
+	// needs no more to be caught.
+	StopAtViolation bool
+	// Backend is the shared store of the run's three shared replicas: "dynamodb" (the default)
+	// or "redis"; a fourth replica runs the memory store either way.
+	Backend string
 }
 
 // Result is what a run did and found.
@@ -73,8 +76,17 @@ type Result struct {
 func Run(t *testing.T, cfg Config) Result {
 	t.Helper()
 	var res Result
+	var rdb *simredis.Server
+	if backend(cfg.Backend) == backendRedis {
+		// Outside the bubble: the server's goroutines block on sockets (see simredis).
+		var err error
+		if rdb, err = simredis.Start(bubbleStart); err != nil {
+			t.Fatal(err)
+		}
+		defer rdb.Close()
+	}
 	synctest.Test(t, func(t *testing.T) {
-		w, err := newWorld(cfg)
+		w, err := newWorld(cfg, rdb)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,6 +97,9 @@ func Run(t *testing.T, cfg Config) Result {
 }
 
 var debug = os.Getenv("SIM_DEBUG") != ""
+
+// bubbleStart is the fake clock's start in every synctest bubble.
+var bubbleStart = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Table is the simulated table's name.
 const table = "sim"
@@ -103,13 +118,16 @@ const (
 )
 
 type world struct {
-	cfg   Config
-	rng   *rand.Rand
-	db    *simddb.DB
-	set   *policy.Set
-	mode  dynamo.Mode
-	deny  bool
-	start time.Time
+	cfg Config
+	rng *rand.Rand
+	db  *simddb.DB
+	rdb *simredis.Server // the Redis backend's server (nil on DynamoDB's)
+	// shared is the backend of the three shared replicas.
+	shared backend
+	set    *policy.Set
+	mode   dynamo.Mode
+	deny   bool
+	start  time.Time
 
 	mu      sync.Mutex // pending and the orphans' flags; the decisions' completions
 	pending []*call
@@ -124,6 +142,7 @@ type world struct {
 	pace      time.Duration // the typical time step
 
 	hist  hash.Hash
+	line  []byte // record's buffer
 	lines []string
 	steps int
 
@@ -143,7 +162,7 @@ type world struct {
 	turns *turns
 }
 
-func newWorld(cfg Config) (*world, error) {
+func newWorld(cfg Config, rdb *simredis.Server) (*world, error) {
 	if cfg.Decisions <= 0 {
 		cfg.Decisions = 2000
 	}
@@ -152,7 +171,11 @@ func newWorld(cfg Config) (*world, error) {
 		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5117))
-	w := &world{cfg: cfg, rng: rng, db: simddb.New(), set: set, start: time.Now(), hist: sha256.New(), turns: newTurns()}
+	w := &world{cfg: cfg, rng: rng, db: simddb.New(), rdb: rdb, set: set, start: time.Now(), hist: sha256.New(), turns: newTurns()}
+	w.shared = backendDynamo
+	if rdb != nil {
+		w.shared = backendRedis
+	}
 	w.mode = dynamo.Mode(rng.IntN(2))
 	w.deny = rng.IntN(2) == 0
 	w.faultRate = []float64{0, 0.02, 0.08, 0.2}[rng.IntN(4)]
@@ -163,9 +186,9 @@ func newWorld(cfg Config) (*world, error) {
 	w.pace = []time.Duration{2 * time.Millisecond, 8 * time.Millisecond, 25 * time.Millisecond}[rng.IntN(3)]
 	w.judge = newJudge(w)
 	w.db.OnWrite = w.onWrite
-	w.record("seed %d mode %s deny %v faults %.2f pace %s mutant %q", cfg.Seed, w.mode, w.deny, w.faultRate, w.pace, cfg.Mutant)
+	w.record("seed %d backend %s mode %s deny %v faults %.2f pace %s mutant %q", cfg.Seed, w.shared, w.mode, w.deny, w.faultRate, w.pace, cfg.Mutant)
 	for i := range 3 {
-		w.reps = append(w.reps, w.newReplica(i, backendDynamo))
+		w.reps = append(w.reps, w.newReplica(i, w.shared))
 	}
 	w.reps = append(w.reps, w.newReplica(3, backendMemory))
 	for _, r := range w.reps {
@@ -177,27 +200,39 @@ func newWorld(cfg Config) (*world, error) {
 
 // record adds a line to the history.
 func (w *world) record(format string, args ...any) {
-	line := fmt.Sprintf("%d %s ", w.steps, time.Since(w.start)) + fmt.Sprintf(format, args...)
-	w.hist.Write([]byte(line))
-	w.hist.Write([]byte{'\n'})
+	b := strconv.AppendInt(w.line[:0], int64(w.steps), 10)
+	b = append(b, ' ')
+	b = append(b, time.Since(w.start).String()...)
+	b = append(b, ' ')
+	b = fmt.Appendf(b, format, args...)
 	if w.cfg.Trace {
-		w.lines = append(w.lines, line)
+		w.lines = append(w.lines, string(b))
 	}
+	b = append(b, '\n')
+	w.hist.Write(b)
+	w.line = b
 }
+
+// stopped reports whether the run ends early: a violation with StopAtViolation.
+func (w *world) stopped() bool { return w.cfg.StopAtViolation && len(w.judge.violations) > 0 }
 
 func (w *world) faulty() bool { return w.faultRate > 0 && w.started < w.healAt }
 
 // run drives the world until its decisions are made, heals, checks liveness, drains and
 // judges.
 func (w *world) run() Result {
-	for w.started < w.cfg.Decisions || w.inflight > 0 {
+	for (w.started < w.cfg.Decisions || w.inflight > 0) && !w.stopped() {
 		w.step()
 	}
 	w.record("heal")
 	w.healAll()
-	w.liveness()
+	if !w.stopped() {
+		w.liveness()
+	}
 	w.drain()
-	w.judge.final()
+	if !w.stopped() {
+		w.judge.final()
+	}
 	w.res.Seed = w.cfg.Seed
 	w.res.Decisions = w.started
 	w.res.Steps = w.steps
@@ -274,6 +309,9 @@ func (w *world) pickFault(c *call) fault {
 	if !w.faulty() || w.rng.Float64() >= w.faultRate {
 		return deliverOK
 	}
+	if _, ok := c.in.(redisCmds); ok {
+		return []fault{lostAnswer, lostRequest, applyLater}[w.rng.IntN(3)]
+	}
 	return []fault{lostAnswer, lostRequest, applyLater, throttled, conflicted}[w.rng.IntN(5)]
 }
 
@@ -315,13 +353,22 @@ func (w *world) chaos() {
 			return
 		}
 		w.outage = true
-		n := w.db.Sweep(time.Now())
-		w.record("store outage (TTL swept %d items)", n)
+		if w.rdb != nil {
+			w.redisRestart()
+		} else {
+			n := w.db.Sweep(time.Now())
+			w.record("store outage (TTL swept %d items)", n)
+		}
 		w.at(time.Now().Add(time.Duration(w.rng.Int64N(int64(800*time.Millisecond)))+time.Millisecond), func() {
 			w.outage = false
 			w.record("store back")
 		})
 	default:
+		if w.rdb != nil {
+			r := w.reps[w.rng.IntN(3)]
+			w.resetConnection(r)
+			return
+		}
 		w.record("sweep %d", w.db.Sweep(time.Now()))
 	}
 }
@@ -364,273 +411,4 @@ func (w *world) drain() {
 	}
 	w.settle()
 	w.judge.leases()
-}
-
-// The agenda: events the driver runs at their instants (console reads, restarts, releases).
-type event struct {
-	at      time.Time
-	seq     int
-	f       func()
-	restart bool
-}
-
-type agenda []*event
-
-func (a agenda) Len() int { return len(a) }
-func (a agenda) Less(i, j int) bool {
-	if !a[i].at.Equal(a[j].at) {
-		return a[i].at.Before(a[j].at)
-	}
-	return a[i].seq < a[j].seq
-}
-func (a agenda) Swap(i, j int) { a[i], a[j] = a[j], a[i] }
-func (a *agenda) Push(x any)   { *a = append(*a, x.(*event)) }
-func (a *agenda) Pop() any {
-	old := *a
-	e := old[len(old)-1]
-	*a = old[:len(old)-1]
-	return e
-}
-
-func (a *agenda) due(now time.Time) (*event, bool) {
-	if len(*a) == 0 || (*a)[0].at.After(now) {
-		return nil, false
-	}
-	return heap.Pop(a).(*event), true
-}
-
-func (a *agenda) next() (time.Time, bool) {
-	if len(*a) == 0 {
-		return time.Time{}, false
-	}
-	return (*a)[0].at, true
-}
-
-func (a *agenda) dropRestarts() {
-	kept := (*a)[:0]
-	for _, e := range *a {
-		if !e.restart {
-			kept = append(kept, e)
-		}
-	}
-	*a = kept
-	heap.Init(a)
-}
-
-func (w *world) at(t time.Time, f func()) *event {
-	w.seq++
-	e := &event{at: t, seq: w.seq, f: f}
-	heap.Push(&w.agenda, e)
-	return e
-}
-
-// decision is one request's rate-limit decision.
-type decision struct {
-	id      int
-	rep     *replica
-	inc     int
-	pols    []*simPolicy
-	charges []bucket.Charge
-	exempt  []bool
-	results []bucket.Result
-	// start and end bound the decision on the true clock; now is the replica's reading.
-	start, end, now time.Time
-	admitted        bool
-	err             error
-}
-
-// decide starts a decision on a live replica.
-func (w *world) decide() {
-	var live []*replica
-	for _, r := range w.reps {
-		if r.alive {
-			live = append(live, r)
-		}
-	}
-	if len(live) == 0 {
-		w.advance()
-		return
-	}
-	r := live[w.rng.IntN(len(live))]
-	g := groups[w.rng.IntN(len(groups))]
-	d := &decision{id: w.started, rep: r, inc: r.inc}
-	value := keyValues[w.rng.IntN(len(keyValues))]
-	for _, name := range g {
-		p := policyByName(name)
-		if p.lease && r.backend != backendDynamo {
-			continue
-		}
-		c, _, _, err := w.set.KeyCharge(name, value)
-		if err != nil {
-			panic(err)
-		}
-		if p.limit.Kind != 0 || p.conc == 0 { // costs: mostly 1, sometimes up to 3
-			if w.rng.IntN(4) == 0 && p.conc == 0 {
-				c.Cost = 1 + w.rng.Int64N(3)
-			}
-		}
-		d.pols = append(d.pols, p)
-		d.charges = append(d.charges, c)
-	}
-	if len(d.charges) == 0 {
-		return
-	}
-	w.started++
-	w.inflight++
-	d.start = time.Now()
-	d.now = d.start.Add(r.offset)
-	d.exempt = make([]bool, len(d.charges))
-	var charged []bucket.Charge
-	var idx []int
-	for i, c := range d.charges {
-		if exp, ok := r.exempt[c.Key.String()]; ok && d.now.Before(exp) {
-			d.exempt[i] = true
-			continue
-		}
-		charged = append(charged, c)
-		idx = append(idx, i)
-	}
-	d.results = make([]bucket.Result, len(d.charges))
-	w.record("decide %d r%d %s %v costs %v exempt %v", d.id, r.id, value, g, costs(d.charges), d.exempt)
-	store := r.store
-	// Deadlines a fraction of a millisecond apart: decisions started at one instant do not
-	// all wake at once.
-	timeout := storeTimeout + time.Duration(w.rng.Int64N(int64(time.Millisecond)))
-	w.turns.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		res := make([]bucket.Result, len(charged))
-		admitted, err := true, error(nil)
-		if len(charged) > 0 {
-			admitted, err = store.Take(ctx, d.now, charged, res)
-		}
-		for j, i := range idx {
-			d.results[i] = res[j]
-		}
-		d.admitted, d.err, d.end = admitted && err == nil, err, time.Now()
-		w.mu.Lock()
-		w.ended = append(w.ended, d)
-		w.mu.Unlock()
-	})
-}
-
-func costs(cs []bucket.Charge) []int64 {
-	out := make([]int64, len(cs))
-	for i := range cs {
-		out[i] = cs[i].N()
-	}
-	return out
-}
-
-// collect records the decisions that ended, in the order they were started, and schedules
-// what follows an admission: a concurrency slot's release when its request ends, a charge_on
-// give-back when its answer is not charged.
-func (w *world) collect() {
-	w.mu.Lock()
-	ended := w.ended
-	w.ended = nil
-	w.mu.Unlock()
-	sort.Slice(ended, func(i, j int) bool { return ended[i].id < ended[j].id })
-	for _, r := range w.reps {
-		w.mu.Lock()
-		ex := r.pendingExempt
-		r.pendingExempt = nil
-		w.mu.Unlock()
-		if ex != nil {
-			r.exempt = ex
-		}
-	}
-	for _, d := range ended {
-		w.inflight--
-		if d.inc != d.rep.inc {
-			w.record("decided %d r%d lost with its replica", d.id, d.rep.id)
-			continue // its replica crashed meanwhile: its answer went nowhere
-		}
-		switch {
-		case d.err != nil:
-			w.res.Errors++
-		case d.admitted:
-			w.res.Admitted++
-		default:
-			w.res.Rejected++
-		}
-		w.record("decided %d r%d admitted %v err %v %s", d.id, d.rep.id, d.admitted, errKind(d.err), results(d))
-		w.judge.decided(d)
-		if d.admitted {
-			w.followUp(d)
-		}
-	}
-}
-
-func results(d *decision) string {
-	s := ""
-	for i, r := range d.results {
-		s += fmt.Sprintf("[%v %d]", r.Allowed, r.Remaining)
-		_ = i
-	}
-	return s
-}
-
-// followUp schedules an admitted decision's releases.
-func (w *world) followUp(d *decision) {
-	var give []bucket.Taken
-	var conc []bucket.Taken
-	for i, c := range d.charges {
-		if d.exempt[i] || !d.results[i].Allowed || c.Shadow {
-			continue
-		}
-		t := bucket.Taken{Charge: c, At: d.now, Token: d.results[i].Token}
-		switch {
-		case d.pols[i].conc > 0:
-			conc = append(conc, t)
-		case d.pols[i].refund && w.rng.IntN(3) == 0:
-			give = append(give, t)
-		}
-	}
-	if len(give) > 0 {
-		w.judge.givenBack(d, give)
-		w.at(d.end.Add(time.Duration(w.rng.Int64N(int64(300*time.Millisecond)))), func() { w.release(d, give, "give back") })
-	}
-	if len(conc) > 0 {
-		hold := time.Duration(w.rng.Int64N(int64(time.Second)))
-		if w.rng.IntN(20) == 0 {
-			hold += slotLease // a request that outlives its slot's lease without renewals... renewed
-		}
-		w.at(d.end.Add(hold), func() {
-			w.judge.exited(d, time.Now())
-			w.release(d, conc, "release")
-		})
-	}
-}
-
-// release gives taken back on d's replica, if it still runs the incarnation that took them.
-func (w *world) release(d *decision, taken []bucket.Taken, what string) {
-	r := d.rep
-	if !r.alive || r.inc != d.inc {
-		w.record("%s %d r%d: replica gone", what, d.id, r.id)
-		return
-	}
-	w.record("%s %d r%d", what, d.id, r.id)
-	store := r.store
-	now := time.Now().Add(r.offset)
-	w.goTrack(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*storeTimeout)
-		defer cancel()
-		_ = store.Release(ctx, now, taken)
-	})
-}
-
-// errKind is a decision error's gist for the history.
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return "none"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "deadline"
-	case errors.Is(err, errTransport):
-		return "transport"
-	case errors.Is(err, dynamo.ErrThrottled):
-		return "throttled"
-	}
-	return mask(err.Error())
 }

@@ -42,6 +42,18 @@ type DB struct {
 	// OnWrite, when set, is called (under the DB's lock) with each item a call changed: the
 	// table, the key and the new item (nil: deleted). The simulator's history records them.
 	OnWrite func(table, key string, item Item)
+
+	// parsed caches the expressions parsed so far: a store sends the same few over and over,
+	// and parsing them was a tenth of a simulator run.
+	parseMu sync.Mutex
+	parsed  map[[2]string]*parsedExpr
+}
+
+// parsedExpr is a pair of expressions parsed: what parse derives from the strings alone.
+type parsedExpr struct {
+	acts         []action
+	cond         *cond
+	usedN, usedV map[string]bool
 }
 
 // New returns an empty DB.
@@ -92,12 +104,77 @@ type expr struct {
 }
 
 // parse parses a call's expressions and checks its names and values are each used and defined.
-func parse(update, condition *string, names map[string]string, values map[string]types.AttributeValue) (*expr, error) {
-	usedN, usedV := map[string]bool{}, map[string]bool{}
-	e := &expr{env: env{names: names, values: values}}
+func (db *DB) parse(update, condition *string, names map[string]string, values map[string]types.AttributeValue) (*expr, error) {
+	k := [2]string{"\x00", "\x00"} // nil, told from ""
+	if update != nil {
+		k[0] = *update
+	}
+	if condition != nil {
+		k[1] = *condition
+	}
+	db.parseMu.Lock()
+	p, ok := db.parsed[k]
+	db.parseMu.Unlock()
+	if !ok {
+		var err error
+		if p, err = parseExprs(update, condition); err != nil {
+			return nil, err
+		}
+		db.parseMu.Lock()
+		if db.parsed == nil {
+			db.parsed = map[[2]string]*parsedExpr{}
+		}
+		db.parsed[k] = p
+		db.parseMu.Unlock()
+	}
+	e := &expr{env: env{names: names, values: values}, acts: p.acts, cond: p.cond}
+	if !allIn(p.usedN, names) {
+		for _, n := range slices.Sorted(maps.Keys(p.usedN)) {
+			if _, ok := names[n]; !ok {
+				return nil, validation("An expression attribute name used in the document path is not defined; attribute name: " + n)
+			}
+		}
+	}
+	if !allIn(p.usedV, values) {
+		for _, v := range slices.Sorted(maps.Keys(p.usedV)) {
+			if _, ok := values[v]; !ok {
+				return nil, validation("An expression attribute value used in expression is not defined; attribute value: " + v)
+			}
+		}
+	}
+	if _, err := e.env.paths(e.acts); err != nil {
+		return nil, err
+	}
+	// Every used one is defined (above): as many defined as used means none unused.
+	if len(names) != len(p.usedN) {
+		if unused := unusedKeys(names, p.usedN); unused != "" {
+			return nil, validation("Value provided in ExpressionAttributeNames unused in expressions: keys: {" + unused + "}")
+		}
+	}
+	if len(values) != len(p.usedV) {
+		if unused := unusedKeys(values, p.usedV); unused != "" {
+			return nil, validation("Value provided in ExpressionAttributeValues unused in expressions: keys: {" + unused + "}")
+		}
+	}
+	return e, nil
+}
+
+// allIn reports whether every key of used is one of m's.
+func allIn[V any](used map[string]bool, m map[string]V) bool {
+	for k := range used {
+		if _, ok := m[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// parseExprs parses an update and a condition expression (either nil).
+func parseExprs(update, condition *string) (*parsedExpr, error) {
+	p := &parsedExpr{usedN: map[string]bool{}, usedV: map[string]bool{}}
 	var err error
 	if update != nil {
-		if e.acts, err = parseUpdate(*update, usedN, usedV); err != nil {
+		if p.acts, err = parseUpdate(*update, p.usedN, p.usedV); err != nil {
 			return nil, validation("Invalid UpdateExpression: " + err.Error())
 		}
 	}
@@ -105,30 +182,11 @@ func parse(update, condition *string, names map[string]string, values map[string
 		if *condition == "" {
 			return nil, validation("Invalid ConditionExpression: The expression can not be empty;")
 		}
-		if e.cond, err = parseCond(*condition, usedN, usedV); err != nil {
+		if p.cond, err = parseCond(*condition, p.usedN, p.usedV); err != nil {
 			return nil, validation("Invalid ConditionExpression: " + err.Error())
 		}
 	}
-	for _, n := range slices.Sorted(maps.Keys(usedN)) {
-		if _, ok := names[n]; !ok {
-			return nil, validation("An expression attribute name used in the document path is not defined; attribute name: " + n)
-		}
-	}
-	for _, v := range slices.Sorted(maps.Keys(usedV)) {
-		if _, ok := values[v]; !ok {
-			return nil, validation("An expression attribute value used in expression is not defined; attribute value: " + v)
-		}
-	}
-	if _, err := e.env.paths(e.acts); err != nil {
-		return nil, err
-	}
-	if unused := unusedKeys(names, usedN); unused != "" {
-		return nil, validation("Value provided in ExpressionAttributeNames unused in expressions: keys: {" + unused + "}")
-	}
-	if unused := unusedKeys(values, usedV); unused != "" {
-		return nil, validation("Value provided in ExpressionAttributeValues unused in expressions: keys: {" + unused + "}")
-	}
-	return e, nil
+	return p, nil
 }
 
 func unusedKeys[V any](m map[string]V, used map[string]bool) string {
@@ -185,7 +243,7 @@ func (db *DB) UpdateItem(_ context.Context, in *dynamodb.UpdateItemInput, _ ...f
 	if in.UpdateExpression == nil {
 		return nil, validation("simddb: UpdateItem without an UpdateExpression is not supported")
 	}
-	e, err := parse(in.UpdateExpression, in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues)
+	e, err := db.parse(in.UpdateExpression, in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +282,7 @@ func (db *DB) UpdateItem(_ context.Context, in *dynamodb.UpdateItemInput, _ ...f
 
 // PutItem implements the call.
 func (db *DB) PutItem(_ context.Context, in *dynamodb.PutItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
-	e, err := parse(nil, in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues)
+	e, err := db.parse(nil, in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +310,7 @@ func (db *DB) PutItem(_ context.Context, in *dynamodb.PutItemInput, _ ...func(*d
 
 // DeleteItem implements the call.
 func (db *DB) DeleteItem(_ context.Context, in *dynamodb.DeleteItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error) {
-	e, err := parse(nil, in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues)
+	e, err := db.parse(nil, in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues)
 	if err != nil {
 		return nil, err
 	}
@@ -351,19 +409,19 @@ func (db *DB) TransactWriteItems(_ context.Context, in *dynamodb.TransactWriteIt
 		case ti.Update != nil:
 			u := ti.Update
 			s.kind, tbl, key, s.rv = 'u', u.TableName, u.Key, u.ReturnValuesOnConditionCheckFailure
-			s.e, err = parse(u.UpdateExpression, u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues)
+			s.e, err = db.parse(u.UpdateExpression, u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues)
 		case ti.ConditionCheck != nil:
 			c := ti.ConditionCheck
 			s.kind, tbl, key, s.rv = 'c', c.TableName, c.Key, c.ReturnValuesOnConditionCheckFailure
-			s.e, err = parse(nil, c.ConditionExpression, c.ExpressionAttributeNames, c.ExpressionAttributeValues)
+			s.e, err = db.parse(nil, c.ConditionExpression, c.ExpressionAttributeNames, c.ExpressionAttributeValues)
 		case ti.Put != nil:
 			p := ti.Put
 			s.kind, tbl, key, s.rv, s.put = 'p', p.TableName, Item{db.KeyAttr: p.Item[db.KeyAttr]}, p.ReturnValuesOnConditionCheckFailure, p.Item
-			s.e, err = parse(nil, p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues)
+			s.e, err = db.parse(nil, p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues)
 		case ti.Delete != nil:
 			d := ti.Delete
 			s.kind, tbl, key, s.rv = 'd', d.TableName, d.Key, d.ReturnValuesOnConditionCheckFailure
-			s.e, err = parse(nil, d.ConditionExpression, d.ExpressionAttributeNames, d.ExpressionAttributeValues)
+			s.e, err = db.parse(nil, d.ConditionExpression, d.ExpressionAttributeNames, d.ExpressionAttributeValues)
 		default:
 			return nil, validation("TransactItems can only contain one of Check, Put, Update or Delete")
 		}
@@ -479,6 +537,15 @@ func Format(it Item) string {
 	var b strings.Builder
 	formatMap(&b, it)
 	return b.String()
+}
+
+// FormatAttr writes one attribute as Format writes an item of it alone.
+func FormatAttr(b *strings.Builder, k string, v types.AttributeValue) {
+	b.WriteByte('{')
+	b.WriteString(strconv.Quote(k))
+	b.WriteByte(':')
+	formatValue(b, v)
+	b.WriteByte('}')
 }
 
 func formatMap(b *strings.Builder, m map[string]types.AttributeValue) {

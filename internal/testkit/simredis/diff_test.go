@@ -17,6 +17,7 @@ import (
 
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/bucket"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/redisstore"
+	gen "github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/buckettest"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/redislocal"
 	"github.com/ratelimit-proxy/ratelimit-proxy/internal/testkit/simredis"
 )
@@ -162,7 +163,7 @@ func runDiff(t *testing.T, seed uint64, n int, real rueidis.Client) int {
 		now = now.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
 		switch r := rng.IntN(100); {
 		case r < 60:
-			group := pick(rng, charges)
+			group := gen.Group(rng, charges, 10)
 			ra, rb := make([]bucket.Result, len(group)), make([]bucket.Result, len(group))
 			oka, erra := a.store.Take(ctx, now, group, ra)
 			okb, errb := b.store.Take(ctx, now, group, rb)
@@ -237,25 +238,6 @@ func runDiff(t *testing.T, seed uint64, n int, real rueidis.Client) int {
 		}
 	}
 	return mismatches
-}
-
-// pick draws a group of one to three distinct charges, a few of cost 2, a few shadow.
-func pick(rng *mrand.Rand, charges []bucket.Charge) []bucket.Charge {
-	var group []bucket.Charge
-	seen := map[bucket.Key]bool{}
-	for range 1 + rng.IntN(3) {
-		c := charges[rng.IntN(len(charges))]
-		if seen[c.Key] {
-			continue
-		}
-		seen[c.Key] = true
-		if c.Limit.Algorithm != bucket.Concurrency && c.Limit.Algorithm != bucket.LeakyBucket && rng.IntN(3) == 0 {
-			c.Cost = 2
-		}
-		c.Shadow = rng.IntN(10) == 0
-		group = append(group, c)
-	}
-	return group
 }
 
 func costs(cs []bucket.Charge) []int64 {

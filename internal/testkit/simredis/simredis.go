@@ -44,6 +44,13 @@ func Start(start time.Time) (*Server, error) {
 		m.Close()
 		return nil, fmt.Errorf("simredis: client: %w", err)
 	}
+	// A first command starts the client's own goroutines here, outside any bubble of the
+	// caller's (a bubble's goroutine blocked on a socket would never let its fake clock move).
+	if err := c.Do(context.Background(), c.B().Ping().Build()).Error(); err != nil {
+		c.Close()
+		m.Close()
+		return nil, fmt.Errorf("simredis: ping: %w", err)
+	}
 	return &Server{m: m, c: c, at: start}, nil
 }
 
@@ -83,6 +90,20 @@ func (s *Server) Do(now time.Time, cmds ...[]string) []rueidis.RedisResult {
 func (s *Server) Restart() {
 	s.m.FlushAll()
 	s.c.Do(context.Background(), s.c.B().ScriptFlush().Build())
+}
+
+// Hash returns the fields of the hash at key (none when it is missing or no hash), read in
+// process, without a command: the simulator's invariants after each write.
+func (s *Server) Hash(key string) map[string]string {
+	fields, err := s.m.HKeys(key)
+	if err != nil || len(fields) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(fields))
+	for _, f := range fields {
+		out[f] = s.m.HGet(key, f)
+	}
+	return out
 }
 
 // Keys returns every key, sorted (the judge's and the differential test's view).
