@@ -298,21 +298,8 @@ func (w *world) redisRestart() {
 // resetConnection breaks replica r's connection: its calls in flight fail at once; each may
 // have run before the reset, or lands later (a command the server had read), or never.
 func (w *world) resetConnection(r *replica) {
-	w.mu.Lock()
-	var mine []*call
-	for _, c := range w.pending {
-		if _, ok := c.in.(redisCmds); ok && c.rep == r && !c.orphan {
-			mine = append(mine, c)
-		}
-	}
-	w.mu.Unlock()
-	for _, c := range mine {
-		w.mu.Lock()
-		c.orphan = true
-		w.mu.Unlock()
-		c.reply <- answer{err: redisErr(errTransport)}
-	}
-	w.record("connection reset r%d: %d calls broken", r.id, len(mine))
+	n := w.breakCalls(r, func(c *call) bool { _, ok := c.in.(redisCmds); return ok })
+	w.record("connection reset r%d: %d calls broken", r.id, n)
 }
 
 // redisOutcome is a pipeline's answers for the history.

@@ -143,24 +143,34 @@ func (r *replica) start(w *world) {
 func (w *world) crash(r *replica) {
 	w.mu.Lock()
 	r.alive = false
+	w.mu.Unlock()
+	// Its connections break: the client goroutines end (their answers go nowhere), the
+	// requests may still land.
+	w.breakCalls(r, func(*call) bool { return true })
+	w.judge.crashed(r, time.Now())
+	w.record("crash r%d inc %d", r.id, r.inc)
+	w.closeReplica(r, false)
+}
+
+// breakCalls fails at once every call of replica r in flight that match selects, as a broken
+// connection does: each becomes an orphan (it may have run, may still land, or never will) and
+// its client gets the transport error. It returns how many it broke.
+func (w *world) breakCalls(r *replica, match func(*call) bool) int {
+	w.mu.Lock()
 	var mine []*call
 	for _, c := range w.pending {
-		if c.rep == r && !c.orphan {
+		if c.rep == r && !c.orphan && match(c) {
 			mine = append(mine, c)
 		}
 	}
 	w.mu.Unlock()
 	for _, c := range mine {
-		// Its connections break: the client goroutines end (their answers go nowhere), the
-		// requests may still land.
 		w.mu.Lock()
 		c.orphan = true
 		w.mu.Unlock()
 		c.reply <- answer{err: c.broken()}
 	}
-	w.judge.crashed(r, time.Now())
-	w.record("crash r%d inc %d", r.id, r.inc)
-	w.closeReplica(r, false)
+	return len(mine)
 }
 
 // closeReplica stops the incarnation's background goroutines: gracefully (its leases given
