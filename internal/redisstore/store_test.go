@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 }
 
 // newClient connects to the nodes of l; the test fails (never skips) when they cannot start.
-func newClient(t *testing.T, l *redislocal.Lazy) (rueidis.Client, *redislocal.Instance) {
+func newClient(t testing.TB, l *redislocal.Lazy) (rueidis.Client, *redislocal.Instance) {
 	t.Helper()
 	inst, err := l.Get()
 	if err != nil {
@@ -49,7 +49,7 @@ func newClient(t *testing.T, l *redislocal.Lazy) (rueidis.Client, *redislocal.In
 }
 
 // newStore returns a Store on the nodes of l with a prefix of its own, closed at the test's end.
-func newStore(t *testing.T, l *redislocal.Lazy) *redisstore.Store {
+func newStore(t testing.TB, l *redislocal.Lazy) *redisstore.Store {
 	t.Helper()
 	c, _ := newClient(t, l)
 	s := redisstore.New(c, redisstore.Options{

@@ -43,7 +43,7 @@ func Run(t *testing.T, newStore func(t *testing.T) bucket.Store) {
 }
 
 // NewKey returns a random key, so that subtests sharing a store never share state.
-func NewKey(t *testing.T) bucket.Key {
+func NewKey(t testing.TB) bucket.Key {
 	t.Helper()
 	var k bucket.Key
 	if _, err := rand.Read(k[:]); err != nil {
