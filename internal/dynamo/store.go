@@ -113,8 +113,8 @@ type Options struct {
 	Rand func() uint64
 	// Gate, when set, runs the store's goroutines one at a time in the order it chooses
 	// (Optional; nil = as the Go scheduler runs them). The simulator sets it so that a seed
-	// repeats its run; see schema.Gate.
-	Gate schema.Gate
+	// repeats its run; see bucket.Gate.
+	Gate bucket.Gate
 }
 
 // Store is a bucket.Store backed by a DynamoDB table. It is safe for concurrent use; the zero
@@ -136,7 +136,7 @@ type Store struct {
 	leases     leases           // concurrency slots held, renewed until released
 	now        func() time.Time // Options.Now
 	rnd        schema.Rand      // Options.Rand
-	turns      schema.Turns     // Options.Gate
+	turns      bucket.Turns     // Options.Gate
 	log        *zap.Logger
 	// epochs is the give-back epoch last seen per counter item (see countGiveBack).
 	epochs *boundedCache[string, int64]
@@ -192,7 +192,7 @@ func New(api API, o Options) *Store {
 		epochs:     newBoundedCache[string, int64](size),
 		now:        o.Now,
 		rnd:        o.Rand,
-		turns:      schema.Turns{G: o.Gate},
+		turns:      bucket.Turns{G: o.Gate},
 	}
 	if s.now == nil {
 		s.now = time.Now

@@ -127,14 +127,14 @@ func (s *Store) renew() {
 	t := time.NewTicker(s.slotLease / 3)
 	defer t.Stop()
 	for {
-		k := s.park()
+		k := s.turns.Park()
 		select {
 		case <-s.stop:
-			s.resume(k)
+			s.turns.Resume(k)
 			return
 		case <-t.C:
 		}
-		s.resume(k)
+		s.turns.Resume(k)
 		s.mu.Lock()
 		held := make([]heldSlot, 0, len(s.held))
 		for id, k := range s.held {

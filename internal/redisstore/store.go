@@ -57,7 +57,7 @@ type Options struct {
 	// Gate runs the Store's own goroutines (the slots' renewal loop, the parts of a cross-slot
 	// group, Close's wait) one at a time in the simulator's order (Optional; nil in the
 	// gateway, where each place costs a nil check and allocates nothing).
-	Gate Gate
+	Gate bucket.Gate
 }
 
 // Store is a bucket.Releaser on Redis or Valkey, exact across replicas: each group is decided
@@ -78,7 +78,7 @@ type Store struct {
 	now       func() time.Time
 	log       *zap.Logger
 	rnd       func() uint64 // Options.Rand, nil: math/rand/v2's
-	gate      Gate          // Options.Gate, nil: none
+	turns     bucket.Turns  // Options.Gate, nil: none
 
 	mu   sync.Mutex
 	held map[uint64]string // concurrency slots held here: id -> key
@@ -134,7 +134,7 @@ var ErrNotConnected = errors.New("redisstore: not connected")
 func newStore(o Options) *Store {
 	s := &Store{
 		prefix: o.KeyPrefix, cluster: o.Cluster, slotLease: o.SlotLease,
-		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger, rnd: o.Rand, gate: o.Gate,
+		slackMs: o.Slack.Milliseconds(), wait: o.WaitReplicas, now: o.Now, log: o.Logger, rnd: o.Rand, turns: bucket.Turns{G: o.Gate},
 		held: make(map[uint64]string), stop: make(chan struct{}), done: make(chan struct{}),
 		firstDial: make(chan struct{}),
 	}
@@ -153,11 +153,7 @@ func newStore(o Options) *Store {
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
-	k := s.park()
-	go func() {
-		s.resume(k)
-		s.renew()
-	}()
+	s.turns.Go(s.renew)
 	return s
 }
 
@@ -165,9 +161,9 @@ func newStore(o Options) *Store {
 func (s *Store) Close() error {
 	s.once.Do(func() {
 		close(s.stop)
-		k := s.park()
+		k := s.turns.Park()
 		<-s.done
-		s.resume(k)
+		s.turns.Resume(k)
 		if c := s.cl.Load(); c != nil {
 			(*c).Close()
 		}
@@ -289,16 +285,12 @@ func (s *Store) Take(ctx context.Context, now time.Time, charges []bucket.Charge
 	parts := make([]part, len(groups))
 	var wg sync.WaitGroup
 	for g, idx := range groups {
-		k := s.park()
-		wg.Go(func() {
-			s.resume(k)
+		s.turns.GoWG(&wg, func() {
 			p := &parts[g]
 			p.admitted, p.committed, p.err = s.takeGroup(ctx, ns, charges, idx, results)
 		})
 	}
-	k := s.park()
-	wg.Wait()
-	s.resume(k)
+	s.turns.Wait(&wg)
 	admitted := true
 	var errs []error
 	for _, p := range parts {

@@ -103,7 +103,7 @@ type Config struct {
 	// Rand is the source of markers, jitter and shard choices (nil: math/rand/v2's).
 	Rand func() uint64
 	// Gate runs the pools' goroutines one at a time (nil: as the Go scheduler runs them).
-	Gate schema.Gate
+	Gate bucket.Gate
 }
 
 // Pools is a Store's lease pools. It is safe for concurrent use.
@@ -113,7 +113,7 @@ type Pools struct {
 	errThrottled error
 	now          func() time.Time
 	rnd          schema.Rand
-	turns        schema.Turns
+	turns        bucket.Turns
 
 	mu       sync.Mutex
 	pools    map[leaseKey]*pool
@@ -156,7 +156,7 @@ func NewPools(c Config) *Pools {
 		c.Metrics.Units.WithLabelValues(o)
 	}
 	return &Pools{
-		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now, rnd: c.Rand, turns: schema.Turns{G: c.Gate},
+		t: c.Table, m: c.Metrics, errThrottled: c.Throttled, now: now, rnd: c.Rand, turns: bucket.Turns{G: c.Gate},
 		pools: make(map[leaseKey]*pool), stop: make(chan struct{}),
 	}
 }

@@ -34,7 +34,7 @@ func newTurns() *turns {
 	return t
 }
 
-// Park implements schema.Gate.
+// Park implements bucket.Gate.
 func (t *turns) Park() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -42,7 +42,7 @@ func (t *turns) Park() uint64 {
 	return t.next
 }
 
-// Resume implements schema.Gate.
+// Resume implements bucket.Gate.
 func (t *turns) Resume(k uint64) {
 	ch := make(chan struct{})
 	t.mu.Lock()

@@ -1,8 +1,9 @@
-package schema
+package bucket
 
 import "sync"
 
-// Gate lets a test run the goroutines of a store one at a time, in an order of its choosing:
+// Gate lets a test run the goroutines of a store one at a time, in an order of its choosing
+// (the DynamoDB and the Redis stores take one in their Options):
 // the simulator (internal/testkit/sim) gives every replica's store the same Gate, so that two
 // goroutines that one event wakes (the waiters of a coalesced write, backoffs ending at one
 // instant) never race for the store's random source or its lease pools, and a seed repeats its
